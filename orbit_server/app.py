@@ -1,0 +1,317 @@
+"""The HTTP API (FastAPI).
+
+Endpoints raise the domain errors of :mod:`orbit_server.errors`; the handlers
+registered here turn each into one RFC 9457 problem body with a stable ``code``.
+Every response carries ``X-Request-Id``. Handlers are plain ``def`` functions:
+FastAPI runs them in its thread pool, and each opens only short transactions.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import uuid
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from datetime import timedelta
+from typing import Annotated, Any
+
+import sqlalchemy as sa
+from fastapi import Depends, FastAPI, Header, Path, Request, Response
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from sqlalchemy.engine import Engine
+from starlette.datastructures import Headers, MutableHeaders
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from orbit_client import NAME_PATTERN, Problem, Queue, Task, TaskSubmission, is_valid_idempotency_key
+
+from . import errors, store
+from ._db import create_engine
+from .settings import ServerSettings
+
+__all__ = ["create_app"]
+
+log = logging.getLogger("orbit_server.app")
+
+_REQUEST_ID_RE = re.compile(r"[A-Za-z0-9._:-]{1,128}")
+_HTTP_CODES = {404: "not_found", 405: "method_not_allowed", 413: "payload_too_large"}
+_PROBLEMS: dict[int | str, dict[str, Any]] = {
+    status: {"model": Problem, "content": {"application/problem+json": {}}} for status in (400, 401, 403, 404, 422)
+}
+
+NamespaceName = Annotated[str, Path(pattern=NAME_PATTERN, description="Namespace name.")]
+
+_bearer = HTTPBearer(auto_error=False, description="An API key created with `orbit-server api-key create`.")
+
+
+def _principal(
+    request: Request, credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)]
+) -> store.Principal:
+    """Resolve the bearer API key to its namespace and role; 401 when missing or unknown."""
+    if credentials is None or not credentials.credentials:
+        raise errors.Unauthenticated("send the API key as `Authorization: Bearer <key>`")
+    engine: Engine = request.app.state.engine
+    with engine.begin() as conn:
+        found = store.authenticate(conn, credentials.credentials)
+    if found is None:
+        raise errors.Unauthenticated("the API key is unknown or revoked")
+    return found
+
+
+Caller = Annotated[store.Principal, Depends(_principal)]
+
+
+def problem_response(
+    status: int, code: str, title: str, detail: str | None, request_id: str | None, **extra: Any
+) -> JSONResponse:
+    body = Problem(title=title, status=status, detail=detail, code=code, request_id=request_id, **extra)
+    return JSONResponse(
+        body.model_dump(mode="json", exclude_none=True), status_code=status, media_type="application/problem+json"
+    )
+
+
+class _BodyTooLarge(StarletteHTTPException):
+    """Raised while the body streams in (an HTTPException, so FastAPI passes it through)."""
+
+    code = "payload_too_large"
+
+
+class RequestContextMiddleware:
+    """Request ids, the body size limit, and the last-resort 500, as plain ASGI.
+
+    It sits outside everything else, so even a crash answers with a problem body
+    and an ``X-Request-Id`` (taken from the request when well-formed, else new).
+    """
+
+    def __init__(self, app: ASGIApp, *, max_body_bytes: int) -> None:
+        self.app = app
+        self.max_body_bytes = max_body_bytes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        headers = Headers(scope=scope)
+        request_id = headers.get("x-request-id", "")
+        if not _REQUEST_ID_RE.fullmatch(request_id):
+            request_id = uuid.uuid4().hex
+        scope.setdefault("state", {})["request_id"] = request_id
+        started = False
+
+        async def send_with_id(message: Message) -> None:
+            nonlocal started
+            if message["type"] == "http.response.start":
+                started = True
+                MutableHeaders(scope=message)["X-Request-Id"] = request_id
+            await send(message)
+
+        limit = self.max_body_bytes
+        length = headers.get("content-length", "")
+        if length.isdigit() and int(length) > limit:
+            response = problem_response(
+                413, "payload_too_large", "Request body too large",
+                f"the body has {length} bytes; the limit is {limit}", request_id,
+            )  # fmt: skip
+            await response(scope, receive, send_with_id)
+            return
+        received = 0
+
+        async def receive_counted() -> Message:
+            nonlocal received
+            message = await receive()
+            if message["type"] == "http.request":
+                received += len(message.get("body", b""))
+                if received > limit:
+                    raise _BodyTooLarge(413, f"the body exceeds the limit of {limit} bytes")
+            return message
+
+        try:
+            await self.app(scope, receive_counted, send_with_id)
+        except Exception:
+            log.exception("unhandled error (request_id=%s)", request_id)
+            if started:
+                raise
+            response = problem_response(
+                500, "internal_error", "Internal server error",
+                f"an unexpected error occurred; quote request id {request_id} when reporting it", request_id,
+            )  # fmt: skip
+            await response(scope, receive, send_with_id)
+
+
+def _request_id(request: Request) -> str | None:
+    return getattr(request.state, "request_id", None)
+
+
+def create_app(settings: ServerSettings | None = None, *, engine: Engine | None = None) -> FastAPI:
+    """Build the Orbit API.
+
+    Args:
+        settings: configuration; ``None`` reads it from ``ORBIT_*`` environment variables.
+        engine: an engine to use (not disposed by the app); ``None`` builds one from
+            ``settings.database_url`` for the app's lifetime. The schema must already
+            be migrated (``orbit-server migrate``; ``serve`` does it for SQLite).
+    """
+    settings = settings or ServerSettings()
+    owns_engine = engine is None
+    the_engine = engine or create_engine(settings.database_url, pool_size=settings.db_pool_size)
+    key_ttl = timedelta(seconds=settings.submission_key_ttl_seconds)
+
+    @asynccontextmanager
+    async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
+        yield
+        if owns_engine:
+            the_engine.dispose()
+
+    app = FastAPI(
+        title="Orbit",
+        version="0.1.0",
+        summary="Idempotent task acceptance and execution",
+        lifespan=lifespan,
+    )
+    app.state.engine = the_engine
+    app.state.settings = settings
+
+    # ------------------------------------------------------------ error bodies
+
+    @app.exception_handler(errors.OrbitServerError)
+    async def _domain_error(request: Request, exc: errors.OrbitServerError) -> JSONResponse:
+        response = problem_response(exc.status, exc.code, exc.title, exc.detail, _request_id(request))
+        response.headers.update(exc.headers)
+        return response
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
+        # Report where and why, never the offending input (it may hold params).
+        problems = [
+            {"loc": list(e.get("loc", ())), "msg": e.get("msg", ""), "type": e.get("type", "")} for e in exc.errors()
+        ]
+        detail = "; ".join(f"{'.'.join(map(str, p['loc']))}: {p['msg']}" for p in problems)
+        return problem_response(
+            422, "validation_error", "The request is not valid", detail, _request_id(request), errors=problems
+        )
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        code = getattr(exc, "code", None) or _HTTP_CODES.get(exc.status_code, f"http_{exc.status_code}")
+        response = problem_response(exc.status_code, code, code.replace("_", " ").capitalize(), str(exc.detail),
+                                    _request_id(request))  # fmt: skip
+        if exc.headers:
+            response.headers.update(exc.headers)
+        return response
+
+    # ------------------------------------------------------------------- auth
+
+    def authorize(caller: store.Principal, namespace: str, action: str) -> None:
+        # Another namespace's resources do not exist for this key: 404, not 403 (DESIGN §8).
+        if caller.namespace != namespace:
+            raise errors.NamespaceNotFound(f"namespace {namespace!r} does not exist")
+        if not caller.can(action):
+            raise errors.Forbidden(f"a {caller.role!r} key cannot do this; it needs the {action!r} role or admin")
+
+    # ------------------------------------------------------------------ routes
+
+    @app.get("/healthz", tags=["operations"])
+    def healthz() -> dict[str, str]:
+        """Liveness: the process answers."""
+        return {"status": "ok"}
+
+    @app.get("/readyz", tags=["operations"], responses={503: _PROBLEMS[400]})
+    def readyz(request: Request) -> Any:
+        """Readiness: the database answers a query."""
+        try:
+            with the_engine.connect() as conn:
+                conn.execute(sa.text("SELECT 1"))
+        except sa.exc.SQLAlchemyError as exc:
+            log.warning("readiness check failed: %s", type(exc).__name__)
+            return problem_response(503, "database_unavailable", "Database unavailable",
+                                    "the server cannot reach its database", _request_id(request))  # fmt: skip
+        return {"status": "ok"}
+
+    @app.post(
+        "/v1/namespaces/{namespace}/tasks",
+        status_code=201,
+        response_model=Task,
+        tags=["tasks"],
+        responses={**_PROBLEMS, 200: {"model": Task, "description": "Replay of an earlier submission"},
+                   409: _PROBLEMS[400], 413: _PROBLEMS[400]},  # fmt: skip
+    )
+    def submit_task(
+        namespace: NamespaceName,
+        submission: TaskSubmission,
+        caller: Caller,
+        response: Response,
+        idempotency_key: Annotated[str | None, Header(alias="Idempotency-Key")] = None,
+    ) -> Task:
+        """Accept a task once per ``(namespace, Idempotency-Key)``.
+
+        201 with the new task; 200 with the original task and
+        ``Idempotent-Replayed: true`` for a repeat; 422 ``idempotency_key_reused``
+        when the key was used for another request; 409 ``request_in_progress`` while
+        the key's first request is still running (IETF Idempotency-Key draft).
+        """
+        authorize(caller, namespace, "submit")
+        if idempotency_key is None or idempotency_key == "":
+            raise errors.IdempotencyKeyMissing("send a unique Idempotency-Key header with every submission")
+        if not is_valid_idempotency_key(idempotency_key):
+            raise errors.IdempotencyKeyInvalid("an Idempotency-Key is 1 to 255 printable ASCII characters")
+        task, replayed = store.submit_task(
+            the_engine,
+            caller,
+            submission,
+            idempotency_key,
+            default_max_attempts=settings.default_max_attempts,
+            key_ttl=key_ttl,
+        )
+        if replayed:
+            response.status_code = 200
+            response.headers["Idempotent-Replayed"] = "true"
+        response.headers["Location"] = f"/v1/namespaces/{namespace}/tasks/{task.id}"
+        return task
+
+    @app.get("/v1/namespaces/{namespace}/tasks/{task_id}", response_model=Task, tags=["tasks"], responses=_PROBLEMS)
+    def get_task(namespace: NamespaceName, task_id: str, caller: Caller) -> Task:
+        """One task of the namespace; 404 ``task_not_found`` otherwise."""
+        authorize(caller, namespace, "read")
+        with the_engine.begin() as conn:
+            task = store.get_task(conn, caller.namespace_id, task_id)
+        if task is None:
+            raise errors.TaskNotFound(f"no task {task_id!r} in namespace {namespace!r}")
+        return task
+
+    @app.get(
+        "/v1/namespaces/{namespace}/submissions/{idempotency_key:path}",
+        response_model=Task,
+        tags=["tasks"],
+        responses=_PROBLEMS,
+    )
+    def find_submission(namespace: NamespaceName, idempotency_key: str, caller: Caller) -> Task:
+        """The task an idempotency key created; 404 ``submission_not_found`` if none.
+
+        This is how a relay or an operator settles an uncertain send (DESIGN §5).
+        """
+        authorize(caller, namespace, "read")
+        with the_engine.begin() as conn:
+            task = store.find_submission(conn, caller.namespace_id, idempotency_key)
+        if task is None:
+            raise errors.SubmissionNotFound(f"no task was created with this idempotency key in {namespace!r}")
+        return task
+
+    @app.get(
+        "/v1/namespaces/{namespace}/queues/{queue}", response_model=Queue, tags=["queues"], responses=_PROBLEMS
+    )
+    def get_queue(
+        namespace: NamespaceName, queue: Annotated[str, Path(pattern=NAME_PATTERN)], caller: Caller
+    ) -> Queue:
+        """A queue and its task count per status; 404 ``queue_not_found``."""
+        authorize(caller, namespace, "read")
+        with the_engine.begin() as conn:
+            found = store.get_queue(conn, namespace, caller.namespace_id, queue)
+        if found is None:
+            raise errors.QueueNotFound(f"queue {queue!r} does not exist in namespace {namespace!r}")
+        return found
+
+    app.add_middleware(RequestContextMiddleware, max_body_bytes=settings.max_body_bytes)
+    return app

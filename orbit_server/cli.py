@@ -1,0 +1,180 @@
+"""``orbit-server``: run the API and administer namespaces, queues and API keys.
+
+Every option can also be set through the environment variable shown in
+``--help``. Exit codes: 0 success, 1 the request was refused (e.g. a name that
+exists, a namespace that does not), 2 bad usage, 3 the database is unreachable.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any, TypeVar
+
+import click
+import sqlalchemy as sa
+from sqlalchemy.engine import Engine
+
+from . import _migrate, errors, store
+from ._db import create_engine, is_sqlite
+from .settings import ServerSettings
+
+__all__ = ["main"]
+
+F = TypeVar("F", bound=Callable[..., Any])
+_DEFAULTS = ServerSettings.model_fields
+
+
+def _database_url_option(func: F) -> F:
+    return click.option(
+        "--database-url",
+        envvar="ORBIT_DATABASE_URL",
+        show_envvar=True,
+        default=_DEFAULTS["database_url"].default,
+        show_default=True,
+        help="SQLAlchemy URL of the server database.",
+    )(func)
+
+
+@contextmanager
+def _engine(url: str, *, migrate_sqlite: bool = True) -> Iterator[Engine]:
+    """An engine for one command; SQLite is migrated first so a fresh file just works."""
+    try:
+        engine = create_engine(url, pool_size=2)
+    except (ValueError, sa.exc.ArgumentError, ImportError) as exc:
+        raise click.UsageError(f"--database-url: {exc}") from exc
+    try:
+        if migrate_sqlite and is_sqlite(url):
+            _migrate.upgrade(engine)
+        yield engine
+    except errors.OrbitServerError as exc:
+        click.echo(f"error: {exc}", err=True)
+        sys.exit(1)
+    except sa.exc.OperationalError as exc:
+        click.echo(f"error: cannot use the database at {sa.make_url(url).render_as_string()}: {exc.orig}", err=True)
+        sys.exit(3)
+    finally:
+        engine.dispose()
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 110})
+@click.option(
+    "--log-level",
+    envvar="ORBIT_LOG_LEVEL",
+    show_envvar=True,
+    default="info",
+    show_default=True,
+    type=click.Choice(["debug", "info", "warning", "error"], case_sensitive=False),
+)
+@click.version_option("0.1.0", prog_name="orbit-server")
+def main(log_level: str) -> None:
+    """Orbit task platform: idempotent task acceptance over HTTP."""
+    logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+
+@main.command()
+@_database_url_option
+@click.option("--host", envvar="ORBIT_HOST", show_envvar=True, default="127.0.0.1", show_default=True)
+@click.option("--port", envvar="ORBIT_PORT", show_envvar=True, default=8080, show_default=True, type=int)
+@click.option(
+    "--max-body-bytes",
+    envvar="ORBIT_MAX_BODY_BYTES",
+    show_envvar=True,
+    default=_DEFAULTS["max_body_bytes"].default,
+    show_default=True,
+    type=click.IntRange(min=1024),
+    help="Largest request body accepted, in bytes.",
+)
+def serve(database_url: str, host: str, port: int, max_body_bytes: int) -> None:
+    """Serve the HTTP API. A SQLite database is migrated at start; others need `migrate`."""
+    import uvicorn
+
+    from .app import create_app
+
+    settings = ServerSettings(database_url=database_url, host=host, port=port, max_body_bytes=max_body_bytes)
+    with _engine(database_url) as engine:
+        if not is_sqlite(database_url) and _migrate.current_revision(engine) != _migrate.head_revision():
+            click.echo(
+                "error: the database schema is not at the newest revision; run "
+                "`orbit-server migrate --database-url ...` first",
+                err=True,
+            )
+            sys.exit(1)
+    app = create_app(settings)
+    uvicorn.run(app, host=host, port=port, log_level=logging.getLevelName(logging.getLogger().level).lower())
+
+
+@main.command()
+@_database_url_option
+def migrate(database_url: str) -> None:
+    """Upgrade the database schema to the newest revision (Alembic)."""
+    with _engine(database_url, migrate_sqlite=False) as engine:
+        _migrate.upgrade(engine)
+        click.echo(f"schema at revision {_migrate.current_revision(engine)}", err=True)
+
+
+@main.group()
+def namespace() -> None:
+    """Manage namespaces."""
+
+
+@namespace.command("create")
+@click.argument("name")
+@_database_url_option
+def namespace_create(name: str, database_url: str) -> None:
+    """Create namespace NAME."""
+    _check_name("NAME", name)
+    with _engine(database_url) as engine, engine.begin() as conn:
+        store.create_namespace(conn, name)
+    click.echo(f"namespace {name!r} created", err=True)
+
+
+@main.group()
+def queue() -> None:
+    """Manage queues."""
+
+
+@queue.command("create")
+@click.argument("namespace_name", metavar="NAMESPACE")
+@click.argument("name", metavar="QUEUE")
+@_database_url_option
+def queue_create(namespace_name: str, name: str, database_url: str) -> None:
+    """Create queue QUEUE in NAMESPACE."""
+    _check_name("QUEUE", name)
+    with _engine(database_url) as engine, engine.begin() as conn:
+        store.create_queue(conn, namespace_name, name)
+    click.echo(f"queue {name!r} created in namespace {namespace_name!r}", err=True)
+
+
+@main.group("api-key")
+def api_key() -> None:
+    """Manage API keys."""
+
+
+@api_key.command("create")
+@click.argument("namespace_name", metavar="NAMESPACE")
+@click.option("--role", required=True, type=click.Choice(list(store.ROLES)), help="What the key may do.")
+@click.option("--label", default=None, help="A note to recognise the key by.")
+@_database_url_option
+def api_key_create(namespace_name: str, role: str, label: str | None, database_url: str) -> None:
+    """Create an API key for NAMESPACE; the key is the last line of stdout.
+
+    Only a hash is stored: copy the key now, it cannot be shown again.
+    """
+    with _engine(database_url) as engine, engine.begin() as conn:
+        key = store.create_api_key(conn, namespace_name, role, label)
+    click.echo(f"{role} key created for namespace {namespace_name!r}; store it now, it is not shown again", err=True)
+    click.echo(key)
+
+
+def _check_name(what: str, name: str) -> None:
+    import re
+
+    from orbit_client import NAME_PATTERN
+
+    if not re.fullmatch(NAME_PATTERN, name):
+        raise click.BadParameter(
+            "use 1-64 letters, digits, '.', '_' or '-', starting with a letter or digit", param_hint=what
+        )

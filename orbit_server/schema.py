@@ -1,0 +1,131 @@
+"""The server's tables (SQLAlchemy Core). The Alembic history under
+``migrations/server`` creates exactly these; a test compares the two.
+
+Conventions (DESIGN §2): ``DATETIME(6)`` in UTC, ``JSON`` payloads, ``BIGINT``
+ids where order matters, ``VARCHAR(36)`` UUIDs, and binary (case- and
+accent-sensitive) collation for keys and names on MySQL/MariaDB.
+"""
+
+from __future__ import annotations
+
+import sqlalchemy as sa
+from sqlalchemy.dialects import mysql
+
+__all__ = [
+    "BigId",
+    "Key",
+    "Timestamp",
+    "api_keys",
+    "metadata",
+    "namespaces",
+    "queues",
+    "submission_keys",
+    "task_events",
+    "tasks",
+]
+
+metadata = sa.MetaData()
+
+#: Microsecond timestamps, stored naive in UTC.
+Timestamp = sa.DateTime().with_variant(mysql.DATETIME(fsp=6), "mysql", "mariadb")
+#: Auto-increment ids: BIGINT, except SQLite where only INTEGER PRIMARY KEY auto-increments.
+BigId = sa.BigInteger().with_variant(sa.Integer(), "sqlite")
+
+
+def Key(length: int) -> sa.types.TypeEngine[str]:  # noqa: N802 - reads like a type
+    """An ASCII string compared byte for byte (``ascii_bin`` on MySQL/MariaDB)."""
+    return sa.String(length).with_variant(
+        mysql.VARCHAR(length, charset="ascii", collation="ascii_bin"), "mysql", "mariadb"
+    )
+
+
+namespaces = sa.Table(
+    "namespaces",
+    metadata,
+    sa.Column("id", BigId, primary_key=True, autoincrement=True),
+    sa.Column("name", Key(64), nullable=False, unique=True),
+    sa.Column("created_at", Timestamp, nullable=False),
+)
+
+api_keys = sa.Table(
+    "api_keys",
+    metadata,
+    sa.Column("id", BigId, primary_key=True, autoincrement=True),
+    sa.Column("namespace_id", sa.BigInteger, sa.ForeignKey("namespaces.id"), nullable=False),
+    sa.Column("role", sa.String(16), nullable=False),
+    # SHA-256 of the whole key, hex. Keys are 256-bit random, so a fast hash is enough.
+    sa.Column("key_hash", Key(64), nullable=False, unique=True),
+    sa.Column("key_prefix", Key(16), nullable=False),
+    sa.Column("label", sa.String(255), nullable=True),
+    sa.Column("created_at", Timestamp, nullable=False),
+    sa.Column("revoked_at", Timestamp, nullable=True),
+)
+
+queues = sa.Table(
+    "queues",
+    metadata,
+    sa.Column("id", BigId, primary_key=True, autoincrement=True),
+    sa.Column("namespace_id", sa.BigInteger, sa.ForeignKey("namespaces.id"), nullable=False),
+    sa.Column("name", Key(64), nullable=False),
+    sa.Column("created_at", Timestamp, nullable=False),
+    sa.UniqueConstraint("namespace_id", "name", name="uq_queues_namespace_name"),
+)
+
+tasks = sa.Table(
+    "tasks",
+    metadata,
+    sa.Column("id", Key(36), primary_key=True),
+    sa.Column("namespace_id", sa.BigInteger, sa.ForeignKey("namespaces.id"), nullable=False),
+    sa.Column("queue_id", sa.BigInteger, sa.ForeignKey("queues.id"), nullable=False),
+    sa.Column("handler", sa.String(255), nullable=False),
+    sa.Column("params", sa.JSON(none_as_null=True), nullable=True),
+    sa.Column("status", sa.String(16), nullable=False),
+    sa.Column("state_version", sa.Integer, nullable=False),
+    sa.Column("attempt_count", sa.Integer, nullable=False, server_default="0"),
+    sa.Column("max_attempts", sa.Integer, nullable=False),
+    sa.Column("retry_safe", sa.Boolean, nullable=False, server_default=sa.false()),
+    sa.Column("available_at", Timestamp, nullable=False),
+    sa.Column("deadline", Timestamp, nullable=True),
+    sa.Column("cancel_requested", sa.Boolean, nullable=False, server_default=sa.false()),
+    sa.Column("result", sa.JSON(none_as_null=True), nullable=True),
+    sa.Column("error", sa.JSON(none_as_null=True), nullable=True),
+    # At most one direct successor per task (manual retry): enforced by the unique index.
+    sa.Column("retry_of", Key(36), nullable=True, unique=True),
+    sa.Column("created_at", Timestamp, nullable=False),
+    sa.Column("updated_at", Timestamp, nullable=False),
+    sa.Column("finished_at", Timestamp, nullable=True),
+    # Serves the lease query: one queue, due tasks in order.
+    sa.Index("ix_tasks_claim", "queue_id", "status", "available_at"),
+    sa.Index("ix_tasks_namespace_created", "namespace_id", "created_at"),
+)
+
+submission_keys = sa.Table(
+    "submission_keys",
+    metadata,
+    sa.Column("id", BigId, primary_key=True, autoincrement=True),
+    sa.Column("namespace_id", sa.BigInteger, sa.ForeignKey("namespaces.id"), nullable=False),
+    sa.Column("idempotency_key", Key(255), nullable=False),
+    # SHA-256 (hex) of the canonical JSON of queue, handler, params and options.
+    sa.Column("request_digest", Key(64), nullable=False),
+    sa.Column("task_id", Key(36), nullable=False),
+    sa.Column("created_at", Timestamp, nullable=False),
+    # Kept at least this long, even when the task itself is purged (§7 of the reliability model).
+    sa.Column("expires_at", Timestamp, nullable=False),
+    sa.UniqueConstraint("namespace_id", "idempotency_key", name="uq_submission_keys_namespace_key"),
+)
+
+task_events = sa.Table(
+    "task_events",
+    metadata,
+    sa.Column("id", BigId, primary_key=True, autoincrement=True),
+    sa.Column("task_id", Key(36), sa.ForeignKey("tasks.id"), nullable=False),
+    sa.Column("state_version", sa.Integer, nullable=False),
+    sa.Column("event", sa.String(32), nullable=False),
+    sa.Column("from_status", sa.String(16), nullable=True),
+    sa.Column("to_status", sa.String(16), nullable=True),
+    sa.Column("actor", sa.String(255), nullable=True),
+    sa.Column("reason", sa.Text, nullable=True),
+    sa.Column("data", sa.JSON(none_as_null=True), nullable=True),
+    sa.Column("created_at", Timestamp, nullable=False),
+    sa.Index("ix_task_events_task", "task_id", "id"),
+)

@@ -1,0 +1,36 @@
+"""Server settings, read once from ``ORBIT_*`` environment variables (and CLI flags)."""
+
+from __future__ import annotations
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+__all__ = ["ServerSettings"]
+
+
+class ServerSettings(BaseSettings):
+    """Typed server configuration.
+
+    Every field is read from the environment variable ``ORBIT_<FIELD>`` (e.g.
+    ``ORBIT_DATABASE_URL``) unless given explicitly; the CLI passes its flags in.
+    """
+
+    model_config = SettingsConfigDict(env_prefix="ORBIT_", extra="ignore")
+
+    database_url: str = Field(
+        default="sqlite:///./orbit.db",
+        description="SQLAlchemy URL of the server database; SQLite is migrated at start.",
+    )
+    host: str = Field(default="127.0.0.1", description="Address `serve` listens on.")
+    port: int = Field(default=8080, ge=0, le=65535, description="TCP port `serve` listens on.")
+    max_body_bytes: int = Field(
+        default=256 * 1024, ge=1024, description="Largest request body accepted, in bytes (413 above it)."
+    )
+    default_max_attempts: int = Field(default=3, ge=1, le=1000, description="max_attempts of a task that gives none.")
+    submission_key_ttl_seconds: int = Field(
+        default=7 * 24 * 3600,
+        ge=3600,
+        description="How long an idempotency key is remembered, in seconds (default 7 days).",
+    )
+    db_pool_size: int = Field(default=20, ge=1, description="Database connections kept open (as many may overflow).")
+    log_level: str = Field(default="info", description="Log level: debug, info, warning, error.")

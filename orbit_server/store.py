@@ -1,0 +1,359 @@
+"""All of the server's SQL for namespaces, keys, queues and task acceptance.
+
+Each function names what it does; the transaction boundary is visible at the
+call site (``with engine.begin() as conn``), except :func:`submit_task`, which
+owns its transactions because it must retry them.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import secrets
+import uuid
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Connection, Engine, RowMapping
+
+from orbit_client import Queue, Task, TaskStatus, TaskSubmission
+
+from . import errors
+from ._db import db_now, is_lock_conflict, to_naive_utc, to_utc
+from .schema import api_keys, namespaces, queues, submission_keys, task_events, tasks
+
+__all__ = [
+    "ROLES",
+    "Principal",
+    "authenticate",
+    "create_api_key",
+    "create_namespace",
+    "create_queue",
+    "find_submission",
+    "get_namespace_id",
+    "get_queue",
+    "get_task",
+    "request_digest",
+    "submit_task",
+    "task_from_row",
+]
+
+log = logging.getLogger("orbit_server.store")
+
+#: Roles of DESIGN §8, and what each may do.
+ROLES = ("read", "submit", "work", "admin")
+_ALLOWED: dict[str, frozenset[str]] = {
+    "read": frozenset(ROLES),
+    "submit": frozenset({"submit", "admin"}),
+    "work": frozenset({"work", "admin"}),
+    "admin": frozenset({"admin"}),
+}
+
+_SUBMIT_TRIES = 5
+
+
+@dataclass(frozen=True, slots=True)
+class Principal:
+    """Who is calling: the namespace the API key belongs to and its role."""
+
+    key_id: int
+    namespace_id: int
+    namespace: str
+    role: str
+
+    def can(self, action: str) -> bool:
+        """Whether this key's role allows ``action`` (one of :data:`ROLES`)."""
+        return self.role in _ALLOWED[action]
+
+
+# --------------------------------------------------------------------- admin
+
+
+def create_namespace(conn: Connection, name: str) -> int:
+    """Insert a namespace; raises :class:`errors.NameTaken` if it exists."""
+    if conn.execute(sa.select(namespaces.c.id).where(namespaces.c.name == name)).first():
+        raise errors.NameTaken(f"namespace {name!r} already exists")
+    result = conn.execute(namespaces.insert().values(name=name, created_at=db_now(conn)))
+    return int(result.inserted_primary_key[0])
+
+
+def get_namespace_id(conn: Connection, name: str) -> int:
+    """The id of namespace ``name``; raises :class:`errors.NamespaceNotFound`."""
+    ns_id = conn.execute(sa.select(namespaces.c.id).where(namespaces.c.name == name)).scalar()
+    if ns_id is None:
+        raise errors.NamespaceNotFound(f"namespace {name!r} does not exist")
+    return int(ns_id)
+
+
+def create_queue(conn: Connection, namespace: str, name: str) -> Queue:
+    """Insert a queue; raises NamespaceNotFound or NameTaken."""
+    ns_id = get_namespace_id(conn, namespace)
+    exists = conn.execute(
+        sa.select(queues.c.id).where(queues.c.namespace_id == ns_id, queues.c.name == name)
+    ).first()
+    if exists:
+        raise errors.NameTaken(f"queue {name!r} already exists in namespace {namespace!r}")
+    now = db_now(conn)
+    conn.execute(queues.insert().values(namespace_id=ns_id, name=name, created_at=now))
+    return Queue(namespace=namespace, name=name, created_at=to_utc(now), counts={})  # type: ignore[arg-type]
+
+
+def _hash_key(key: str) -> str:
+    return hashlib.sha256(key.encode("utf-8")).hexdigest()
+
+
+def create_api_key(conn: Connection, namespace: str, role: str, label: str | None = None) -> str:
+    """Create an API key and return it in clear; only its SHA-256 is stored.
+
+    The key looks like ``orbit_<43 url-safe characters>`` (256 random bits).
+    """
+    if role not in ROLES:
+        raise ValueError(f"role must be one of {', '.join(ROLES)}")
+    ns_id = get_namespace_id(conn, namespace)
+    key = "orbit_" + secrets.token_urlsafe(32)
+    conn.execute(
+        api_keys.insert().values(
+            namespace_id=ns_id,
+            role=role,
+            key_hash=_hash_key(key),
+            key_prefix=key[:12],
+            label=label,
+            created_at=db_now(conn),
+        )
+    )
+    return key
+
+
+def authenticate(conn: Connection, key: str) -> Principal | None:
+    """The principal an API key stands for, or ``None`` for an unknown or revoked key."""
+    row = conn.execute(
+        sa.select(api_keys.c.id, api_keys.c.role, namespaces.c.id.label("ns_id"), namespaces.c.name)
+        .join(namespaces, namespaces.c.id == api_keys.c.namespace_id)
+        .where(api_keys.c.key_hash == _hash_key(key), api_keys.c.revoked_at.is_(None))
+    ).first()
+    if row is None:
+        return None
+    return Principal(key_id=row.id, namespace_id=row.ns_id, namespace=row.name, role=row.role)
+
+
+# --------------------------------------------------------------------- reads
+
+
+def _task_select() -> sa.Select[Any]:
+    return sa.select(
+        tasks,
+        namespaces.c.name.label("namespace_name"),
+        queues.c.name.label("queue_name"),
+    ).select_from(
+        tasks.join(namespaces, namespaces.c.id == tasks.c.namespace_id).join(
+            queues, queues.c.id == tasks.c.queue_id
+        )
+    )
+
+
+def task_from_row(row: RowMapping) -> Task:
+    """Turn a row of :func:`_task_select` into the wire model."""
+    return Task(
+        id=row["id"],
+        namespace=row["namespace_name"],
+        queue=row["queue_name"],
+        handler=row["handler"],
+        params=row["params"],
+        status=TaskStatus(row["status"]),
+        state_version=row["state_version"],
+        attempt_count=row["attempt_count"],
+        max_attempts=row["max_attempts"],
+        retry_safe=bool(row["retry_safe"]),
+        available_at=to_utc(row["available_at"]),  # type: ignore[arg-type]
+        deadline=to_utc(row["deadline"]),
+        cancel_requested=bool(row["cancel_requested"]),
+        result=row["result"],
+        error=row["error"],
+        retry_of=row["retry_of"],
+        created_at=to_utc(row["created_at"]),  # type: ignore[arg-type]
+        updated_at=to_utc(row["updated_at"]),  # type: ignore[arg-type]
+    )
+
+
+def get_task(conn: Connection, namespace_id: int, task_id: str) -> Task | None:
+    """The task ``task_id`` of one namespace, or ``None``."""
+    row = conn.execute(
+        _task_select().where(tasks.c.id == task_id, tasks.c.namespace_id == namespace_id)
+    ).mappings().first()
+    return task_from_row(row) if row else None
+
+
+def find_submission(conn: Connection, namespace_id: int, idempotency_key: str) -> Task | None:
+    """The task an idempotency key created in a namespace, or ``None`` (DESIGN §3)."""
+    row = conn.execute(
+        _task_select()
+        .join(submission_keys, submission_keys.c.task_id == tasks.c.id)
+        .where(
+            submission_keys.c.namespace_id == namespace_id,
+            submission_keys.c.idempotency_key == idempotency_key,
+        )
+    ).mappings().first()
+    return task_from_row(row) if row else None
+
+
+def get_queue(conn: Connection, namespace: str, namespace_id: int, name: str) -> Queue | None:
+    """A queue with its task count per status, or ``None``."""
+    row = conn.execute(
+        sa.select(queues.c.id, queues.c.created_at).where(
+            queues.c.namespace_id == namespace_id, queues.c.name == name
+        )
+    ).first()
+    if row is None:
+        return None
+    counts = {
+        TaskStatus(status): int(n)
+        for status, n in conn.execute(
+            sa.select(tasks.c.status, sa.func.count()).where(tasks.c.queue_id == row.id).group_by(tasks.c.status)
+        )
+    }
+    return Queue(namespace=namespace, name=name, created_at=to_utc(row.created_at), counts=counts)  # type: ignore[arg-type]
+
+
+# ---------------------------------------------------------------- acceptance
+
+
+def request_digest(submission: TaskSubmission) -> str:
+    """SHA-256 (hex) of the canonical JSON of what a submission means.
+
+    Canonical: keys sorted, no insignificant white space, UTF-8, options left
+    unset dropped (DESIGN §3). Two submissions digest alike exactly when they ask
+    for the same task.
+    """
+    text = json.dumps(
+        submission.canonical_meaning(), sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False
+    )
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+def _replay(conn: Connection, principal: Principal, key: str, digest: str) -> Task | None:
+    row = conn.execute(
+        sa.select(submission_keys.c.request_digest, submission_keys.c.task_id).where(
+            submission_keys.c.namespace_id == principal.namespace_id,
+            submission_keys.c.idempotency_key == key,
+        )
+    ).first()
+    if row is None:
+        return None
+    if row.request_digest != digest:
+        raise errors.IdempotencyKeyReused(
+            "this Idempotency-Key was already used with a different queue, handler, params or options; "
+            "use a new key for a new task"
+        )
+    task = get_task(conn, principal.namespace_id, row.task_id)
+    if task is None:  # pragma: no cover - keys are written with their task and outlive no purge yet
+        raise errors.TaskNotFound(f"the task {row.task_id} created by this key no longer exists")
+    return task
+
+
+def submit_task(
+    engine: Engine,
+    principal: Principal,
+    submission: TaskSubmission,
+    idempotency_key: str,
+    *,
+    default_max_attempts: int,
+    key_ttl: timedelta,
+) -> tuple[Task, bool]:
+    """Accept a submission exactly once per ``(namespace, idempotency_key)``.
+
+    One transaction writes the submission key, the ``WAITING`` task and its
+    ``accepted`` event (invariant 1 of the reliability model). The key is inserted
+    first: a concurrent first submission with the same key blocks on its unique
+    index and, once the winner commits, fails and replays the winner's task.
+
+    Returns:
+        ``(task, replayed)``: ``replayed`` is ``True`` when the key was seen before
+        with the same request digest and ``task`` is the original task.
+
+    Raises:
+        errors.IdempotencyKeyReused: the key was used with a different request (422).
+        errors.QueueNotFound: the queue does not exist in the namespace (404).
+        errors.RequestInProgress: the key's first request has not committed yet, or
+            the database kept reporting lock conflicts (409, retryable).
+    """
+    digest = request_digest(submission)
+    options = submission.options
+    for _ in range(_SUBMIT_TRIES):
+        try:
+            with engine.begin() as conn:
+                replay = _replay(conn, principal, idempotency_key, digest)
+                if replay is not None:
+                    return replay, True
+                queue_id = conn.execute(
+                    sa.select(queues.c.id).where(
+                        queues.c.namespace_id == principal.namespace_id, queues.c.name == submission.queue
+                    )
+                ).scalar()
+                if queue_id is None:
+                    raise errors.QueueNotFound(
+                        f"queue {submission.queue!r} does not exist in namespace {principal.namespace!r}; "
+                        "create it with `orbit-server queue create`"
+                    )
+                now = db_now(conn)
+                task_id = str(uuid.uuid4())
+                conn.execute(
+                    submission_keys.insert().values(
+                        namespace_id=principal.namespace_id,
+                        idempotency_key=idempotency_key,
+                        request_digest=digest,
+                        task_id=task_id,
+                        created_at=now,
+                        expires_at=now + key_ttl,
+                    )
+                )
+                conn.execute(
+                    tasks.insert().values(
+                        id=task_id,
+                        namespace_id=principal.namespace_id,
+                        queue_id=queue_id,
+                        handler=submission.handler,
+                        params=submission.params,
+                        status=TaskStatus.WAITING.value,
+                        state_version=1,
+                        attempt_count=0,
+                        max_attempts=(options and options.max_attempts) or default_max_attempts,
+                        retry_safe=bool(options and options.retry_safe),
+                        available_at=to_naive_utc(options.available_at) if options and options.available_at else now,
+                        deadline=to_naive_utc(options.deadline) if options else None,
+                        cancel_requested=False,
+                        created_at=now,
+                        updated_at=now,
+                    )
+                )
+                conn.execute(
+                    task_events.insert().values(
+                        task_id=task_id,
+                        state_version=1,
+                        event="accepted",
+                        from_status=None,
+                        to_status=TaskStatus.WAITING.value,
+                        actor=f"api_key:{principal.key_id}",
+                        created_at=now,
+                    )
+                )
+                task = get_task(conn, principal.namespace_id, task_id)
+                assert task is not None
+            log.info("task accepted", extra={"task_id": task_id, "namespace": principal.namespace})
+            return task, False
+        except sa.exc.IntegrityError:
+            # A concurrent first submission inserted the key and committed first.
+            with engine.begin() as conn:
+                replay = _replay(conn, principal, idempotency_key, digest)
+            if replay is not None:
+                return replay, True
+            raise errors.RequestInProgress(
+                "another request with this Idempotency-Key is being processed; retry shortly"
+            ) from None
+        except sa.exc.OperationalError as exc:
+            if not is_lock_conflict(exc):
+                raise
+            log.debug("lock conflict while accepting a submission; retrying")
+    raise errors.RequestInProgress("the submission kept meeting concurrent requests with the same key; retry shortly")

@@ -1,0 +1,101 @@
+"""Shared fixtures: real databases, each test module getting its own.
+
+Servers are found as DESIGN §2 says: an explicit URL (``ORBIT_TEST_MYSQL_URL``,
+``ORBIT_TEST_POSTGRES_URL``), else the local servers at 127.0.0.1. A test that
+needs a server it cannot reach is skipped on a laptop and **fails** under
+``CI=true``. Every database is created with a unique name and dropped after.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Callable, Iterator
+
+import pytest
+import sqlalchemy as sa
+from sqlalchemy.engine import URL, make_url
+
+MYSQL_DEFAULT = "mysql+pymysql://root@127.0.0.1:3306/test"
+POSTGRES_DEFAULT = "postgresql+psycopg://postgres@127.0.0.1:5432/postgres"
+IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
+
+
+def _unreachable(what: str, url: URL, exc: Exception) -> None:
+    message = f"{what} at {url.render_as_string()} is unreachable: {exc}"
+    if IN_CI:
+        pytest.fail(f"{message} (CI=true: database tests must run)", pytrace=False)
+    pytest.skip(message)
+
+
+def _server_url(env: str, default: str, what: str) -> URL:
+    url = make_url(os.environ.get(env) or default)
+    engine = sa.create_engine(url)
+    try:
+        with engine.connect() as conn:
+            conn.execute(sa.text("SELECT 1"))
+    except Exception as exc:  # noqa: BLE001 - any failure to connect means unreachable
+        _unreachable(what, url, exc)
+    finally:
+        engine.dispose()
+    return url
+
+
+@pytest.fixture(scope="session")
+def mysql_server() -> URL:
+    """URL of the MariaDB/MySQL server the tests may create databases on."""
+    return _server_url("ORBIT_TEST_MYSQL_URL", MYSQL_DEFAULT, "MariaDB/MySQL")
+
+
+@pytest.fixture(scope="session")
+def postgres_server() -> URL:
+    """URL of the PostgreSQL server the tests may create databases on."""
+    return _server_url("ORBIT_TEST_POSTGRES_URL", POSTGRES_DEFAULT, "PostgreSQL")
+
+
+def _scratch_database(server: URL, create: str, drop: str) -> Iterator[URL]:
+    name = f"orbit_test_{uuid.uuid4().hex[:12]}"
+    admin = sa.create_engine(server, isolation_level="AUTOCOMMIT")
+    with admin.connect() as conn:
+        conn.execute(sa.text(create.format(name=name)))
+    try:
+        yield server.set(database=name)
+    finally:
+        with admin.connect() as conn:
+            conn.execute(sa.text(drop.format(name=name)))
+        admin.dispose()
+
+
+DatabaseFactory = Callable[[str], URL]
+
+
+@pytest.fixture(scope="module")
+def make_database(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[DatabaseFactory]:
+    """``make_database(kind)`` → URL of a new empty database of ``kind``
+    (``sqlite``, ``mariadb`` or ``postgres``), dropped when the module ends."""
+    cleanups: list[Iterator[URL]] = []
+
+    def make(kind: str) -> URL:
+        if kind == "sqlite":
+            path = tmp_path_factory.mktemp("db") / f"{uuid.uuid4().hex[:8]}.db"
+            return make_url(f"sqlite:///{path}")
+        if kind == "mariadb":
+            gen = _scratch_database(
+                request.getfixturevalue("mysql_server"),
+                "CREATE DATABASE `{name}` CHARACTER SET utf8mb4 COLLATE utf8mb4_unicode_ci",
+                "DROP DATABASE IF EXISTS `{name}`",
+            )
+        elif kind == "postgres":
+            gen = _scratch_database(
+                request.getfixturevalue("postgres_server"),
+                'CREATE DATABASE "{name}"',
+                'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)',
+            )
+        else:
+            raise ValueError(kind)
+        cleanups.append(gen)
+        return next(gen)
+
+    yield make
+    for gen in cleanups:
+        next(gen, None)

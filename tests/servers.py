@@ -1,0 +1,63 @@
+"""A real Orbit server on a free port, run by uvicorn in a background thread."""
+
+from __future__ import annotations
+
+import socket
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+
+import uvicorn
+from sqlalchemy.engine import URL, Engine
+
+from orbit_server import ServerSettings, create_app
+from orbit_server import _migrate as migrate
+from orbit_server import store
+from orbit_server._db import create_engine
+
+
+@dataclass
+class RunningServer:
+    base_url: str
+    engine: Engine
+    database_url: URL
+    keys: dict[str, str] = field(default_factory=dict)
+
+    def add_namespace(self, namespace: str, queues: tuple[str, ...] = ("default",)) -> dict[str, str]:
+        """Create a namespace, its queues and one key per role; return the keys by role."""
+        keys = {}
+        with self.engine.begin() as conn:
+            store.create_namespace(conn, namespace)
+            for queue in queues:
+                store.create_queue(conn, namespace, queue)
+            for role in store.ROLES:
+                keys[role] = store.create_api_key(conn, namespace, role)
+        return keys
+
+
+@contextmanager
+def run_server(database_url: URL, **settings: object) -> Iterator[RunningServer]:
+    """Migrate ``database_url``, serve it on 127.0.0.1:<free port>, stop on exit.
+
+    The listening socket is bound before uvicorn starts, so a request sent at once
+    waits in the backlog instead of racing the start-up.
+    """
+    engine = create_engine(database_url, pool_size=40)
+    migrate.upgrade(engine)
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind(("127.0.0.1", 0))
+    sock.listen(256)
+    port = sock.getsockname()[1]
+    app = create_app(ServerSettings(database_url=database_url.render_as_string(False), **settings), engine=engine)  # type: ignore[arg-type]
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on", limit_concurrency=1000))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    try:
+        yield RunningServer(base_url=f"http://127.0.0.1:{port}", engine=engine, database_url=database_url)
+    finally:
+        server.should_exit = True
+        thread.join(timeout=10)
+        sock.close()
+        engine.dispose()
