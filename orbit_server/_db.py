@@ -42,7 +42,9 @@ def create_engine(url: str | URL, *, pool_size: int = 20, echo: bool = False) ->
     backend = url.get_backend_name()
     if backend == "sqlite":
         if url.database in (None, "", ":memory:"):
-            raise ValueError("the server needs a SQLite file, e.g. sqlite:///./orbit.db, not an in-memory database")
+            raise ValueError(
+                "the server needs a SQLite file, e.g. sqlite:///./orbit.db, not an in-memory database"
+            )
         engine = sa.create_engine(
             url,
             echo=echo,

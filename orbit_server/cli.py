@@ -53,7 +53,9 @@ def _engine(url: str, *, migrate_sqlite: bool = True) -> Iterator[Engine]:
         click.echo(f"error: {exc}", err=True)
         sys.exit(1)
     except sa.exc.OperationalError as exc:
-        click.echo(f"error: cannot use the database at {sa.make_url(url).render_as_string()}: {exc.orig}", err=True)
+        click.echo(
+            f"error: cannot use the database at {sa.make_url(url).render_as_string()}: {exc.orig}", err=True
+        )
         sys.exit(3)
     finally:
         engine.dispose()
@@ -165,7 +167,9 @@ def api_key_create(namespace_name: str, role: str, label: str | None, database_u
     """
     with _engine(database_url) as engine, engine.begin() as conn:
         key = store.create_api_key(conn, namespace_name, role, label)
-    click.echo(f"{role} key created for namespace {namespace_name!r}; store it now, it is not shown again", err=True)
+    click.echo(
+        f"{role} key created for namespace {namespace_name!r}; store it now, it is not shown again", err=True
+    )
     click.echo(key)
 
 

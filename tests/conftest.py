@@ -34,7 +34,7 @@ def _server_url(env: str, default: str, what: str) -> URL:
     try:
         with engine.connect() as conn:
             conn.execute(sa.text("SELECT 1"))
-    except Exception as exc:  # noqa: BLE001 - any failure to connect means unreachable
+    except Exception as exc:
         _unreachable(what, url, exc)
     finally:
         engine.dispose()
@@ -70,7 +70,9 @@ DatabaseFactory = Callable[[str], URL]
 
 
 @pytest.fixture(scope="module")
-def make_database(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[DatabaseFactory]:
+def make_database(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[DatabaseFactory]:
     """``make_database(kind)`` → URL of a new empty database of ``kind``
     (``sqlite``, ``mariadb`` or ``postgres``), dropped when the module ends."""
     cleanups: list[Iterator[URL]] = []

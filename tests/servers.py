@@ -11,9 +11,8 @@ from dataclasses import dataclass, field
 import uvicorn
 from sqlalchemy.engine import URL, Engine
 
-from orbit_server import ServerSettings, create_app
+from orbit_server import ServerSettings, create_app, store
 from orbit_server import _migrate as migrate
-from orbit_server import store
 from orbit_server._db import create_engine
 
 
@@ -50,7 +49,9 @@ def run_server(database_url: URL, **settings: object) -> Iterator[RunningServer]
     sock.bind(("127.0.0.1", 0))
     sock.listen(256)
     port = sock.getsockname()[1]
-    app = create_app(ServerSettings(database_url=database_url.render_as_string(False), **settings), engine=engine)  # type: ignore[arg-type]
+    app = create_app(
+        ServerSettings(database_url=database_url.render_as_string(False), **settings), engine=engine
+    )  # type: ignore[arg-type]
     server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on", limit_concurrency=1000))
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()

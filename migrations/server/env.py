@@ -23,7 +23,9 @@ def run_migrations_online() -> None:
     if connection is not None:
         _run(connection)
         return
-    url = context.get_x_argument(as_dictionary=True).get("url") or context.config.get_main_option("sqlalchemy.url")
+    url = context.get_x_argument(as_dictionary=True).get("url") or context.config.get_main_option(
+        "sqlalchemy.url"
+    )
     if not url:
         raise SystemExit("give the database URL: alembic -x url=mysql+pymysql://... upgrade head")
     engine = sa.create_engine(url)

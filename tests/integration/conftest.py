@@ -7,7 +7,10 @@ import pytest
 from tests.conftest import DatabaseFactory
 from tests.servers import RunningServer, run_server
 
-BACKENDS = [pytest.param("sqlite", id="sqlite"), pytest.param("mariadb", id="mariadb", marks=pytest.mark.mariadb)]
+BACKENDS = [
+    pytest.param("sqlite", id="sqlite"),
+    pytest.param("mariadb", id="mariadb", marks=pytest.mark.mariadb),
+]
 
 
 @pytest.fixture(scope="module", params=BACKENDS)

@@ -44,7 +44,9 @@ def _assert_problem(response: httpx.Response, status: int, code: str) -> dict[st
     return body
 
 
-def test_first_submission_creates_task_and_replay_returns_it(server: RunningServer, ns: tuple[str, dict[str, str]]):
+def test_first_submission_creates_task_and_replay_returns_it(
+    server: RunningServer, ns: tuple[str, dict[str, str]]
+):
     name, keys = ns
     key = f"k-{uuid.uuid4()}"
     with _client(server, keys["submit"]) as http:
@@ -65,14 +67,21 @@ def test_first_submission_creates_task_and_replay_returns_it(server: RunningServ
     with server.engine.connect() as conn:
         assert conn.scalar(sa.select(sa.func.count()).select_from(submission_keys).where(
             submission_keys.c.idempotency_key == key)) == 1  # fmt: skip
-        events = conn.execute(sa.select(task_events).where(task_events.c.task_id == task["id"])).mappings().all()
+        events = (
+            conn.execute(sa.select(task_events).where(task_events.c.task_id == task["id"])).mappings().all()
+        )
     assert [(e["event"], e["to_status"], e["state_version"]) for e in events] == [("accepted", "WAITING", 1)]
 
 
-def test_options_are_part_of_the_digest_and_of_the_task(server: RunningServer, ns: tuple[str, dict[str, str]]):
+def test_options_are_part_of_the_digest_and_of_the_task(
+    server: RunningServer, ns: tuple[str, dict[str, str]]
+):
     name, keys = ns
     key = f"k-{uuid.uuid4()}"
-    body = {**BODY, "options": {"max_attempts": 7, "retry_safe": True, "available_at": "2030-01-01T01:00:00+01:00"}}
+    body = {
+        **BODY,
+        "options": {"max_attempts": 7, "retry_safe": True, "available_at": "2030-01-01T01:00:00+01:00"},
+    }
     with _client(server, keys["submit"]) as http:
         created = _submit(http, name, key, body)
         assert created.status_code == 201, created.text
@@ -129,7 +138,9 @@ def test_missing_or_malformed_key_is_400(
     _assert_problem(response, 400, code)
 
 
-def test_255_character_key_and_odd_printable_characters_work(server: RunningServer, ns: tuple[str, dict[str, str]]):
+def test_255_character_key_and_odd_printable_characters_work(
+    server: RunningServer, ns: tuple[str, dict[str, str]]
+):
     name, keys = ns
     long_key = ("k" * 200 + uuid.uuid4().hex)[:255]
     odd_key = f"a/b?c#d%20e f~{uuid.uuid4().hex}"
@@ -227,7 +238,9 @@ def test_invalid_body_is_422_validation_error(server: RunningServer, ns: tuple[s
         assert "s3cr3t" not in str(body)
         bad_option = _submit(http, name, f"k-{uuid.uuid4()}", {**BODY, "options": {"max_attempts": 0}})
         _assert_problem(bad_option, 422, "validation_error")
-        naive = _submit(http, name, f"k-{uuid.uuid4()}", {**BODY, "options": {"deadline": "2030-01-01T00:00:00"}})
+        naive = _submit(
+            http, name, f"k-{uuid.uuid4()}", {**BODY, "options": {"deadline": "2030-01-01T00:00:00"}}
+        )
         _assert_problem(naive, 422, "validation_error")
         not_json = http.post(
             f"/v1/namespaces/{name}/tasks",
@@ -270,7 +283,9 @@ def test_other_namespace_is_invisible(server: RunningServer, ns: tuple[str, dict
         _assert_problem(_submit(intruder, name, key, BODY), 404, "namespace_not_found")
         # Its own namespace does not see the task either, nor the key.
         _assert_problem(intruder.get(f"/v1/namespaces/{other}/tasks/{task['id']}"), 404, "task_not_found")
-        _assert_problem(intruder.get(f"/v1/namespaces/{other}/submissions/{key}"), 404, "submission_not_found")
+        _assert_problem(
+            intruder.get(f"/v1/namespaces/{other}/submissions/{key}"), 404, "submission_not_found"
+        )
         # The same key in another namespace is another submission.
         assert _submit(intruder, other, key, BODY).status_code == 201
 

@@ -20,7 +20,7 @@ Timestamp = sa.DateTime().with_variant(mysql.DATETIME(fsp=6), "mysql", "mariadb"
 BigId = sa.BigInteger().with_variant(sa.Integer(), "sqlite")
 
 
-def Key(length: int) -> sa.types.TypeEngine[str]:  # noqa: N802
+def Key(length: int) -> sa.types.TypeEngine[str]:
     return sa.String(length).with_variant(
         mysql.VARCHAR(length, charset="ascii", collation="ascii_bin"), "mysql", "mariadb"
     )

@@ -1,0 +1,50 @@
+"""What `pip install .` gives: the client alone, without SQLAlchemy or a driver (DESIGN §1)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import venv
+import zipfile
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("wheel")
+    subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--wheel-dir", str(out), str(REPO)],
+        check=True,
+        capture_output=True,
+    )
+    (built,) = out.glob("orbit-*.whl")
+    return built
+
+
+def test_wheel_ships_typing_marker_and_migrations(wheel: Path) -> None:
+    names = set(zipfile.ZipFile(wheel).namelist())
+    assert "orbit_client/py.typed" in names and "orbit_server/py.typed" in names
+    assert "orbit_server/_migrations/env.py" in names
+    assert any(n.startswith("orbit_server/_migrations/versions/0001") for n in names)
+
+
+def test_plain_install_is_the_client_without_sqlalchemy(wheel: Path, tmp_path: Path) -> None:
+    env_dir = tmp_path / "venv"
+    venv.create(env_dir, with_pip=True)
+    python = env_dir / "bin" / "python"
+    subprocess.run(
+        [str(python), "-m", "pip", "install", "--quiet", str(wheel)], check=True, capture_output=True
+    )
+    probe = (
+        "import importlib.util, orbit_client;"
+        "assert importlib.util.find_spec('sqlalchemy') is None, 'sqlalchemy was installed';"
+        "assert importlib.util.find_spec('fastapi') is None, 'fastapi was installed';"
+        "print(orbit_client.__version__, orbit_client.OrbitClient.__name__)"
+    )
+    done = subprocess.run([str(python), "-c", probe], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["0.1.0", "OrbitClient"]

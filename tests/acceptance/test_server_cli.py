@@ -1,0 +1,118 @@
+"""``orbit-server`` as users run it: click's runner for the commands, real processes for
+``serve`` and the quick-start demo."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+from click.testing import CliRunner
+
+from orbit_server.cli import main
+from tests.conftest import DatabaseFactory
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _run(*args: str) -> tuple[int, str, str]:
+    result = CliRunner().invoke(main, list(args))
+    return result.exit_code, result.stdout, result.stderr
+
+
+@pytest.mark.parametrize("kind", ["sqlite", pytest.param("mariadb", marks=pytest.mark.mariadb)])
+def test_admin_commands(make_database: DatabaseFactory, kind: str) -> None:
+    url = make_database(kind).render_as_string(hide_password=False)
+    if kind != "sqlite":
+        assert _run("migrate", "--database-url", url)[0] == 0
+    assert _run("namespace", "create", "shop", "--database-url", url)[0] == 0
+    code, _, err = _run("namespace", "create", "shop", "--database-url", url)
+    assert code == 1 and "already exists" in err
+    assert _run("queue", "create", "shop", "fulfilment", "--database-url", url)[0] == 0
+    code, _, err = _run("queue", "create", "nowhere", "fulfilment", "--database-url", url)
+    assert code == 1 and "does not exist" in err
+    code, _, err = _run("queue", "create", "shop", "bad name!", "--database-url", url)
+    assert code == 2 and "QUEUE" in err
+    code, out, _ = _run("api-key", "create", "shop", "--role", "submit", "--database-url", url)
+    assert code == 0 and out.strip().splitlines()[-1].startswith("orbit_")
+    code, _, err = _run("api-key", "create", "shop", "--role", "root", "--database-url", url)
+    assert code == 2 and "root" in err
+
+
+def test_database_url_from_environment(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'env.db'}"
+    result = CliRunner(env={"ORBIT_DATABASE_URL": url}).invoke(main, ["namespace", "create", "from-env"])
+    assert result.exit_code == 0, result.output
+    assert (tmp_path / "env.db").exists()
+    help_text = CliRunner().invoke(main, ["serve", "--help"]).output
+    for var in ("ORBIT_DATABASE_URL", "ORBIT_HOST", "ORBIT_PORT", "ORBIT_MAX_BODY_BYTES"):
+        assert var in help_text
+
+
+def test_unreachable_database_is_exit_3() -> None:
+    code, _, err = _run("namespace", "create", "x", "--database-url", "mysql+pymysql://root@127.0.0.1:1/none")
+    assert code == 3 and "cannot use the database" in err
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def test_serve_migrates_sqlite_and_stops_on_sigterm(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'orbit.db'}"
+    port = _free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "orbit_server", "serve", "--database-url", url, "--port", str(port)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        deadline = time.monotonic() + 30
+        while True:  # no start-up signal to await: poll readiness with a deadline
+            try:
+                ready = httpx.get(f"http://127.0.0.1:{port}/readyz", timeout=1)
+                break
+            except httpx.TransportError:
+                assert proc.poll() is None, proc.stdout.read() if proc.stdout else ""
+                assert time.monotonic() < deadline, "server did not start"
+                time.sleep(0.05)
+        assert ready.status_code == 200
+        docs = httpx.get(f"http://127.0.0.1:{port}/openapi.json", timeout=5).json()
+        assert "/v1/namespaces/{namespace}/tasks" in docs["paths"]
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        output, _ = proc.communicate(timeout=30)
+    # uvicorn shuts down gracefully, then re-raises the signal it caught.
+    assert proc.returncode in (0, -signal.SIGTERM), output
+    assert "Finished server process" in output
+
+
+@pytest.mark.mariadb
+def test_serve_refuses_an_unmigrated_mysql_database(make_database: DatabaseFactory) -> None:
+    url = make_database("mariadb").render_as_string(hide_password=False)
+    result = subprocess.run(
+        [sys.executable, "-m", "orbit_server", "serve", "--database-url", url, "--port", str(_free_port())],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 1 and "orbit-server migrate" in result.stderr
+
+
+def test_quick_start_demo_shows_a_replay(tmp_path: Path) -> None:
+    env = {**os.environ, "PYTHONPATH": str(REPO), "COLUMNS": "120"}
+    result = subprocess.run(
+        [sys.executable, "-m", "examples.replay_demo"], cwd=tmp_path, env=env, capture_output=True, text=True,
+        timeout=120,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "The second answer was a replay of the first" in result.stdout
