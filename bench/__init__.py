@@ -1,0 +1,1 @@
+"""On-demand benchmarks; each prints ratios against a baseline measured in the same run."""

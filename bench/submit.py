@@ -1,0 +1,141 @@
+"""Submissions per second against a real ``orbit-server`` process.
+
+    python -m bench.submit [--database mariadb|sqlite] [--clients 16] [--requests 2000]
+
+Three phases against one server process, each with ``--clients`` threads:
+
+1. baseline: ``GET /healthz`` (the HTTP stack alone, no database);
+2. first submissions, each with a new idempotency key (three inserts in one transaction);
+3. replays: the same submissions again (a lookup, no insert).
+
+It prints requests/s for each and the ratio to the baseline: these machines are
+noisy, so compare ratios between runs, not absolute figures.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+
+import httpx
+import sqlalchemy as sa
+
+MYSQL_SERVER = os.environ.get("ORBIT_TEST_MYSQL_URL", "mysql+pymysql://root@127.0.0.1:3306/test")
+
+
+def cli(*args: str, url: str) -> str:
+    done = subprocess.run(
+        [sys.executable, "-m", "orbit_server", *args, "--database-url", url],
+        check=True,
+        capture_output=True,
+        text=True,
+    )
+    return done.stdout.strip().splitlines()[-1] if done.stdout.strip() else ""
+
+
+def run_phase(clients: int, total: int, make_call: Callable[[httpx.Client, int], httpx.Response]) -> float:
+    """Run ``total`` calls spread over ``clients`` threads; return calls per second."""
+    per_client = total // clients
+    failures: list[str] = []
+    barrier = threading.Barrier(clients + 1)
+
+    def worker(index: int) -> None:
+        with httpx.Client(timeout=60) as http:
+            barrier.wait()
+            for i in range(per_client):
+                response = make_call(http, index * per_client + i)
+                if response.status_code >= 300 and response.status_code != 200:
+                    failures.append(f"{response.status_code} {response.text[:200]}")
+
+    threads = [threading.Thread(target=worker, args=(n,)) for n in range(clients)]
+    for thread in threads:
+        thread.start()
+    barrier.wait()
+    started = time.perf_counter()
+    for thread in threads:
+        thread.join()
+    elapsed = time.perf_counter() - started
+    if failures:
+        raise SystemExit(f"{len(failures)} calls failed, e.g. {failures[0]}")
+    return per_client * clients / elapsed
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--database", choices=["mariadb", "sqlite"], default="mariadb")
+    parser.add_argument("--clients", type=int, default=16)
+    parser.add_argument("--requests", type=int, default=2000)
+    args = parser.parse_args()
+
+    tmp = Path(tempfile.mkdtemp(prefix="orbit-bench-"))
+    admin = None
+    if args.database == "mariadb":
+        name = f"orbit_bench_{uuid.uuid4().hex[:8]}"
+        admin = sa.create_engine(MYSQL_SERVER, isolation_level="AUTOCOMMIT")
+        with admin.connect() as conn:
+            conn.execute(sa.text(f"CREATE DATABASE `{name}` CHARACTER SET utf8mb4"))
+        url = sa.make_url(MYSQL_SERVER).set(database=name).render_as_string(hide_password=False)
+        cli("migrate", url=url)
+    else:
+        url = f"sqlite:///{tmp / 'bench.db'}"
+    cli("namespace", "create", "bench", url=url)
+    cli("queue", "create", "bench", "q", url=url)
+    key = cli("api-key", "create", "bench", "--role", "submit", url=url)
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    base = f"http://127.0.0.1:{port}"
+    server = subprocess.Popen(
+        [sys.executable, "-m", "orbit_server", "--log-level", "warning", "serve", "--database-url", url,
+         "--port", str(port)],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                if httpx.get(f"{base}/readyz").status_code == 200:
+                    break
+            except httpx.TransportError:
+                if time.monotonic() > deadline:
+                    raise SystemExit("server did not start") from None
+                time.sleep(0.1)
+        run_id = uuid.uuid4().hex[:8]
+        headers = {"Authorization": f"Bearer {key}"}
+
+        def submit(http: httpx.Client, n: int) -> httpx.Response:
+            return http.post(
+                f"{base}/v1/namespaces/bench/tasks",
+                json={"queue": "q", "handler": "bench.noop", "params": {"n": n, "sku": "BENCH-Ü-1"}},
+                headers={**headers, "Idempotency-Key": f"bench-{run_id}-{n}"},
+            )
+
+        healthz = run_phase(args.clients, args.requests, lambda http, _n: http.get(f"{base}/healthz"))
+        first = run_phase(args.clients, args.requests, submit)
+        replay = run_phase(args.clients, args.requests, submit)
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
+        if admin is not None:
+            with admin.connect() as conn:
+                conn.execute(sa.text(f"DROP DATABASE IF EXISTS `{name}`"))
+            admin.dispose()
+    print(f"database={args.database} clients={args.clients} requests/phase={args.requests}")
+    print(f"{'phase':<22}{'req/s':>10}{'ratio to baseline':>20}")
+    for label, rate in (("GET /healthz (base)", healthz), ("first submissions", first), ("replays", replay)):
+        print(f"{label:<22}{rate:>10.0f}{rate / healthz:>20.2f}")
+
+
+if __name__ == "__main__":
+    main()
