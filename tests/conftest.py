@@ -1,13 +1,16 @@
 """Shared fixtures: real databases, each test module getting its own.
 
 Servers are found as DESIGN §2 says: an explicit URL (``ORBIT_TEST_MYSQL_URL``,
-``ORBIT_TEST_POSTGRES_URL``), else the local servers at 127.0.0.1. A test that
+``ORBIT_TEST_POSTGRES_URL``); else a container through testcontainers when it is
+installed and a Docker engine answers (users' laptops); else the local servers at
+127.0.0.1 (these machines and CI). A test that
 needs a server it cannot reach is skipped on a laptop and **fails** under
 ``CI=true``. Every database is created with a unique name and dropped after.
 """
 
 from __future__ import annotations
 
+import atexit
 import os
 import uuid
 from collections.abc import Callable, Iterator
@@ -28,8 +31,31 @@ def _unreachable(what: str, url: URL, exc: Exception) -> None:
     pytest.skip(message)
 
 
+def _container_url(kind: str) -> URL | None:
+    """Start a MySQL 8 / PostgreSQL container when testcontainers and Docker are available."""
+    try:
+        import docker  # type: ignore[import-not-found]
+
+        docker.from_env().ping()
+        if kind == "mysql":
+            from testcontainers.mysql import MySqlContainer  # type: ignore[import-not-found]
+
+            container = MySqlContainer("mysql:8.0", dialect="pymysql")
+        else:
+            from testcontainers.postgres import PostgresContainer  # type: ignore[import-not-found]
+
+            container = PostgresContainer("postgres:16", driver="psycopg")
+        container.start()
+    except Exception:
+        return None
+    atexit.register(container.stop)
+    return make_url(container.get_connection_url())
+
+
 def _server_url(env: str, default: str, what: str) -> URL:
-    url = make_url(os.environ.get(env) or default)
+    explicit = os.environ.get(env)
+    kind = "mysql" if "MYSQL" in env else "postgres"
+    url = make_url(explicit) if explicit else (_container_url(kind) or make_url(default))
     engine = sa.create_engine(url)
     try:
         with engine.connect() as conn:
