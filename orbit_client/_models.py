@@ -13,7 +13,7 @@ from __future__ import annotations
 import enum
 import re
 from datetime import UTC, datetime
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from pydantic import (
     AfterValidator,
@@ -22,16 +22,33 @@ from pydantic import (
     Field,
     JsonValue,
     PlainSerializer,
+    model_validator,
 )
 
 __all__ = [
     "IDEMPOTENCY_KEY_MAX_LENGTH",
     "NAME_PATTERN",
+    "Attempt",
+    "AttemptError",
+    "AttemptLease",
+    "AttemptState",
+    "AttemptStatus",
+    "CancelRequest",
+    "CompleteRequest",
+    "FailRequest",
+    "HeartbeatRequest",
+    "LeaseGrant",
+    "LeaseRequest",
+    "LeaseTokenRequest",
     "Problem",
     "Queue",
+    "RetryRequest",
+    "ReviewRequest",
     "SubmitOptions",
     "SubmitResult",
     "Task",
+    "TaskEvent",
+    "TaskPage",
     "TaskStatus",
     "TaskSubmission",
     "UTCDateTime",
@@ -106,12 +123,19 @@ class SubmitOptions(_Wire):
             ``FAILED`` with ``deadline_exceeded``; ``None`` means no deadline.
         retry_safe: ``True`` declares that the handler may safely run again after an
             attempt whose outcome is unknown; ``None`` means ``False``.
+        backoff_base_seconds: delay before the first retry after a retryable failure, in
+            seconds; it doubles for each later retry. ``None`` means 1 s.
+        backoff_cap_seconds: the longest such delay, in seconds; ``None`` means 300 s. The
+            delay before retry *n* is ``d/2 + uniform(0, d/2)`` with
+            ``d = min(cap, base * 2**(n-1))`` (equal jitter), added to the database clock.
     """
 
     max_attempts: int | None = Field(default=None, ge=1, le=1000)
     available_at: UTCDateTime | None = None
     deadline: UTCDateTime | None = None
     retry_safe: bool | None = None
+    backoff_base_seconds: float | None = Field(default=None, ge=0, le=86400)
+    backoff_cap_seconds: float | None = Field(default=None, ge=0, le=7 * 86400)
 
 
 class TaskSubmission(_Wire):
@@ -163,6 +187,13 @@ class Task(_Wire):
     retry_of: str | None = None
     created_at: UTCDateTime
     updated_at: UTCDateTime
+    #: The newest attempt (the live one while ``LEASED``/``RUNNING``); ``None`` before the first lease.
+    current_attempt_id: str | None = None
+    cancel_reason: str | None = None
+    backoff_base_seconds: float | None = None
+    backoff_cap_seconds: float | None = None
+    #: When the task reached ``SUCCEEDED``, ``FAILED`` or ``CANCELLED``; ``None`` before.
+    finished_at: UTCDateTime | None = None
 
 
 class Queue(_Wire):
@@ -206,3 +237,255 @@ class SubmitResult(BaseModel):
 
     task: Task
     replayed: bool
+
+
+# --------------------------------------------------------------------------------------------------
+# Execution: leases, attempts, cancel, review, manual retry (DESIGN §4, §2-§3 of the reliability model)
+
+
+class AttemptStatus(enum.StrEnum):
+    """What became of one execution attempt.
+
+    ``LEASED`` and ``RUNNING`` are live (the attempt holds the task's lease); the others
+    are final and never change again. ``EXPIRED``: the lease ran out before the worker
+    reported; a report that arrives later is kept as evidence only (``late_report``).
+    """
+
+    LEASED = "LEASED"
+    RUNNING = "RUNNING"
+    SUCCEEDED = "SUCCEEDED"
+    FAILED = "FAILED"
+    CANCELLED = "CANCELLED"
+    EXPIRED = "EXPIRED"
+
+    @property
+    def is_live(self) -> bool:
+        """``True`` for ``LEASED`` and ``RUNNING``."""
+        return self in (AttemptStatus.LEASED, AttemptStatus.RUNNING)
+
+
+#: A lease duration in seconds: at least 0.1 s, at most one hour.
+LeaseSeconds = Annotated[float, Field(ge=0.1, le=3600)]
+
+
+class LeaseRequest(_Wire):
+    """Body of ``POST /v1/namespaces/{ns}/queues/{queue}/leases``.
+
+    Attributes:
+        worker_id: names the worker process, for operators (1-255 characters); not a secret.
+        max_tasks: most tasks granted by this call, 1-100.
+        lease_seconds: how long each grant stays valid without a heartbeat, in seconds,
+            judged by the database clock. Default 30.
+        wait_seconds: long-poll: when nothing is due, wait up to this many seconds for a
+            task before answering with an empty list; 0 (the default) answers at once.
+    """
+
+    worker_id: str = Field(min_length=1, max_length=255)
+    max_tasks: int = Field(default=1, ge=1, le=100)
+    lease_seconds: LeaseSeconds = 30.0
+    wait_seconds: float = Field(default=0.0, ge=0, le=60)
+
+
+class AttemptLease(_Wire):
+    """The execution grant of one attempt, as handed to the worker that leased it.
+
+    Attributes:
+        id: the attempt id; every attempt call names it.
+        generation: the fencing number: 1 for the task's first attempt, one more for each
+            later attempt. Pass it to the resources the handler touches so they can refuse
+            a stale attempt's writes (§3 of the reliability model).
+        lease_token: the secret that proves this grant; send it with every attempt call.
+            Only its SHA-256 is stored on the server.
+        lease_expires_at: when the grant lapses (UTC, database clock) unless renewed by
+            ``start`` or ``heartbeat``.
+    """
+
+    id: str
+    generation: int
+    lease_token: str
+    lease_expires_at: UTCDateTime
+
+
+class LeaseGrant(_Wire):
+    """One element of a lease answer: the task and its new attempt."""
+
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+    task: Task
+    attempt: AttemptLease
+
+
+class LeaseTokenRequest(_Wire):
+    """Body of ``POST .../attempts/{id}/start``: the attempt's lease token."""
+
+    lease_token: str = Field(min_length=1, max_length=255)
+
+
+class HeartbeatRequest(_Wire):
+    """Body of ``POST .../attempts/{id}/heartbeat``.
+
+    Attributes:
+        lease_token: the attempt's lease token.
+        lease_seconds: the new lease, in seconds from now (database clock); ``None`` means
+            the duration asked for when the task was leased.
+    """
+
+    lease_token: str = Field(min_length=1, max_length=255)
+    lease_seconds: LeaseSeconds | None = None
+
+
+class CompleteRequest(_Wire):
+    """Body of ``POST .../attempts/{id}/complete``: the token and the handler's JSON result.
+
+    Sending the same body again answers 200 with the same state, so a worker may
+    repeat a ``complete`` whose answer it did not receive.
+    """
+
+    lease_token: str = Field(min_length=1, max_length=255)
+    result: JsonValue = None
+
+
+class AttemptError(_Wire):
+    """Why an attempt failed, as the worker reports it.
+
+    Attributes:
+        type: a short machine-readable kind, e.g. the exception class name
+            (``"TimeoutError"``), or ``"cancelled"`` for a handler that stopped because
+            cancellation was requested.
+        message: a human-readable explanation (at most 10 000 characters).
+        retryable: ``True`` declares that running the handler again is safe and may
+            succeed; the server then schedules another attempt while the budget and the
+            deadline allow.
+    """
+
+    type: str = Field(min_length=1, max_length=255)
+    message: str = Field(default="", max_length=10_000)
+    retryable: bool = False
+
+
+class FailRequest(_Wire):
+    """Body of ``POST .../attempts/{id}/fail``; repeating the same body answers 200 again."""
+
+    lease_token: str = Field(min_length=1, max_length=255)
+    error: AttemptError
+
+
+class AttemptState(_Wire):
+    """The answer to every attempt call.
+
+    Attributes:
+        attempt_id, task_id, generation: which attempt this is.
+        status: the attempt's status after the call.
+        task_status: the task's status after the call.
+        lease_expires_at: when the lease lapses (UTC) while the attempt is live; for a
+            finished attempt, when it lapsed or would have.
+        cancel_requested: ``True`` when cancellation of the task was requested: the handler
+            should stop and report ``fail`` with error type ``"cancelled"``.
+    """
+
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+    attempt_id: str
+    task_id: str
+    generation: int
+    status: AttemptStatus
+    task_status: TaskStatus
+    lease_expires_at: UTCDateTime
+    cancel_requested: bool = False
+
+
+class Attempt(_Wire):
+    """One execution attempt of a task, as ``GET .../tasks/{id}/attempts`` lists it (no token).
+
+    ``late_report`` holds a ``complete`` or ``fail`` body that arrived after the attempt
+    had lost its lease, kept as evidence for a review; it never changes the task.
+    """
+
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+    id: str
+    task_id: str
+    generation: int
+    worker_id: str
+    status: AttemptStatus
+    leased_at: UTCDateTime
+    started_at: UTCDateTime | None = None
+    heartbeat_at: UTCDateTime | None = None
+    lease_expires_at: UTCDateTime
+    finished_at: UTCDateTime | None = None
+    result: JsonValue = None
+    error: JsonValue = None
+    late_report: JsonValue = None
+    late_reported_at: UTCDateTime | None = None
+
+
+class CancelRequest(_Wire):
+    """Body of ``POST .../tasks/{id}/cancel``: why (1-2000 characters, audited)."""
+
+    reason: str = Field(min_length=1, max_length=2000)
+
+
+class ReviewRequest(_Wire):
+    """Body of ``POST .../tasks/{id}/review``: settle a ``NEEDS_REVIEW`` task.
+
+    Attributes:
+        outcome: ``"succeeded"`` or ``"failed"``: what the reviewer established.
+        reason: why (audited).
+        evidence_ref: where the evidence is, e.g. a ticket or a payment provider's
+            reference (audited).
+        result: the task's result when ``outcome`` is ``"succeeded"``.
+        actor: the person deciding, recorded beside the API key; ``None`` records the key only.
+    """
+
+    outcome: Literal["succeeded", "failed"]
+    reason: str = Field(min_length=1, max_length=2000)
+    evidence_ref: str = Field(min_length=1, max_length=1000)
+    result: JsonValue = None
+    actor: str | None = Field(default=None, min_length=1, max_length=255)
+
+    @model_validator(mode="after")
+    def _result_only_for_success(self) -> ReviewRequest:
+        if self.outcome == "failed" and self.result is not None:
+            raise ValueError("a result can only be given with outcome 'succeeded'")
+        return self
+
+
+class RetryRequest(_Wire):
+    """Body of ``POST .../tasks/{id}/retry``: create the successor of a ``FAILED`` or ``CANCELLED`` task.
+
+    Attributes:
+        reason: why (audited on both tasks).
+        deadline: the new task's deadline (UTC); ``None`` means none.
+    """
+
+    reason: str = Field(min_length=1, max_length=2000)
+    deadline: UTCDateTime | None = None
+
+
+class TaskEvent(_Wire):
+    """One entry of a task's history (``GET .../tasks/{id}/events``), oldest first."""
+
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+    id: int
+    task_id: str
+    state_version: int
+    event: str
+    from_status: TaskStatus | None = None
+    to_status: TaskStatus | None = None
+    actor: str | None = None
+    reason: str | None = None
+    data: JsonValue = None
+    created_at: UTCDateTime
+
+
+class TaskPage(_Wire):
+    """A page of ``GET .../tasks``.
+
+    Pass ``next_cursor`` back as ``cursor`` for the next page; ``None`` means this is the last one.
+    """
+
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+    items: list[Task]
+    next_cursor: str | None = None

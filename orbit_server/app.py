@@ -8,8 +8,11 @@ FastAPI runs them in its thread pool, and each opens only short transactions.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 import re
+import threading
 import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -17,18 +20,40 @@ from datetime import timedelta
 from typing import Annotated, Any
 
 import sqlalchemy as sa
-from fastapi import Depends, FastAPI, Header, Path, Request, Response
+from fastapi import Depends, FastAPI, Header, Path, Query, Request, Response
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from sqlalchemy.engine import Engine
+from starlette.concurrency import run_in_threadpool
 from starlette.datastructures import Headers, MutableHeaders
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from orbit_client import NAME_PATTERN, Problem, Queue, Task, TaskSubmission, is_valid_idempotency_key
+from orbit_client import (
+    NAME_PATTERN,
+    Attempt,
+    AttemptState,
+    CancelRequest,
+    CompleteRequest,
+    FailRequest,
+    HeartbeatRequest,
+    LeaseGrant,
+    LeaseRequest,
+    LeaseTokenRequest,
+    Problem,
+    Queue,
+    RetryRequest,
+    ReviewRequest,
+    Task,
+    TaskEvent,
+    TaskPage,
+    TaskStatus,
+    TaskSubmission,
+    is_valid_idempotency_key,
+)
 
-from . import errors, store
+from . import errors, execution, store
 from ._db import create_engine
 from .settings import ServerSettings
 
@@ -43,6 +68,47 @@ _PROBLEMS: dict[int | str, dict[str, Any]] = {
 }
 
 NamespaceName = Annotated[str, Path(pattern=NAME_PATTERN, description="Namespace name.")]
+QueueName = Annotated[str, Path(pattern=NAME_PATTERN, description="Queue name.")]
+_CONFLICTS: dict[int | str, dict[str, Any]] = {**_PROBLEMS, 409: _PROBLEMS[400]}
+
+
+class Wakeup:
+    """Wakes long-polling lease calls when this process makes a task due (thread-safe ``notify``).
+
+    Tasks made due by another server process are found by polling instead.
+    """
+
+    def __init__(self) -> None:
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._event: asyncio.Event | None = None
+        self._lock = threading.Lock()
+
+    def bind(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+        self._event = asyncio.Event()
+
+    def current(self) -> asyncio.Event | None:
+        """The event the next :meth:`notify` sets; take it *before* looking for due tasks."""
+        return self._event
+
+    def notify(self) -> None:
+        loop = self._loop
+        if loop is not None and not loop.is_closed():
+            with contextlib.suppress(RuntimeError):  # the loop is shutting down
+                loop.call_soon_threadsafe(self._fire)
+
+    def _fire(self) -> None:
+        event, self._event = self._event, asyncio.Event()
+        if event is not None:
+            event.set()
+
+    @staticmethod
+    async def wait(event: asyncio.Event | None, timeout: float) -> None:
+        if event is None:
+            await asyncio.sleep(timeout)
+            return
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(event.wait(), timeout)
 
 _bearer = HTTPBearer(auto_error=False, description="An API key created with `orbit-server api-key create`.")
 
@@ -158,12 +224,41 @@ def create_app(settings: ServerSettings | None = None, *, engine: Engine | None 
     owns_engine = engine is None
     the_engine = engine or create_engine(settings.database_url, pool_size=settings.db_pool_size)
     key_ttl = timedelta(seconds=settings.submission_key_ttl_seconds)
+    wakeup = Wakeup()
+
+    def sweep_all() -> int:
+        """Run the expiry sweep until a pass finds less than a full batch (DESIGN §4)."""
+        total = 0
+        while True:
+            changed = execution.transact(the_engine, execution.expire_leases, limit=200)
+            total += changed
+            if changed < 200:
+                return total
+
+    async def sweep_forever(interval: float) -> None:
+        while True:
+            await asyncio.sleep(interval)
+            try:
+                if await run_in_threadpool(sweep_all):
+                    wakeup.notify()
+            except Exception:
+                log.exception("the lease expiry sweep failed; it runs again in %s s", interval)
 
     @asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
-        yield
-        if owns_engine:
-            the_engine.dispose()
+        wakeup.bind(asyncio.get_running_loop())
+        sweeper = None
+        if settings.sweep_interval_seconds > 0:
+            sweeper = asyncio.create_task(sweep_forever(settings.sweep_interval_seconds), name="orbit-expiry-sweep")
+        try:
+            yield
+        finally:
+            if sweeper is not None:
+                sweeper.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await sweeper
+            if owns_engine:
+                the_engine.dispose()
 
     app = FastAPI(
         title="Orbit",
@@ -173,12 +268,13 @@ def create_app(settings: ServerSettings | None = None, *, engine: Engine | None 
     )
     app.state.engine = the_engine
     app.state.settings = settings
+    app.state.wakeup = wakeup
 
     # ------------------------------------------------------------ error bodies
 
     @app.exception_handler(errors.OrbitServerError)
     async def _domain_error(request: Request, exc: errors.OrbitServerError) -> JSONResponse:
-        response = problem_response(exc.status, exc.code, exc.title, exc.detail, _request_id(request))
+        response = problem_response(exc.status, exc.code, exc.title, exc.detail, _request_id(request), **exc.extra)
         response.headers.update(exc.headers)
         return response
 
@@ -268,6 +364,8 @@ def create_app(settings: ServerSettings | None = None, *, engine: Engine | None 
         if replayed:
             response.status_code = 200
             response.headers["Idempotent-Replayed"] = "true"
+        else:
+            wakeup.notify()
         response.headers["Location"] = f"/v1/namespaces/{namespace}/tasks/{task.id}"
         return task
 
@@ -312,6 +410,195 @@ def create_app(settings: ServerSettings | None = None, *, engine: Engine | None 
         if found is None:
             raise errors.QueueNotFound(f"queue {queue!r} does not exist in namespace {namespace!r}")
         return found
+
+    # -------------------------------------------------------------- execution
+
+    @app.get("/v1/namespaces/{namespace}/tasks", response_model=TaskPage, tags=["tasks"],
+             responses={**_PROBLEMS})  # fmt: skip
+    def list_tasks(
+        namespace: NamespaceName,
+        caller: Caller,
+        status: TaskStatus | None = None,
+        queue: Annotated[str | None, Query(pattern=NAME_PATTERN)] = None,
+        limit: Annotated[int, Query(ge=1, le=1000)] = 100,
+        cursor: Annotated[str | None, Query(max_length=512)] = None,
+    ) -> TaskPage:
+        """A page of the namespace's tasks, oldest first; filter by ``status`` and ``queue``.
+
+        Pass ``next_cursor`` back as ``cursor`` for the next page; 400 ``invalid_cursor`` for
+        a cursor this server did not produce.
+        """
+        authorize(caller, namespace, "read")
+        with the_engine.begin() as conn:
+            return store.list_tasks(conn, caller.namespace_id, status=status, queue=queue, limit=limit, cursor=cursor)
+
+    @app.post(
+        "/v1/namespaces/{namespace}/queues/{queue}/leases",
+        response_model=list[LeaseGrant],
+        tags=["execution"],
+        responses=_PROBLEMS,
+    )
+    async def lease_tasks(namespace: NamespaceName, queue: QueueName, body: LeaseRequest, caller: Caller) -> Any:
+        """Lease up to ``max_tasks`` due tasks for one worker (DESIGN §4).
+
+        Each grant carries the task and a new attempt: id, ``generation`` (fencing number),
+        the secret ``lease_token`` and ``lease_expires_at`` (database clock). An empty list when
+        nothing is due after ``wait_seconds`` of long-polling. Expired leases of the queue are
+        swept first. Requires the ``work`` role.
+        """
+        authorize(caller, namespace, "work")
+        loop = asyncio.get_running_loop()
+        give_up = loop.time() + body.wait_seconds
+        while True:
+            signal = wakeup.current()
+            grants = await run_in_threadpool(
+                execution.transact,
+                the_engine,
+                execution.lease_tasks,
+                caller.namespace_id,
+                queue,
+                worker_id=body.worker_id,
+                max_tasks=body.max_tasks,
+                lease_seconds=body.lease_seconds,
+            )
+            remaining = give_up - loop.time()
+            if grants or remaining <= 0:
+                return grants
+            await wakeup.wait(signal, min(remaining, settings.lease_poll_interval_seconds))
+
+    attempt_path = "/v1/namespaces/{namespace}/attempts/{attempt_id}"
+
+    @app.post(f"{attempt_path}/start", response_model=AttemptState, tags=["execution"], responses=_CONFLICTS)
+    def start_attempt(namespace: NamespaceName, attempt_id: str, body: LeaseTokenRequest, caller: Caller) -> AttemptState:
+        """Confirm that the handler starts: ``LEASED → RUNNING``, lease renewed.
+
+        409 ``lease_lost`` for a wrong token or an attempt that no longer holds the lease.
+        Repeating it for a running attempt answers the same state. Requires ``work``.
+        """
+        authorize(caller, namespace, "work")
+        return execution.transact(
+            the_engine, execution.start_attempt, caller.namespace_id, attempt_id, body.lease_token
+        )
+
+    @app.post(f"{attempt_path}/heartbeat", response_model=AttemptState, tags=["execution"], responses=_CONFLICTS)
+    def heartbeat(namespace: NamespaceName, attempt_id: str, body: HeartbeatRequest, caller: Caller) -> AttemptState:
+        """Renew the lease; the answer says the new expiry and whether cancellation was requested.
+
+        409 ``lease_lost`` for a wrong token or an attempt that no longer holds the lease.
+        Requires ``work``.
+        """
+        authorize(caller, namespace, "work")
+        return execution.transact(
+            the_engine,
+            execution.heartbeat,
+            caller.namespace_id,
+            attempt_id,
+            body.lease_token,
+            lease_seconds=body.lease_seconds,
+        )
+
+    @app.post(f"{attempt_path}/complete", response_model=AttemptState, tags=["execution"], responses=_CONFLICTS)
+    def complete_attempt(
+        namespace: NamespaceName, attempt_id: str, body: CompleteRequest, caller: Caller
+    ) -> AttemptState:
+        """Save the result: attempt and task ``SUCCEEDED``.
+
+        409 ``lease_lost`` when the attempt no longer holds the lease; with the right token
+        the result is kept on the attempt as evidence (``evidence_recorded``). 409
+        ``invalid_transition`` before ``start``. The same body again answers 200. Requires ``work``.
+        """
+        authorize(caller, namespace, "work")
+        return execution.transact(
+            the_engine, execution.complete_attempt, caller.namespace_id, attempt_id, body.lease_token, body.result
+        )
+
+    @app.post(f"{attempt_path}/fail", response_model=AttemptState, tags=["execution"], responses=_CONFLICTS)
+    def fail_attempt(namespace: NamespaceName, attempt_id: str, body: FailRequest, caller: Caller) -> AttemptState:
+        """Report a failure: the task waits for a retry, fails, or (after a cancel request) is cancelled.
+
+        409 ``lease_lost`` as for ``complete``. The same body again answers 200. Requires ``work``.
+        """
+        authorize(caller, namespace, "work")
+        state = execution.transact(
+            the_engine, execution.fail_attempt, caller.namespace_id, attempt_id, body.lease_token, body.error
+        )
+        return state
+
+    task_path = "/v1/namespaces/{namespace}/tasks/{task_id}"
+
+    @app.post(f"{task_path}/cancel", response_model=Task, tags=["tasks"], responses=_CONFLICTS)
+    def cancel_task(namespace: NamespaceName, task_id: str, body: CancelRequest, caller: Caller) -> Task:
+        """Cancel a task: ``WAITING``/``LEASED`` at once; ``RUNNING`` once the worker reports it stopped.
+
+        409 ``invalid_transition`` for a ``SUCCEEDED``, ``FAILED`` or ``NEEDS_REVIEW`` task.
+        Requires ``admin``.
+        """
+        authorize(caller, namespace, "admin")
+        return execution.transact(
+            the_engine,
+            execution.cancel_task,
+            caller.namespace_id,
+            task_id,
+            reason=body.reason,
+            actor=f"api_key:{caller.key_id}",
+        )
+
+    @app.post(f"{task_path}/review", response_model=Task, tags=["tasks"], responses=_CONFLICTS)
+    def review_task(namespace: NamespaceName, task_id: str, body: ReviewRequest, caller: Caller) -> Task:
+        """Settle a ``NEEDS_REVIEW`` task as ``SUCCEEDED`` or ``FAILED``, audited with actor, reason, evidence.
+
+        409 ``invalid_transition`` for any other state. Requires ``admin``.
+        """
+        authorize(caller, namespace, "admin")
+        return execution.transact(
+            the_engine,
+            execution.review_task,
+            caller.namespace_id,
+            task_id,
+            outcome=body.outcome,
+            reason=body.reason,
+            evidence_ref=body.evidence_ref,
+            result=body.result,
+            actor=f"api_key:{caller.key_id}",
+            on_behalf_of=body.actor,
+        )
+
+    @app.post(f"{task_path}/retry", response_model=Task, status_code=201, tags=["tasks"], responses=_CONFLICTS)
+    def retry_task(
+        namespace: NamespaceName, task_id: str, body: RetryRequest, caller: Caller, response: Response
+    ) -> Task:
+        """Create the one successor (``retry_of``) of a ``FAILED`` or ``CANCELLED`` task.
+
+        409 ``successor_exists`` (with ``successor_id``) when it was retried already, 409
+        ``not_retryable`` for another state. Requires ``admin``.
+        """
+        authorize(caller, namespace, "admin")
+        task = execution.transact(
+            the_engine,
+            execution.retry_task,
+            caller.namespace_id,
+            task_id,
+            reason=body.reason,
+            actor=f"api_key:{caller.key_id}",
+            deadline=body.deadline,
+        )
+        wakeup.notify()
+        response.headers["Location"] = f"/v1/namespaces/{namespace}/tasks/{task.id}"
+        return task
+
+    @app.get(f"{task_path}/attempts", response_model=list[Attempt], tags=["tasks"], responses=_PROBLEMS)
+    def list_attempts(namespace: NamespaceName, task_id: str, caller: Caller) -> list[Attempt]:
+        """The task's attempts, first generation first (tokens are never shown)."""
+        authorize(caller, namespace, "read")
+        with the_engine.begin() as conn:
+            return execution.list_attempts(conn, caller.namespace_id, task_id)
+
+    @app.get(f"{task_path}/events", response_model=list[TaskEvent], tags=["tasks"], responses=_PROBLEMS)
+    def list_events(namespace: NamespaceName, task_id: str, caller: Caller) -> list[TaskEvent]:
+        """The task's history (every transition and audited action), oldest first."""
+        authorize(caller, namespace, "read")
+        with the_engine.begin() as conn:
+            return execution.list_events(conn, caller.namespace_id, task_id)
 
     app.add_middleware(RequestContextMiddleware, max_body_bytes=settings.max_body_bytes)
     return app

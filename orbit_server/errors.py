@@ -4,17 +4,24 @@ problem body with a stable ``code`` (see ``app.py``)."""
 from __future__ import annotations
 
 __all__ = [
+    "AttemptNotFound",
+    "ConcurrentUpdate",
     "Forbidden",
     "IdempotencyKeyInvalid",
     "IdempotencyKeyMissing",
     "IdempotencyKeyReused",
+    "InvalidCursor",
+    "InvalidTransition",
+    "LeaseLost",
     "NameTaken",
     "NamespaceNotFound",
+    "NotRetryable",
     "OrbitServerError",
     "PayloadTooLarge",
     "QueueNotFound",
     "RequestInProgress",
     "SubmissionNotFound",
+    "SuccessorExists",
     "TaskNotFound",
     "Unauthenticated",
 ]
@@ -26,11 +33,22 @@ class OrbitServerError(Exception):
     status: int = 500
     code: str = "internal_error"
     title: str = "Internal server error"
+    #: When raised inside :func:`orbit_server.execution.transact`, commit what the
+    #: transaction wrote before answering with this error (e.g. late-result evidence).
+    keep_writes: bool = False
 
-    def __init__(self, detail: str | None = None, *, headers: dict[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        detail: str | None = None,
+        *,
+        headers: dict[str, str] | None = None,
+        extra: dict[str, object] | None = None,
+    ) -> None:
         super().__init__(detail or self.title)
         self.detail = detail
         self.headers = headers or {}
+        #: Extension members added to the problem body (RFC 9457 §3.2).
+        self.extra = extra or {}
 
 
 class Unauthenticated(OrbitServerError):
@@ -85,3 +103,57 @@ class PayloadTooLarge(OrbitServerError):
 
 class NameTaken(OrbitServerError):
     status, code, title = 409, "already_exists", "Name already taken"
+
+
+class AttemptNotFound(OrbitServerError):
+    status, code, title = 404, "attempt_not_found", "Attempt not found"
+
+
+class LeaseLost(OrbitServerError):
+    """409: the attempt no longer holds the task's lease (forged, stale, expired or finished).
+
+    Nothing changed, except that a ``complete``/``fail`` body carrying the attempt's
+    own token is kept on the attempt as late evidence (``evidence_recorded``).
+    """
+
+    status, code, title = 409, "lease_lost", "The attempt no longer holds the task's lease"
+
+    #: Commit before answering: the refusal may have expired the attempt or recorded evidence.
+    keep_writes = True
+
+    def __init__(self, detail: str | None = None, *, evidence_recorded: bool = False) -> None:
+        super().__init__(detail, extra={"evidence_recorded": evidence_recorded})
+
+
+class InvalidTransition(OrbitServerError):
+    """409: the task's state does not allow this (§2 of the reliability model)."""
+
+    status, code, title = 409, "invalid_transition", "The task's state does not allow this transition"
+
+
+class SuccessorExists(OrbitServerError):
+    """409: the task already has its one direct successor (manual retry)."""
+
+    status, code, title = 409, "successor_exists", "The task was already retried"
+
+    def __init__(self, detail: str | None = None, *, successor_id: str) -> None:
+        super().__init__(detail, extra={"successor_id": successor_id})
+
+
+class NotRetryable(OrbitServerError):
+    """409: only a ``FAILED`` or ``CANCELLED`` task can be retried by hand."""
+
+    status, code, title = 409, "not_retryable", "Only a FAILED or CANCELLED task can be retried"
+
+
+class ConcurrentUpdate(OrbitServerError):
+    """409: a row changed under a conditional update; nothing was written. Retry."""
+
+    status, code, title = 409, "concurrent_update", "The task changed while the request ran; retry"
+
+    def __init__(self, detail: str | None = None) -> None:
+        super().__init__(detail, headers={"Retry-After": "1"})
+
+
+class InvalidCursor(OrbitServerError):
+    status, code, title = 400, "invalid_cursor", "Malformed page cursor"

@@ -20,6 +20,7 @@ __all__ = [
     "namespaces",
     "queues",
     "submission_keys",
+    "task_attempts",
     "task_events",
     "tasks",
 ]
@@ -94,9 +95,18 @@ tasks = sa.Table(
     sa.Column("created_at", Timestamp, nullable=False),
     sa.Column("updated_at", Timestamp, nullable=False),
     sa.Column("finished_at", Timestamp, nullable=True),
+    # --- execution (revision 0002) ---
+    # The newest attempt; no foreign key, to keep tasks <-> task_attempts acyclic.
+    sa.Column("current_attempt_id", Key(36), nullable=True),
+    sa.Column("cancel_reason", sa.Text, nullable=True),
+    # Retry backoff of this task, in seconds; NULL means the server's default (1 s base, 300 s cap).
+    sa.Column("backoff_base_seconds", sa.Float, nullable=True),
+    sa.Column("backoff_cap_seconds", sa.Float, nullable=True),
     # Serves the lease query: one queue, due tasks in order.
     sa.Index("ix_tasks_claim", "queue_id", "status", "available_at"),
     sa.Index("ix_tasks_namespace_created", "namespace_id", "created_at"),
+    # Serves the sweep of waiting tasks whose deadline has passed.
+    sa.Index("ix_tasks_status_deadline", "status", "deadline"),
 )
 
 submission_keys = sa.Table(
@@ -128,4 +138,35 @@ task_events = sa.Table(
     sa.Column("data", sa.JSON(none_as_null=True), nullable=True),
     sa.Column("created_at", Timestamp, nullable=False),
     sa.Index("ix_task_events_task", "task_id", "id"),
+)
+
+task_attempts = sa.Table(
+    "task_attempts",
+    metadata,
+    sa.Column("id", Key(36), primary_key=True),
+    sa.Column("task_id", Key(36), sa.ForeignKey("tasks.id"), nullable=False),
+    # The fencing number: 1, 2, ... per task. Unique, so two grants can never share one.
+    sa.Column("generation", sa.Integer, nullable=False),
+    # SHA-256 (hex) of the lease token. The token is 256 random bits and a bearer secret:
+    # storing only its digest means a database reader (backup, replica, support query)
+    # cannot act as the worker; a fast hash suffices for a random 256-bit secret.
+    sa.Column("lease_token_hash", Key(64), nullable=False),
+    sa.Column("worker_id", sa.String(255), nullable=False),
+    # LEASED, RUNNING (live); SUCCEEDED, FAILED, CANCELLED, EXPIRED (final, never rewritten).
+    sa.Column("status", sa.String(16), nullable=False),
+    # The duration a start or heartbeat renews the lease by, in seconds.
+    sa.Column("lease_seconds", sa.Float, nullable=False),
+    sa.Column("leased_at", Timestamp, nullable=False),
+    sa.Column("started_at", Timestamp, nullable=True),
+    sa.Column("heartbeat_at", Timestamp, nullable=True),
+    sa.Column("lease_expires_at", Timestamp, nullable=False),
+    sa.Column("finished_at", Timestamp, nullable=True),
+    sa.Column("result", sa.JSON(none_as_null=True), nullable=True),
+    sa.Column("error", sa.JSON(none_as_null=True), nullable=True),
+    # The first complete/fail body that arrived after the attempt lost its lease: evidence only.
+    sa.Column("late_report", sa.JSON(none_as_null=True), nullable=True),
+    sa.Column("late_reported_at", Timestamp, nullable=True),
+    sa.UniqueConstraint("task_id", "generation", name="uq_task_attempts_task_generation"),
+    # Serves the expiry sweep: live attempts by expiry.
+    sa.Index("ix_task_attempts_status_expiry", "status", "lease_expires_at"),
 )

@@ -33,4 +33,20 @@ class ServerSettings(BaseSettings):
         description="How long an idempotency key is remembered, in seconds (default 7 days).",
     )
     db_pool_size: int = Field(default=20, ge=1, description="Database connections kept open (as many may overflow).")
+    sweep_interval_seconds: float = Field(
+        default=5.0,
+        ge=0,
+        description=(
+            "Seconds between two runs of the lease expiry sweep inside the server; 0 turns the periodic "
+            "sweep off (each lease call still sweeps its queue)."
+        ),
+    )
+    lease_poll_interval_seconds: float = Field(
+        default=0.5,
+        gt=0,
+        description=(
+            "While a lease call long-polls (wait_seconds), how often it looks for due tasks that another "
+            "server process made available, in seconds; this process's own submissions wake it at once."
+        ),
+    )
     log_level: str = Field(default="info", description="Log level: debug, info, warning, error.")

@@ -7,19 +7,22 @@ owns its transactions because it must retry them.
 
 from __future__ import annotations
 
+import base64
+import binascii
 import hashlib
 import json
 import logging
 import secrets
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine, RowMapping
 
-from orbit_client import Queue, Task, TaskStatus, TaskSubmission
+from orbit_client import Queue, Task, TaskPage, TaskStatus, TaskSubmission
 
 from . import errors
 from ._db import db_now, is_lock_conflict, to_naive_utc, to_utc
@@ -36,6 +39,8 @@ __all__ = [
     "get_namespace_id",
     "get_queue",
     "get_task",
+    "get_tasks",
+    "list_tasks",
     "request_digest",
     "submit_task",
     "task_from_row",
@@ -77,6 +82,7 @@ def create_namespace(conn: Connection, name: str) -> int:
     if conn.execute(sa.select(namespaces.c.id).where(namespaces.c.name == name)).first():
         raise errors.NameTaken(f"namespace {name!r} already exists")
     result = conn.execute(namespaces.insert().values(name=name, created_at=db_now(conn)))
+    assert result.inserted_primary_key is not None
     return int(result.inserted_primary_key[0])
 
 
@@ -98,7 +104,7 @@ def create_queue(conn: Connection, namespace: str, name: str) -> Queue:
         raise errors.NameTaken(f"queue {name!r} already exists in namespace {namespace!r}")
     now = db_now(conn)
     conn.execute(queues.insert().values(namespace_id=ns_id, name=name, created_at=now))
-    return Queue(namespace=namespace, name=name, created_at=to_utc(now), counts={})  # type: ignore[arg-type]
+    return Queue(namespace=namespace, name=name, created_at=to_utc(now), counts={})
 
 
 def _hash_key(key: str) -> str:
@@ -167,14 +173,19 @@ def task_from_row(row: RowMapping) -> Task:
         attempt_count=row["attempt_count"],
         max_attempts=row["max_attempts"],
         retry_safe=bool(row["retry_safe"]),
-        available_at=to_utc(row["available_at"]),  # type: ignore[arg-type]
+        available_at=to_utc(row["available_at"]),
         deadline=to_utc(row["deadline"]),
         cancel_requested=bool(row["cancel_requested"]),
         result=row["result"],
         error=row["error"],
         retry_of=row["retry_of"],
-        created_at=to_utc(row["created_at"]),  # type: ignore[arg-type]
-        updated_at=to_utc(row["updated_at"]),  # type: ignore[arg-type]
+        created_at=to_utc(row["created_at"]),
+        updated_at=to_utc(row["updated_at"]),
+        current_attempt_id=row["current_attempt_id"],
+        cancel_reason=row["cancel_reason"],
+        backoff_base_seconds=row["backoff_base_seconds"],
+        backoff_cap_seconds=row["backoff_cap_seconds"],
+        finished_at=to_utc(row["finished_at"]),
     )
 
 
@@ -184,6 +195,66 @@ def get_task(conn: Connection, namespace_id: int, task_id: str) -> Task | None:
         _task_select().where(tasks.c.id == task_id, tasks.c.namespace_id == namespace_id)
     ).mappings().first()
     return task_from_row(row) if row else None
+
+
+def get_tasks(conn: Connection, namespace_id: int, task_ids: Sequence[str]) -> list[Task]:
+    """The tasks ``task_ids`` of one namespace, in the order given (missing ones left out)."""
+    if not task_ids:
+        return []
+    rows = conn.execute(
+        _task_select().where(tasks.c.id.in_(list(task_ids)), tasks.c.namespace_id == namespace_id)
+    ).mappings()
+    by_id = {row["id"]: task_from_row(row) for row in rows}
+    return [by_id[task_id] for task_id in task_ids if task_id in by_id]
+
+
+def _encode_cursor(created_at: datetime, task_id: str) -> str:
+    raw = json.dumps([created_at.isoformat(), task_id], separators=(",", ":")).encode("utf-8")
+    return base64.urlsafe_b64encode(raw).decode("ascii").rstrip("=")
+
+
+def _decode_cursor(cursor: str) -> tuple[datetime, str]:
+    try:
+        raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4))
+        created_at, task_id = json.loads(raw)
+        return datetime.fromisoformat(created_at), str(task_id)
+    except (binascii.Error, ValueError, TypeError, UnicodeDecodeError) as exc:
+        raise errors.InvalidCursor("pass back the next_cursor of an earlier page unchanged") from exc
+
+
+def list_tasks(
+    conn: Connection,
+    namespace_id: int,
+    *,
+    status: TaskStatus | None = None,
+    queue: str | None = None,
+    limit: int = 100,
+    cursor: str | None = None,
+) -> TaskPage:
+    """A page of a namespace's tasks, oldest first (by ``created_at``, then id).
+
+    Args:
+        status, queue: filters; ``None`` means any.
+        limit: most tasks on the page.
+        cursor: ``next_cursor`` of the previous page; ``None`` starts at the oldest task.
+
+    Raises:
+        errors.InvalidCursor: ``cursor`` is not one this function produced (400).
+    """
+    query = _task_select().where(tasks.c.namespace_id == namespace_id)
+    if status is not None:
+        query = query.where(tasks.c.status == status.value)
+    if queue is not None:
+        query = query.where(queues.c.name == queue)
+    if cursor is not None:
+        after, after_id = _decode_cursor(cursor)
+        query = query.where(
+            sa.or_(tasks.c.created_at > after, sa.and_(tasks.c.created_at == after, tasks.c.id > after_id))
+        )
+    rows = conn.execute(query.order_by(tasks.c.created_at, tasks.c.id).limit(limit + 1)).mappings().all()
+    items = [task_from_row(row) for row in rows[:limit]]
+    next_cursor = _encode_cursor(rows[limit - 1]["created_at"], rows[limit - 1]["id"]) if len(rows) > limit else None
+    return TaskPage(items=items, next_cursor=next_cursor)
 
 
 def find_submission(conn: Connection, namespace_id: int, idempotency_key: str) -> Task | None:
@@ -214,7 +285,7 @@ def get_queue(conn: Connection, namespace: str, namespace_id: int, name: str) ->
             sa.select(tasks.c.status, sa.func.count()).where(tasks.c.queue_id == row.id).group_by(tasks.c.status)
         )
     }
-    return Queue(namespace=namespace, name=name, created_at=to_utc(row.created_at), counts=counts)  # type: ignore[arg-type]
+    return Queue(namespace=namespace, name=name, created_at=to_utc(row.created_at), counts=counts)
 
 
 # ---------------------------------------------------------------- acceptance
@@ -321,6 +392,8 @@ def submit_task(
                         attempt_count=0,
                         max_attempts=(options and options.max_attempts) or default_max_attempts,
                         retry_safe=bool(options and options.retry_safe),
+                        backoff_base_seconds=options.backoff_base_seconds if options else None,
+                        backoff_cap_seconds=options.backoff_cap_seconds if options else None,
                         available_at=to_naive_utc(options.available_at) if options and options.available_at else now,
                         deadline=to_naive_utc(options.deadline) if options else None,
                         cancel_requested=False,
