@@ -1,0 +1,98 @@
+"""Transactional outbox for Orbit: write the intent to submit a task in the business transaction,
+and let a relay deliver it exactly once per key (DESIGN §5, §6.1 of the reliability model).
+
+::
+
+    with engine.begin() as conn:                      # the application's transaction
+        conn.execute(orders.insert().values(...))
+        enqueue(conn, namespace="shop", queue="default", handler="orders.fulfil", params={"order_id": 42})
+
+    # elsewhere, any number of processes:  orbit-outbox relay --database-url ... --orbit-url ... --api-key ...
+
+Everything public is re-exported here; the ``_modules`` behind it are private. The
+package never imports ``orbit_server`` (DESIGN §1).
+"""
+
+from outbox_adapter._enqueue import DEFAULT_MAX_PARAMS_BYTES, enqueue, enqueue_async
+from outbox_adapter._exceptions import (
+    InvalidStateError,
+    OutboxDatabaseError,
+    OutboxError,
+    OutboxRowError,
+    OutboxSchemaError,
+    OutboxUsageError,
+    ParamsTooLargeError,
+    RowNotFoundError,
+)
+from outbox_adapter._manager import DEFAULT_KEY_WINDOW_SECONDS, Outbox
+from outbox_adapter._migrate import head_revision
+from outbox_adapter._models import (
+    DeliveredRow,
+    OutboxEntry,
+    OutboxEvent,
+    OutboxRow,
+    OutboxStatus,
+    ReconcileDecision,
+    RelayStats,
+)
+from outbox_adapter._outcomes import Backoff
+from outbox_adapter._relay import DEFAULT_MAX_ATTEMPTS, Relay
+from outbox_adapter._settings import OutboxSettings
+from outbox_adapter._tables import DEFAULT_TABLE_NAME, OutboxState, OutboxTables
+
+__all__ = [
+    "DEFAULT_KEY_WINDOW_SECONDS",
+    "DEFAULT_MAX_ATTEMPTS",
+    "DEFAULT_MAX_PARAMS_BYTES",
+    "DEFAULT_TABLE_NAME",
+    "Backoff",
+    "DeliveredRow",
+    "InvalidStateError",
+    "Outbox",
+    "OutboxDatabaseError",
+    "OutboxEntry",
+    "OutboxError",
+    "OutboxEvent",
+    "OutboxRow",
+    "OutboxRowError",
+    "OutboxSchemaError",
+    "OutboxSettings",
+    "OutboxState",
+    "OutboxStatus",
+    "OutboxTables",
+    "OutboxUsageError",
+    "ParamsTooLargeError",
+    "ReconcileDecision",
+    "Relay",
+    "RelayStats",
+    "RowNotFoundError",
+    "enqueue",
+    "enqueue_async",
+    "head_revision",
+]
+
+# Errors and classes show as ``outbox_adapter.X`` in tracebacks and reprs, as in httpx.
+for _public in (
+    Backoff,
+    DeliveredRow,
+    InvalidStateError,
+    Outbox,
+    OutboxDatabaseError,
+    OutboxEntry,
+    OutboxError,
+    OutboxEvent,
+    OutboxRow,
+    OutboxRowError,
+    OutboxSchemaError,
+    OutboxState,
+    OutboxStatus,
+    OutboxTables,
+    OutboxUsageError,
+    ParamsTooLargeError,
+    ReconcileDecision,
+    Relay,
+    RelayStats,
+    RowNotFoundError,
+):
+    _public.__module__ = "outbox_adapter"
+del _public

@@ -1,0 +1,251 @@
+"""Engines, the database clock and dialect differences of the business database, in one place.
+
+Rules (DESIGN §2):
+
+- Time comes from the **database clock**, in UTC, never from the process clock:
+  MySQL/MariaDB ``UTC_TIMESTAMP(6)``, PostgreSQL ``clock_timestamp() AT TIME ZONE 'UTC'``,
+  SQLite ``strftime('%Y-%m-%d %H:%M:%f', 'now')``. Timestamps are stored naive, in UTC.
+- The relay's own transactions are short. On SQLite they take the write lock when they
+  begin (``BEGIN IMMEDIATE``), so the relay is a single writer that never collides at
+  commit; on MySQL/MariaDB and PostgreSQL they run at ``READ COMMITTED`` so that
+  ``FOR UPDATE SKIP LOCKED`` claims take no gap locks. Both are set on the relay's own
+  connection only: an engine the application built keeps beginning its transactions as
+  it always did.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Iterator
+from contextlib import contextmanager
+from datetime import UTC, datetime
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy import event
+from sqlalchemy.engine import URL, Connection, Engine, make_url
+
+from outbox_adapter._exceptions import OutboxDatabaseError, OutboxSchemaError, OutboxUsageError
+
+__all__ = [
+    "create_engine",
+    "db_now",
+    "describe_url",
+    "now_sql",
+    "short_transaction",
+    "to_aware_utc",
+    "to_naive_utc",
+    "translate_db_error",
+]
+
+#: MySQL/MariaDB error numbers meaning "try again": lock wait timeout, deadlock, server gone/lost/refused.
+_MYSQL_TRANSIENT = {1205, 1213, 2002, 2003, 2006, 2013}
+#: MySQL/MariaDB "table doesn't exist".
+_MYSQL_NO_TABLE = 1146
+_SQLITE_NOW = "strftime('%Y-%m-%d %H:%M:%f', 'now') || '000'"
+
+
+def now_sql(dialect_name: str) -> sa.ColumnElement[datetime]:
+    """The database clock as a SQL expression: naive UTC with microseconds, for use in statements.
+
+    On SQLite the value is text ``YYYY-MM-DD HH:MM:SS.ffffff`` (milliseconds padded
+    to six digits), the format SQLAlchemy stores datetimes in, so comparisons hold.
+
+    Raises:
+        OutboxUsageError: for a dialect other than mysql, postgresql or sqlite.
+    """
+    if dialect_name == "sqlite":
+        text = _SQLITE_NOW
+    elif dialect_name == "mysql":
+        text = "UTC_TIMESTAMP(6)"
+    elif dialect_name == "postgresql":
+        text = "(clock_timestamp() AT TIME ZONE 'UTC')"
+    else:
+        raise OutboxUsageError(
+            f"the outbox supports MySQL/MariaDB, PostgreSQL and SQLite, not the {dialect_name!r} dialect"
+        )
+    return sa.literal_column(text, type_=sa.DateTime())
+
+
+def db_now(conn: Connection) -> datetime:
+    """Read the database clock: a naive datetime in UTC, with microseconds."""
+    value = conn.execute(sa.select(now_sql(conn.dialect.name))).scalar_one()
+    if isinstance(value, str):  # SQLite: SQLAlchemy does not type a bare literal column
+        return datetime.fromisoformat(value)
+    assert isinstance(value, datetime)
+    return value.replace(tzinfo=None)
+
+
+def to_naive_utc(value: datetime) -> datetime:
+    """An aware datetime as the naive UTC datetime stored in the database.
+
+    Raises:
+        OutboxUsageError: ``value`` has no timezone (it could not be placed in UTC).
+    """
+    if value.tzinfo is None:
+        raise OutboxUsageError("datetimes must carry a timezone, e.g. datetime.now(UTC)")
+    return value.astimezone(UTC).replace(tzinfo=None)
+
+
+def to_aware_utc(value: datetime | None) -> datetime | None:
+    """A stored naive-UTC datetime as an aware UTC datetime (``None`` stays ``None``)."""
+    if value is None:
+        return None
+    return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+
+
+def describe_url(url: str | URL) -> str:
+    """The URL for messages and logs, with its password hidden."""
+    try:
+        return make_url(url).render_as_string(hide_password=True)
+    except sa.exc.ArgumentError:
+        return "<unparsable database URL>"
+
+
+def create_engine(url: str | URL, *, pool_size: int = 5) -> Engine:
+    """Build the relay's (or the CLI's) own engine for the business database.
+
+    Args:
+        url: a SQLAlchemy URL, e.g. ``mysql+pymysql://app:pw@db/shop``,
+            ``postgresql+psycopg://app@db/shop`` or ``sqlite:///./shop.db``.
+        pool_size: connections kept open (MySQL/PostgreSQL); as many again may overflow.
+
+    Returns:
+        An engine whose SQLite connections wait up to 30 s for the write lock and begin
+        every transaction with ``BEGIN IMMEDIATE`` (a single writer), and whose
+        MySQL/MariaDB connections run at ``READ COMMITTED``. The caller disposes of it.
+
+    Raises:
+        OutboxUsageError: the URL is malformed, names an unsupported database or an
+            in-memory SQLite database (each connection would see its own empty one),
+            or its driver is not installed.
+    """
+    try:
+        parsed = make_url(url)
+    except sa.exc.ArgumentError as exc:
+        raise OutboxUsageError(f"the database URL is malformed: {exc}") from None
+    backend = parsed.get_backend_name()
+    try:
+        if backend == "sqlite":
+            if parsed.database in (None, "", ":memory:"):
+                raise OutboxUsageError(
+                    "the outbox needs a SQLite file shared with the application, e.g. sqlite:///./shop.db, "
+                    "not an in-memory database"
+                )
+            engine = sa.create_engine(parsed, connect_args={"timeout": 30, "check_same_thread": False})
+            _begin_immediate(engine)
+            return engine
+        if backend not in ("mysql", "postgresql"):
+            raise OutboxUsageError(
+                f"the outbox supports MySQL/MariaDB, PostgreSQL and SQLite, not {backend!r} ({describe_url(url)})"
+            )
+        kwargs: dict[str, Any] = {"pool_size": pool_size, "max_overflow": pool_size, "pool_pre_ping": True}
+        if backend == "mysql":
+            kwargs["isolation_level"] = "READ COMMITTED"
+        return sa.create_engine(parsed, pool_recycle=3600, **kwargs)
+    except (ImportError, sa.exc.NoSuchModuleError) as exc:
+        raise OutboxUsageError(
+            f"no driver for {describe_url(url)}: {exc}; install orbit[mysql] or orbit[postgres]"
+        ) from None
+
+
+def _begin_immediate(engine: Engine) -> None:
+    """Let SQLAlchemy, not pysqlite, open transactions on this engine, and open them ``IMMEDIATE``."""
+
+    @event.listens_for(engine, "connect")
+    def _on_connect(dbapi_connection: sqlite3.Connection, _record: object) -> None:
+        dbapi_connection.isolation_level = None
+
+    @event.listens_for(engine, "begin")
+    def _on_begin(connection: Connection) -> None:
+        connection.exec_driver_sql("BEGIN IMMEDIATE")
+
+
+@contextmanager
+def short_transaction(engine: Engine) -> Iterator[Connection]:
+    """One short read-write transaction of the relay or an operator command; commits on success.
+
+    On SQLite it holds the write lock from its first statement (``BEGIN IMMEDIATE``,
+    unless the engine's own ``begin`` hook already opened the transaction); on
+    MySQL/MariaDB and PostgreSQL this connection runs at ``READ COMMITTED``.
+    SQLAlchemy errors pass through untranslated: callers use :func:`translate_db_error`.
+    """
+    with engine.connect() as conn:
+        if conn.dialect.name in ("mysql", "postgresql"):
+            conn.execution_options(isolation_level="READ COMMITTED")
+        with conn.begin():
+            if conn.dialect.name == "sqlite":
+                raw = conn.connection.driver_connection
+                if isinstance(raw, sqlite3.Connection) and not raw.in_transaction:
+                    conn.exec_driver_sql("BEGIN IMMEDIATE")
+            yield conn
+
+
+def _is_transient(exc: sa.exc.DBAPIError) -> bool:
+    if exc.connection_invalidated or isinstance(exc, sa.exc.InterfaceError | sa.exc.DisconnectionError):
+        return True
+    orig = exc.orig
+    args = getattr(orig, "args", ())
+    if args and isinstance(args[0], int) and args[0] in _MYSQL_TRANSIENT:
+        return True
+    if getattr(orig, "sqlstate", None) in (
+        "40001",
+        "40P01",
+        "57P01",
+        "57P03",
+        "08000",
+        "08001",
+        "08003",
+        "08006",
+    ):
+        return True
+    if isinstance(orig, sqlite3.OperationalError):
+        text = str(orig)
+        return "locked" in text or "busy" in text or "unable to open" in text
+    # psycopg: a failed connection attempt is an OperationalError without a sqlstate.
+    return (
+        isinstance(exc, sa.exc.OperationalError)
+        and type(orig).__module__.startswith("psycopg")
+        and getattr(orig, "sqlstate", None) is None
+    )
+
+
+def _is_missing_table(exc: sa.exc.DBAPIError) -> bool:
+    orig = exc.orig
+    args = getattr(orig, "args", ())
+    if args and args[0] == _MYSQL_NO_TABLE:
+        return True
+    if getattr(orig, "sqlstate", None) == "42P01":
+        return True
+    return isinstance(orig, sqlite3.OperationalError) and "no such table" in str(orig)
+
+
+def translate_db_error(
+    exc: sa.exc.SQLAlchemyError, what: str, *, row_id: int | None = None, state: str | None = None
+) -> OutboxDatabaseError:
+    """Turn a SQLAlchemy error into an :class:`OutboxDatabaseError` (not raised; ``raise ... from exc``).
+
+    Args:
+        exc: the SQLAlchemy error.
+        what: what was being done, e.g. ``"claim a batch"``; starts the message.
+        row_id, state: the row concerned, if any.
+
+    Returns:
+        :class:`OutboxSchemaError` when a table is missing, else :class:`OutboxDatabaseError`
+        whose ``retryable`` tells whether the failure looks transient.
+    """
+    if isinstance(exc, sa.exc.DBAPIError):
+        cause = f"{type(exc.orig).__name__}: {exc.orig}"
+        if _is_missing_table(exc):
+            return OutboxSchemaError(
+                f"cannot {what}: the outbox tables do not exist ({cause}); run "
+                "`orbit-outbox migrate --database-url URL` (or add OutboxTables to your own Alembic metadata)",
+                row_id=row_id,
+                state=state,
+            )
+        transient = _is_transient(exc)
+        hint = "the database may be down or busy; try again" if transient else "check the database"
+        return OutboxDatabaseError(
+            f"cannot {what}: {cause}; {hint}", retryable=transient, row_id=row_id, state=state
+        )
+    return OutboxDatabaseError(f"cannot {what}: {type(exc).__name__}: {exc}", row_id=row_id, state=state)

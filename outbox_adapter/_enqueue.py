@@ -1,0 +1,271 @@
+"""``enqueue``: write an outbox row through the caller's connection, in the caller's transaction.
+
+The row commits or rolls back with the business change it belongs to (DESIGN §5,
+§6.1 of the reliability model): a rollback leaves nothing to send. ``enqueue`` never
+begins, commits or rolls back, and never changes how the caller's engine begins
+transactions. Everything is validated before the one ``INSERT``.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import uuid
+from collections.abc import Mapping
+from datetime import datetime
+from typing import TYPE_CHECKING, Any
+
+import sqlalchemy as sa
+from pydantic import ValidationError
+from sqlalchemy.engine import Connection
+from sqlalchemy.orm import Session
+
+from orbit_client import NAME_PATTERN, SubmitOptions, TaskSubmission, is_valid_idempotency_key
+from outbox_adapter._db import to_naive_utc, translate_db_error
+from outbox_adapter._exceptions import OutboxDatabaseError, OutboxUsageError, ParamsTooLargeError
+from outbox_adapter._models import OutboxEntry
+from outbox_adapter._queries import insert_row
+from outbox_adapter._tables import OutboxTables
+
+if TYPE_CHECKING:
+    from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
+
+__all__ = ["DEFAULT_MAX_PARAMS_BYTES", "enqueue", "enqueue_async"]
+
+#: Largest params accepted by default, in bytes of compact UTF-8 JSON (64 KiB). Keep it well
+#: under the server's body limit (``ORBIT_MAX_BODY_BYTES``, default 256 KiB); pass a
+#: reference to large data instead of the data.
+DEFAULT_MAX_PARAMS_BYTES = 64 * 1024
+_NAME_RE = re.compile(NAME_PATTERN)
+_DEFAULT_TABLES: OutboxTables | None = None
+
+
+def _default_tables() -> OutboxTables:
+    global _DEFAULT_TABLES
+    if _DEFAULT_TABLES is None:
+        _DEFAULT_TABLES = OutboxTables()
+    return _DEFAULT_TABLES
+
+
+def _prepare(
+    *,
+    namespace: str,
+    queue: str,
+    handler: str,
+    params: Any,
+    idempotency_key: str | None,
+    ordering_key: str | None,
+    business_ref: str | None,
+    available_at: datetime | None,
+    max_attempts: int | None,
+    options: SubmitOptions | Mapping[str, Any] | None,
+    max_params_bytes: int,
+) -> dict[str, Any]:
+    """Validate everything and return the row's values. Raises :class:`OutboxUsageError`; writes nothing."""
+    if not isinstance(namespace, str) or not _NAME_RE.match(namespace):
+        raise OutboxUsageError(
+            f"namespace {namespace!r} is not a valid name (a letter or digit, then up to 63 letters, digits, "
+            "'.', '_' or '-'); nothing was written"
+        )
+    try:
+        encoded = json.dumps(params, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+    except (TypeError, ValueError) as exc:
+        raise OutboxUsageError(
+            f"params must be JSON data (dicts, lists, str, int, float, bool, None; no NaN): {exc}; "
+            "nothing was written"
+        ) from None
+    size = len(encoded.encode("utf-8"))
+    if size > max_params_bytes:
+        raise ParamsTooLargeError(
+            f"params are {size} bytes of JSON, over the limit of {max_params_bytes} bytes; store the data "
+            "elsewhere and pass a reference to it; nothing was written",
+            size=size,
+            limit=max_params_bytes,
+        )
+    try:
+        if options is not None and not isinstance(options, SubmitOptions):
+            options = SubmitOptions.model_validate(dict(options))
+        # The client's own wire model: what the server will be sent is valid before it is stored.
+        TaskSubmission(queue=queue, handler=handler, params=None, options=options)
+    except (ValidationError, TypeError) as exc:
+        if isinstance(exc, ValidationError):
+            problems = "; ".join(
+                f"{'.'.join(map(str, e['loc'])) or 'value'}: {e['msg']}"
+                for e in exc.errors(include_url=False, include_input=False)
+            )
+        else:
+            problems = str(exc)
+        raise OutboxUsageError(f"invalid submission: {problems}; nothing was written") from None
+    if idempotency_key is None:
+        idempotency_key = str(uuid.uuid4())
+    elif not isinstance(idempotency_key, str) or not is_valid_idempotency_key(idempotency_key):
+        raise OutboxUsageError(
+            "idempotency_key must be 1-255 printable ASCII characters without leading or trailing spaces "
+            "(DESIGN §3); nothing was written"
+        )
+    for label, value in (("ordering_key", ordering_key), ("business_ref", business_ref)):
+        if value is not None and (not isinstance(value, str) or not 1 <= len(value) <= 255):
+            raise OutboxUsageError(
+                f"{label} must be a string of 1-255 characters or None; nothing was written"
+            )
+    if max_attempts is not None and (
+        isinstance(max_attempts, bool) or not isinstance(max_attempts, int) or not 1 <= max_attempts <= 1000
+    ):
+        raise OutboxUsageError(
+            f"max_attempts must be 1-1000 or None, not {max_attempts!r}; nothing was written"
+        )
+    return {
+        "idempotency_key": idempotency_key,
+        "namespace": namespace,
+        "queue": queue,
+        "handler": handler,
+        "params": params,
+        "options": (options.model_dump(mode="json", exclude_none=True) or None)
+        if options is not None
+        else None,
+        "ordering_key": ordering_key,
+        "business_ref": business_ref,
+        "max_attempts": max_attempts,
+        "available_at": to_naive_utc(available_at) if available_at is not None else None,
+    }
+
+
+def _inserted_id(key: Any) -> int:
+    if key is None or key[0] is None:  # pragma: no cover - every supported driver reports it
+        raise OutboxDatabaseError("the database did not report the id of the inserted outbox row")
+    return int(key[0])
+
+
+def _entry(row_id: int, values: Mapping[str, Any]) -> OutboxEntry:
+    return OutboxEntry(
+        id=int(row_id),
+        idempotency_key=values["idempotency_key"],
+        namespace=values["namespace"],
+        queue=values["queue"],
+        handler=values["handler"],
+        ordering_key=values["ordering_key"],
+        business_ref=values["business_ref"],
+    )
+
+
+def enqueue(
+    conn: Connection | Session,
+    *,
+    namespace: str,
+    queue: str,
+    handler: str,
+    params: Any,
+    idempotency_key: str | None = None,
+    ordering_key: str | None = None,
+    business_ref: str | None = None,
+    available_at: datetime | None = None,
+    max_attempts: int | None = None,
+    options: SubmitOptions | Mapping[str, Any] | None = None,
+    tables: OutboxTables | None = None,
+    max_params_bytes: int = DEFAULT_MAX_PARAMS_BYTES,
+) -> OutboxEntry:
+    """Record the intent to submit a task, in the caller's transaction (DESIGN §5, reliability model §6.1).
+
+    Writes one ``PENDING`` row through ``conn`` and nothing else; never commits. Commit
+    the business change and the row together; a rollback leaves nothing to send. A relay
+    then submits the task with the row's idempotency key, at most once per key.
+
+    Args:
+        conn: a SQLAlchemy ``Connection`` or ORM ``Session`` of the business database.
+        namespace: the Orbit namespace.
+        queue: the queue's name; it must exist on the server when the relay sends
+            (otherwise the row ends ``DEAD``).
+        handler: the handler name workers dispatch on, e.g. ``"orders.fulfil"``.
+        params: JSON data for the task (no NaN or infinities), at most ``max_params_bytes``.
+        idempotency_key: 1-255 printable ASCII characters; ``None`` means a new UUID4. Fixed
+            for the row's life: every send, retry and reconcile uses it. A business key
+            (e.g. ``f"order-{order.id}-fulfil"``) makes a second ``enqueue`` for the same
+            intent fail on the unique index instead of sending twice.
+        ordering_key: rows with the same key are sent one at a time in id order: a row waits
+            while an earlier one is not ``DELIVERED`` (including ``DEAD`` and
+            ``NEEDS_RECONCILE`` rows). ``None``: no ordering.
+        business_ref: free text linking the row to the business record, e.g. ``"order:42"``.
+        available_at: earliest send time, timezone-aware; ``None`` means now (database clock).
+        max_attempts: budget of sends whose outcome may be unknown, 1-1000; ``None`` means
+            the relay's default (5).
+        options: the task's :class:`orbit_client.SubmitOptions` (or a mapping of its fields).
+        tables: the outbox tables; ``None`` means ``OutboxTables()`` (``orbit_outbox``).
+        max_params_bytes: largest params accepted, in bytes of compact UTF-8 JSON.
+            Default 64 KiB.
+
+    Returns:
+        The row's id (assigned inside the caller's transaction) and idempotency key.
+
+    Raises:
+        ParamsTooLargeError: the params are too large; nothing was written.
+        OutboxUsageError: any other invalid argument; nothing was written.
+        OutboxDatabaseError: the insert failed, e.g. the key already exists
+            (``sqlalchemy.exc.IntegrityError`` is its ``__cause__``) or the table is missing
+            (:class:`OutboxSchemaError`). The caller's transaction is then unusable on
+            PostgreSQL: roll it back.
+    """
+    values = _prepare(
+        namespace=namespace,
+        queue=queue,
+        handler=handler,
+        params=params,
+        idempotency_key=idempotency_key,
+        ordering_key=ordering_key,
+        business_ref=business_ref,
+        available_at=available_at,
+        max_attempts=max_attempts,
+        options=options,
+        max_params_bytes=max_params_bytes,
+    )
+    t = tables or _default_tables()
+    try:
+        connection = conn.connection() if isinstance(conn, Session) else conn
+        result = connection.execute(insert_row(t, values, connection.dialect.name))
+    except sa.exc.SQLAlchemyError as exc:
+        raise translate_db_error(exc, f"enqueue the row with key {values['idempotency_key']!r}") from exc
+    return _entry(_inserted_id(result.inserted_primary_key), values)
+
+
+async def enqueue_async(
+    conn: AsyncConnection | AsyncSession,
+    *,
+    namespace: str,
+    queue: str,
+    handler: str,
+    params: Any,
+    idempotency_key: str | None = None,
+    ordering_key: str | None = None,
+    business_ref: str | None = None,
+    available_at: datetime | None = None,
+    max_attempts: int | None = None,
+    options: SubmitOptions | Mapping[str, Any] | None = None,
+    tables: OutboxTables | None = None,
+    max_params_bytes: int = DEFAULT_MAX_PARAMS_BYTES,
+) -> OutboxEntry:
+    """The asyncio twin of :func:`enqueue`, for an ``AsyncConnection`` or ``AsyncSession``.
+
+    Same arguments, result and errors; it awaits the one ``INSERT`` and never commits.
+    Needs ``sqlalchemy[asyncio]`` and an async driver (``aiomysql``, ``psycopg``, ``aiosqlite``).
+    """
+    from sqlalchemy.ext.asyncio import AsyncSession
+
+    values = _prepare(
+        namespace=namespace,
+        queue=queue,
+        handler=handler,
+        params=params,
+        idempotency_key=idempotency_key,
+        ordering_key=ordering_key,
+        business_ref=business_ref,
+        available_at=available_at,
+        max_attempts=max_attempts,
+        options=options,
+        max_params_bytes=max_params_bytes,
+    )
+    t = tables or _default_tables()
+    try:
+        connection = await conn.connection() if isinstance(conn, AsyncSession) else conn
+        result = await connection.execute(insert_row(t, values, connection.dialect.name))
+    except sa.exc.SQLAlchemyError as exc:
+        raise translate_db_error(exc, f"enqueue the row with key {values['idempotency_key']!r}") from exc
+    return _entry(_inserted_id(result.inserted_primary_key), values)

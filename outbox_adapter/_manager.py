@@ -1,0 +1,462 @@
+"""``Outbox``: the outbox of one business database, and every operator operation on it.
+
+All transactions of the relay and the CLI begin here (:meth:`Outbox.transaction`), and
+every statement they run lives in ``_queries`` (STYLE habit 15, as procrastinate's
+manager). An engine the application built is used as it is and never disposed of.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from datetime import timedelta
+from types import TracebackType
+from typing import Any, Self
+
+import sqlalchemy as sa
+from sqlalchemy.engine import URL, Connection, Engine
+
+from orbit_client import OrbitClient, OrbitError, Task
+from outbox_adapter import _migrate
+from outbox_adapter import _queries as q
+from outbox_adapter._db import create_engine, db_now, describe_url, short_transaction, translate_db_error
+from outbox_adapter._exceptions import InvalidStateError, OutboxUsageError, RowNotFoundError
+from outbox_adapter._models import DeliveredRow, OutboxEvent, OutboxRow, OutboxStatus, ReconcileDecision
+from outbox_adapter._tables import OutboxState, OutboxTables
+
+__all__ = ["DEFAULT_KEY_WINDOW_SECONDS", "Outbox"]
+
+log = logging.getLogger("outbox_adapter")
+
+#: How long the server remembers an idempotency key, in seconds (server default: 7 days).
+DEFAULT_KEY_WINDOW_SECONDS = 7 * 24 * 3600.0
+
+DeliveredHook = Callable[[Connection, DeliveredRow], None]
+
+
+class Outbox:
+    """The outbox tables of one business database, with the operator operations of DESIGN §5.
+
+    Give exactly one of ``engine`` and ``database_url``.
+
+    Args:
+        engine: an engine the application built; used as is and never disposed of.
+        database_url: a SQLAlchemy URL; the ``Outbox`` then builds its own engine (SQLite:
+            ``BEGIN IMMEDIATE``, 30 s busy timeout; MySQL/MariaDB: ``READ COMMITTED``) and
+            disposes of it in :meth:`close`.
+        tables: the outbox tables; ``None`` means ``OutboxTables()`` (``orbit_outbox``).
+        pool_size: connections kept by an engine built from ``database_url``.
+
+    Raises:
+        OutboxUsageError: both or neither of ``engine`` / ``database_url`` given, or the
+            URL is malformed or unsupported.
+    """
+
+    def __init__(
+        self,
+        engine: Engine | None = None,
+        *,
+        database_url: str | URL | None = None,
+        tables: OutboxTables | None = None,
+        pool_size: int = 5,
+    ) -> None:
+        if (engine is None) == (database_url is None):
+            raise OutboxUsageError("give exactly one of engine= and database_url=")
+        self._owns_engine = engine is None
+        if engine is None:
+            assert database_url is not None
+            engine = create_engine(database_url, pool_size=pool_size)
+        self.engine: Engine = engine
+        self.tables = tables or OutboxTables()
+
+    def __repr__(self) -> str:
+        return f"Outbox(url={describe_url(self.engine.url)!r}, tables={self.tables!r})"
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Dispose of the engine if this ``Outbox`` built it; an application's engine is left alone."""
+        if self._owns_engine:
+            self.engine.dispose()
+
+    @contextmanager
+    def transaction(self, what: str, *, row_id: int | None = None) -> Iterator[Connection]:
+        """One short transaction (see ``short_transaction``): commits on success, rolls back on error.
+
+        Args:
+            what: what the transaction does, for the error message, e.g. ``"claim a batch"``.
+            row_id: the row concerned, carried by the error.
+
+        Raises:
+            OutboxDatabaseError: translated from any SQLAlchemy error (``__cause__`` keeps it).
+        """
+        try:
+            with short_transaction(self.engine) as conn:
+                yield conn
+        except sa.exc.SQLAlchemyError as exc:
+            raise translate_db_error(exc, what, row_id=row_id) from exc
+
+    # --- schema --------------------------------------------------------------------------------------
+
+    def migrate(self) -> str | None:
+        """Create or upgrade the outbox tables (Alembic history ``migrations/outbox``).
+
+        Returns:
+            The revision the database is at afterwards.
+
+        Raises:
+            OutboxDatabaseError: the database failed or is unreachable.
+        """
+        return _migrate.upgrade(self.engine, tables=self.tables)
+
+    # --- reads ---------------------------------------------------------------------------------------
+
+    def status(self) -> OutboxStatus:
+        """Count rows per state; the oldest pending row's age (seconds) and the next due time (UTC).
+
+        Raises:
+            OutboxDatabaseError: the database failed; :class:`OutboxSchemaError` if not migrated.
+        """
+        with self.transaction("read the outbox status") as conn:
+            return q.count_by_state(conn, self.tables)
+
+    def list_rows(self, *, state: str | None = None, limit: int = 50, after_id: int = 0) -> list[OutboxRow]:
+        """Rows in ``state`` (``None``: every state) with ``id > after_id``, by id, at most ``limit``.
+
+        Raises:
+            OutboxUsageError: ``state`` is not an :class:`OutboxState` or ``limit`` < 1.
+            OutboxDatabaseError: the database failed.
+        """
+        if state is not None and state not in OutboxState.__members__:
+            raise OutboxUsageError(f"state must be one of {', '.join(OutboxState)}, not {state!r}")
+        if limit < 1:
+            raise OutboxUsageError("limit must be at least 1")
+        with self.transaction("list outbox rows") as conn:
+            return q.list_rows(conn, self.tables, state=state, limit=limit, after_id=after_id)
+
+    def get(self, row_id: int) -> OutboxRow:
+        """The row with id ``row_id``.
+
+        Raises:
+            RowNotFoundError: no such row (never enqueued, or purged).
+            OutboxDatabaseError: the database failed.
+        """
+        with self.transaction(f"read row {row_id}", row_id=row_id) as conn:
+            row = q.get_row(conn, self.tables, row_id)
+        if row is None:
+            raise _not_found(row_id)
+        return row
+
+    def events(self, row_id: int) -> list[OutboxEvent]:
+        """The audit trail of row ``row_id``, oldest first (empty for a row never changed).
+
+        Raises:
+            OutboxDatabaseError: the database failed.
+        """
+        with self.transaction(f"read the events of row {row_id}", row_id=row_id) as conn:
+            return q.list_events(conn, self.tables, row_id)
+
+    # --- operator actions ----------------------------------------------------------------------------
+
+    def retry(self, row_id: int, *, actor: str, reason: str = "retried by an operator") -> OutboxRow:
+        """Send a ``DEAD`` row again: ``DEAD`` → ``PENDING``, same key, fresh budget, due now; audited.
+
+        Fix what made the server refuse it first (e.g. create the missing queue): the row's
+        data and key never change (DESIGN §5).
+
+        Args:
+            row_id: the row.
+            actor: who retries, for the audit trail, e.g. ``"operator:alice"``.
+            reason: why, for the audit trail.
+
+        Returns:
+            The row after the change.
+
+        Raises:
+            RowNotFoundError: no such row.
+            InvalidStateError: the row is not ``DEAD`` (nothing changed).
+            OutboxDatabaseError: the database failed (nothing changed).
+        """
+        with self.transaction(f"retry row {row_id}", row_id=row_id) as conn:
+            row = q.get_row(conn, self.tables, row_id, for_update=True)
+            if row is None:
+                raise _not_found(row_id)
+            if row.state != q.DEAD:
+                hint = (
+                    "run `orbit-outbox reconcile` for NEEDS_RECONCILE rows"
+                    if row.state == q.NEEDS_RECONCILE
+                    else "there is nothing to retry"
+                )
+                raise InvalidStateError(
+                    f"row {row_id} is {row.state}, not DEAD; only DEAD rows can be retried ({hint})",
+                    row_id=row_id,
+                    state=row.state,
+                )
+            now = db_now(conn)
+            q.retry_dead_row(conn, self.tables, row_id, now=now)
+            event = q.event_values(row_id, q.DEAD, q.PENDING, reason=reason, actor=actor, now=now)
+            q.add_events(conn, self.tables, [event])
+            after = q.get_row(conn, self.tables, row_id)
+        assert after is not None
+        log.info(
+            "row %d retried by %s (key %s)",
+            row_id,
+            actor,
+            row.idempotency_key,
+            extra={"event": "retried", "row_id": row_id, "idempotency_key": row.idempotency_key},
+        )
+        return after
+
+    def retry_all_dead(
+        self, *, actor: str, reason: str = "retried by an operator (--all-dead)", batch_size: int = 500
+    ) -> list[int]:
+        """:meth:`retry` every ``DEAD`` row, ``batch_size`` rows per transaction. Returns their ids.
+
+        Raises:
+            OutboxDatabaseError: the database failed; rows of committed batches stay retried.
+        """
+        retried: list[int] = []
+        after = 0
+        while True:
+            with self.transaction("retry DEAD rows") as conn:
+                rows = q.list_rows(conn, self.tables, state=q.DEAD, limit=batch_size, after_id=after)
+                if not rows:
+                    return retried
+                now = db_now(conn)
+                events = []
+                for row in rows:
+                    if q.retry_dead_row(conn, self.tables, row.id, now=now):
+                        retried.append(row.id)
+                        events.append(
+                            q.event_values(row.id, q.DEAD, q.PENDING, reason=reason, actor=actor, now=now)
+                        )
+                q.add_events(conn, self.tables, events)
+            after = rows[-1].id
+
+    def reconcile(
+        self,
+        client: OrbitClient,
+        *,
+        actor: str,
+        dry_run: bool = False,
+        key_window_seconds: float = DEFAULT_KEY_WINDOW_SECONDS,
+        batch_size: int = 100,
+        on_decision: Callable[[ReconcileDecision], None] | None = None,
+        on_delivered: DeliveredHook | None = None,
+    ) -> list[ReconcileDecision]:
+        """Settle every ``NEEDS_RECONCILE`` row by its original key (DESIGN §5).
+
+        For each row, ``GET /v1/namespaces/{ns}/submissions/{key}``:
+
+        - a task whose queue, handler and params are the row's → ``DELIVERED`` with that task id;
+        - no task → ``PENDING`` with the **same key** and a fresh budget, due now, unless the
+          row is older than ``key_window_seconds`` (the server may have forgotten the key,
+          so "not found" proves nothing: the row stays, decision ``"too_old"``);
+        - a task for a different submission → the row stays (decision ``"mismatch"``);
+        - a failed lookup → the row stays (decision ``"error"``); the next run tries again.
+
+        Every decision that changes or keeps a row is written to the audit table in the
+        transaction that applies it. Each row is decided on its own: the lookup happens
+        outside any transaction, and the update is conditional on the row still being
+        ``NEEDS_RECONCILE`` (another reconciler may have decided it first).
+
+        Args:
+            client: an Orbit client with a key of the rows' namespace (``read`` role or more).
+            actor: who reconciles, for the audit trail.
+            dry_run: look up and decide, write nothing (every decision has ``applied=False``).
+            key_window_seconds: how long the server remembers keys, in seconds (server
+                setting ``submission_key_ttl_seconds``, default 7 days).
+            batch_size: rows read per query.
+            on_decision: called with each decision as it is made (progress display).
+            on_delivered: called inside the transaction that records a ``DELIVERED``
+                decision (as the relay's hook), to link the task to the business record.
+
+        Returns:
+            The decisions, in row id order.
+
+        Raises:
+            OutboxDatabaseError: the database failed; decisions already applied stay.
+        """
+        decisions: list[ReconcileDecision] = []
+        after = 0
+        window = timedelta(seconds=key_window_seconds)
+        while True:
+            with self.transaction("read the rows to reconcile") as conn:
+                rows = q.rows_to_reconcile(conn, self.tables, after_id=after, limit=batch_size)
+                now = db_now(conn)
+            if not rows:
+                return decisions
+            for row in rows:
+                decision = self._reconcile_one(
+                    client, row, actor=actor, dry_run=dry_run, too_old=now - window, on_delivered=on_delivered
+                )
+                decisions.append(decision)
+                if on_decision is not None:
+                    on_decision(decision)
+            after = rows[-1].id
+
+    def _reconcile_one(
+        self,
+        client: OrbitClient,
+        row: OutboxRow,
+        *,
+        actor: str,
+        dry_run: bool,
+        too_old: Any,
+        on_delivered: DeliveredHook | None,
+    ) -> ReconcileDecision:
+        key = row.idempotency_key
+        try:
+            task = client.find_submission(row.namespace, key)
+        except OrbitError as exc:
+            return ReconcileDecision(
+                row_id=row.id,
+                idempotency_key=key,
+                decision="error",
+                applied=False,
+                detail=f"lookup failed: {exc}",
+            )
+        if task is not None and _same_submission(task, row):
+            decision, to_state = "delivered", q.DELIVERED
+            detail = f"the server has task {task.id} for this key: delivered"
+        elif task is not None:
+            decision, to_state = "mismatch", q.NEEDS_RECONCILE
+            detail = (
+                f"the key names task {task.id} of a different submission (queue {task.queue!r}, handler "
+                f"{task.handler!r}); a person must decide; the row stays NEEDS_RECONCILE"
+            )
+        elif row.created_at.replace(tzinfo=None) < too_old:
+            decision, to_state = "too_old", q.NEEDS_RECONCILE
+            detail = (
+                "no task for this key, but the row is older than the server's key window, so the server may "
+                "have forgotten it; resending could create a second task; a person must decide"
+            )
+        else:
+            decision, to_state = "pending", q.PENDING
+            detail = "no task was created with this key: sent again with the same key"
+        task_id = task.id if task is not None else None
+        if dry_run:
+            return ReconcileDecision(
+                row_id=row.id,
+                idempotency_key=key,
+                decision=decision,
+                applied=False,
+                detail=detail,
+                orbit_task_id=task_id,
+            )
+        with self.transaction(f"record the reconcile decision for row {row.id}", row_id=row.id) as conn:
+            now = db_now(conn)
+            if decision == "delivered":
+                assert task_id is not None
+                applied = q.record_reconciled_delivered(conn, self.tables, row.id, now=now, task_id=task_id)
+                if applied and on_delivered is not None:
+                    on_delivered(
+                        conn,
+                        DeliveredRow(
+                            row_id=row.id,
+                            idempotency_key=key,
+                            business_ref=row.business_ref,
+                            orbit_task_id=task_id,
+                            replayed=True,
+                        ),
+                    )
+            elif decision == "pending":
+                applied = q.record_reconciled_pending(conn, self.tables, row.id, now=now)
+            else:
+                applied = q.record_reconcile_mismatch(conn, self.tables, row.id, now=now, error=detail)
+            if applied:
+                event = q.event_values(
+                    row.id,
+                    q.NEEDS_RECONCILE,
+                    to_state,
+                    reason=f"reconcile: {detail}",
+                    actor=actor,
+                    now=now,
+                    task_id=task_id,
+                )
+                q.add_events(conn, self.tables, [event])
+        if not applied:
+            detail = "another process decided this row first; nothing was changed"
+        log.info(
+            "reconcile row %d (key %s): %s",
+            row.id,
+            key,
+            decision,
+            extra={
+                "event": "reconciled",
+                "row_id": row.id,
+                "idempotency_key": key,
+                "orbit_task_id": task_id,
+                "decision": decision,
+            },
+        )
+        return ReconcileDecision(
+            row_id=row.id,
+            idempotency_key=key,
+            decision=decision,
+            applied=applied,
+            detail=detail,
+            orbit_task_id=task_id,
+        )
+
+    def purge_delivered(
+        self,
+        *,
+        older_than_seconds: float,
+        batch_size: int = 1000,
+        on_batch: Callable[[int], None] | None = None,
+    ) -> int:
+        """Delete ``DELIVERED`` rows delivered more than ``older_than_seconds`` ago, with their events.
+
+        Deletes in batches of at most ``batch_size`` rows, one short transaction each, and
+        never touches a row in any other state (DESIGN §5 retention).
+
+        Args:
+            older_than_seconds: age, in seconds, measured from ``delivered_at`` to the
+                database's now when the purge starts.
+            batch_size: rows deleted per transaction, at least 1.
+            on_batch: called with the number deleted after each committed batch (progress).
+
+        Returns:
+            The number of rows deleted.
+
+        Raises:
+            OutboxUsageError: a negative age or a batch size below 1.
+            OutboxDatabaseError: the database failed; committed batches stay deleted.
+        """
+        if older_than_seconds < 0 or batch_size < 1:
+            raise OutboxUsageError("older_than_seconds must be >= 0 and batch_size >= 1")
+        with self.transaction("read the database clock") as conn:
+            cutoff = db_now(conn) - timedelta(seconds=older_than_seconds)
+        total = 0
+        while True:
+            with self.transaction("purge delivered rows") as conn:
+                deleted = q.purge_delivered_batch(conn, self.tables, cutoff=cutoff, batch_size=batch_size)
+            total += deleted
+            if on_batch is not None and deleted:
+                on_batch(deleted)
+            if deleted < batch_size:
+                return total
+
+
+def _not_found(row_id: int) -> RowNotFoundError:
+    return RowNotFoundError(
+        f"there is no outbox row {row_id} (never enqueued, or purged); see `orbit-outbox list`", row_id=row_id
+    )
+
+
+def _same_submission(task: Task, row: OutboxRow) -> bool:
+    """Whether the task the key names is this row's submission (queue, handler and params)."""
+    return (
+        task.namespace == row.namespace
+        and task.queue == row.queue
+        and task.handler == row.handler
+        and task.params == row.params
+    )

@@ -1,0 +1,83 @@
+"""Apply the outbox's Alembic history (``migrations/outbox``) programmatically.
+
+The history has its own version table, ``<table>_alembic_version`` (default
+``orbit_outbox_alembic_version``), so it lives beside the application's own Alembic
+history and the server's without touching them.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import sqlalchemy as sa
+from alembic import command
+from alembic.config import Config
+from alembic.runtime.migration import MigrationContext
+from alembic.script import ScriptDirectory
+from sqlalchemy.engine import Engine
+
+from outbox_adapter._db import translate_db_error
+from outbox_adapter._tables import DEFAULT_TABLE_NAME, OutboxTables
+
+__all__ = ["current_revision", "head_revision", "migrations_dir", "upgrade", "version_table"]
+
+
+def version_table(table_name: str = DEFAULT_TABLE_NAME) -> str:
+    """The Alembic version table of the outbox named ``table_name``."""
+    return f"{table_name}_alembic_version"
+
+
+def migrations_dir() -> Path:
+    """Where the outbox migrations live: inside the wheel (``_migrations``), or the source checkout."""
+    here = Path(__file__).resolve().parent
+    for candidate in (here / "_migrations", here.parent / "migrations" / "outbox"):
+        if (candidate / "env.py").is_file():
+            return candidate
+    raise RuntimeError(f"the outbox's Alembic migrations were not found next to {here}")
+
+
+def _config(tables: OutboxTables) -> Config:
+    cfg = Config()
+    cfg.set_main_option("script_location", str(migrations_dir()))
+    cfg.attributes["outbox_table"] = tables.name
+    cfg.attributes["outbox_events_table"] = tables.events_name
+    return cfg
+
+
+def upgrade(engine: Engine, *, tables: OutboxTables | None = None, revision: str = "head") -> str | None:
+    """Create or upgrade the outbox tables behind ``engine`` to ``revision`` (default: the newest).
+
+    Args:
+        engine: the business database; not disposed of.
+        tables: whose names to use; ``None`` means ``OutboxTables()``.
+        revision: an Alembic revision id, or ``"head"``.
+
+    Returns:
+        The revision the database is at afterwards.
+
+    Raises:
+        OutboxDatabaseError: the database failed or is unreachable.
+    """
+    tables = tables or OutboxTables()
+    cfg = _config(tables)
+    try:
+        with engine.begin() as conn:
+            cfg.attributes["connection"] = conn
+            command.upgrade(cfg, revision)
+        return current_revision(engine, tables=tables)
+    except sa.exc.SQLAlchemyError as exc:
+        raise translate_db_error(exc, "migrate the outbox tables") from exc
+
+
+def head_revision() -> str | None:
+    """The newest revision of the outbox history."""
+    return ScriptDirectory.from_config(_config(OutboxTables())).get_current_head()
+
+
+def current_revision(engine: Engine, *, tables: OutboxTables | None = None) -> str | None:
+    """The revision the database is at; ``None`` when the outbox was never migrated there."""
+    name = (tables or OutboxTables()).name
+    with engine.connect() as conn:
+        return MigrationContext.configure(
+            conn, opts={"version_table": version_table(name)}
+        ).get_current_revision()

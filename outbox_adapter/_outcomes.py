@@ -1,0 +1,158 @@
+"""What a send's result means for the row (DESIGN §5), and how long the row waits before the next try.
+
+Pure decision logic with no I/O, so it is unit-tested exhaustively. The decision reads
+only the attributes every ``orbit_client`` error carries (``outcome_known``,
+``retryable``, ``status_code``, ``code``, ``retry_after``):
+
+=================================================  ==================  ===============================
+what came back                                     verdict             the row
+=================================================  ==================  ===============================
+201 / 200 (replay)                                 ``DELIVERED``       ``DELIVERED`` with the task id
+422 ``idempotency_key_reused``                     ``RECONCILE``       ``NEEDS_RECONCILE``
+``outcome_known=False`` (read timeout, reset, 5xx)  ``UNKNOWN``         ``PENDING`` + backoff, counted;
+                                                                       budget spent → ``NEEDS_RECONCILE``
+``retryable`` and known (refused, 429, 503, 409     ``NOT_SENT``        ``PENDING`` + backoff (Retry-After
+in progress)                                                           honoured), attempt given back
+401 / 403 (the relay's API key is wrong)            ``NOT_SENT``        as above, and logged as an error
+any other 4xx (400, 404 incl. unknown queue, 413,  ``DEAD``            ``DEAD`` with the error
+422 validation), or a misuse caught by the client
+anything unexpected                                ``UNKNOWN``         as for a timeout: it may have been sent
+=================================================  ==================  ===============================
+"""
+
+from __future__ import annotations
+
+import enum
+import random as _random
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from orbit_client import IdempotencyKeyReusedError, OrbitAPIError, OrbitError, OrbitUsageError, SubmitResult
+from outbox_adapter._exceptions import OutboxUsageError
+
+__all__ = ["Backoff", "SendOutcome", "Verdict", "accepted", "classify_error"]
+
+
+class Verdict(enum.Enum):
+    """The outcome classes of DESIGN §5."""
+
+    DELIVERED = "delivered"
+    NOT_SENT = "not_sent"
+    UNKNOWN = "unknown"
+    DEAD = "dead"
+    RECONCILE = "reconcile"
+
+
+@dataclass(frozen=True, kw_only=True)
+class SendOutcome:
+    """The result of one send, classified.
+
+    Attributes:
+        verdict: the outcome class.
+        task_id: the Orbit task id when delivered, else ``None``.
+        replayed: ``True`` when the server answered with the original task of an earlier send.
+        status_code: the HTTP status, or ``None`` when no response came.
+        error: the error message for ``last_error`` (never contains params), or ``None``.
+        retry_after: seconds the server asked us to wait (``Retry-After``), or ``None``.
+        misconfigured: ``True`` when the relay's own configuration is at fault (401/403).
+    """
+
+    verdict: Verdict
+    task_id: str | None = None
+    replayed: bool = False
+    status_code: int | None = None
+    error: str | None = None
+    retry_after: float | None = None
+    misconfigured: bool = False
+
+
+def accepted(result: SubmitResult) -> SendOutcome:
+    """A 201 (new task) or 200 (replay) answer: ``DELIVERED``."""
+    return SendOutcome(
+        verdict=Verdict.DELIVERED,
+        task_id=result.task.id,
+        replayed=result.replayed,
+        status_code=200 if result.replayed else 201,
+    )
+
+
+def classify_error(error: BaseException) -> SendOutcome:
+    """Classify a failed send by the error's attributes (DESIGN §5; table in this module's docstring)."""
+    if not isinstance(error, OrbitError):
+        return SendOutcome(
+            verdict=Verdict.UNKNOWN,
+            error=f"unexpected {type(error).__name__} while sending: {error}; the request may have been sent",
+        )
+    status = error.status_code if isinstance(error, OrbitAPIError) else None
+    retry_after = error.retry_after if isinstance(error, OrbitAPIError) else None
+    message = str(error)
+    if isinstance(error, IdempotencyKeyReusedError) or (
+        isinstance(error, OrbitAPIError) and error.code == "idempotency_key_reused"
+    ):
+        return SendOutcome(verdict=Verdict.RECONCILE, status_code=status, error=message)
+    if not error.outcome_known:
+        return SendOutcome(
+            verdict=Verdict.UNKNOWN, status_code=status, error=message, retry_after=retry_after
+        )
+    if error.retryable:
+        return SendOutcome(
+            verdict=Verdict.NOT_SENT, status_code=status, error=message, retry_after=retry_after
+        )
+    if status in (401, 403):
+        return SendOutcome(
+            verdict=Verdict.NOT_SENT,
+            status_code=status,
+            error=f"{message} (the relay's API key is at fault, not the row)",
+            misconfigured=True,
+        )
+    if isinstance(error, OrbitAPIError | OrbitUsageError):
+        return SendOutcome(verdict=Verdict.DEAD, status_code=status, error=message)
+    return SendOutcome(verdict=Verdict.UNKNOWN, status_code=status, error=message)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Backoff:
+    """How long a row waits before its next try: exponential, full jitter, capped (as hynek/stamina).
+
+    The wait after the row's *n*-th try (``send_count``, 1-based) is
+    ``random() * min(cap, base * 2**(n - 1))`` seconds. When the server sent
+    ``Retry-After``, the wait is exactly that many seconds instead (at most
+    ``max_retry_after``). The wait is added to the **database** clock's now and stored
+    in ``available_at``, so it survives restarts and any relay honours it.
+
+    Args:
+        base: upper bound of the first wait, in seconds. Default ``1.0``.
+        cap: ceiling of the upper bound, in seconds. Default ``300.0``.
+        max_retry_after: longest ``Retry-After`` honoured, in seconds; a longer one is cut
+            to this. Default ``3600.0``.
+        random: returns a float in ``[0, 1)`` scaling the jitter; default :func:`random.random`.
+            Tests pass ``lambda: 1.0`` (the bound itself) or ``lambda: 0.0``.
+
+    Raises:
+        OutboxUsageError: a duration is negative.
+
+    ``Backoff.no_wait()`` makes every wait zero except an honoured ``Retry-After`` (the
+    test switch: rows are due again at once).
+    """
+
+    base: float = 1.0
+    cap: float = 300.0
+    max_retry_after: float = 3600.0
+    random: Callable[[], float] = field(default=_random.random, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        for name in ("base", "cap", "max_retry_after"):
+            if getattr(self, name) < 0:
+                raise OutboxUsageError(f"Backoff.{name} is a duration in seconds and cannot be negative")
+
+    @classmethod
+    def no_wait(cls) -> Backoff:
+        """A backoff of zero seconds (``Retry-After`` is still honoured)."""
+        return cls(base=0.0, cap=0.0)
+
+    def delay(self, tries: int, retry_after: float | None = None) -> float:
+        """Seconds to wait after the row's ``tries``-th try (1-based), given the server's ``Retry-After``."""
+        if retry_after is not None:
+            return min(max(retry_after, 0.0), self.max_retry_after)
+        bound = min(self.cap, self.base * 2.0 ** min(max(tries - 1, 0), 60))
+        return self.random() * bound

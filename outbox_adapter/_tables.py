@@ -1,0 +1,159 @@
+"""The outbox tables, as SQLAlchemy Core, with configurable names.
+
+``OutboxTables()`` builds ``orbit_outbox`` and ``orbit_outbox_events`` on a
+``MetaData`` of their own (what ``orbit-outbox migrate`` creates); an application
+with its own Alembic history passes its ``MetaData`` instead, and autogenerate
+then sees the tables beside its own (DESIGN §2, §5).
+
+Conventions (DESIGN §2): ``DATETIME(6)`` in UTC stored naive, ``JSON`` params,
+``BIGINT`` ids, binary collation for keys on MySQL/MariaDB.
+"""
+
+from __future__ import annotations
+
+import enum
+import re
+
+import sqlalchemy as sa
+from sqlalchemy.dialects import mysql
+
+from outbox_adapter._exceptions import OutboxUsageError
+
+__all__ = ["DEFAULT_TABLE_NAME", "OutboxState", "OutboxTables"]
+
+#: Name of the outbox table unless configured otherwise.
+DEFAULT_TABLE_NAME = "orbit_outbox"
+
+#: Table names: short enough that ``ix_<name>_ordering`` fits PostgreSQL's 63 characters.
+_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,47}")
+
+#: Microsecond timestamps, stored naive in UTC.
+_Timestamp = sa.DateTime().with_variant(mysql.DATETIME(fsp=6), "mysql", "mariadb")
+#: Auto-increment ids: BIGINT, except SQLite where only INTEGER PRIMARY KEY auto-increments.
+_BigId = sa.BigInteger().with_variant(sa.Integer(), "sqlite")
+
+
+def _ascii(length: int) -> sa.types.TypeEngine[str]:
+    """An ASCII string compared byte for byte (``ascii_bin`` on MySQL/MariaDB)."""
+    return sa.String(length).with_variant(
+        mysql.VARCHAR(length, charset="ascii", collation="ascii_bin"), "mysql", "mariadb"
+    )
+
+
+def _text(length: int) -> sa.types.TypeEngine[str]:
+    """A Unicode string compared exactly (``utf8mb4_bin`` on MySQL/MariaDB)."""
+    return sa.String(length).with_variant(
+        mysql.VARCHAR(length, charset="utf8mb4", collation="utf8mb4_bin"), "mysql", "mariadb"
+    )
+
+
+class OutboxState(enum.StrEnum):
+    """The states of an outbox row (DESIGN §5).
+
+    ``PENDING`` → ``DELIVERED`` | ``DEAD`` | ``NEEDS_RECONCILE``;
+    ``NEEDS_RECONCILE`` → ``DELIVERED`` | ``PENDING`` (``reconcile``);
+    ``DEAD`` → ``PENDING`` only through an operator's ``retry``, keeping the key.
+    A row being sent is ``PENDING`` with a live lease.
+    """
+
+    PENDING = "PENDING"
+    DELIVERED = "DELIVERED"
+    DEAD = "DEAD"
+    NEEDS_RECONCILE = "NEEDS_RECONCILE"
+
+
+class OutboxTables:
+    """The outbox table and its audit table, on ``metadata``.
+
+    Args:
+        metadata: where to define the tables; ``None`` means a new ``MetaData``.
+            Pass the application's own to manage the tables with its Alembic history.
+        name: the outbox table's name, default ``"orbit_outbox"``.
+        events_name: the audit table's name; ``None`` means ``f"{name}_events"``.
+
+    Attributes:
+        metadata: the ``MetaData`` holding both tables.
+        outbox: one row per intended Orbit call (DESIGN §5).
+        events: one row per state change of an outbox row: ``outbox_id``, ``from_state``,
+            ``to_state``, ``reason``, ``actor``, ``orbit_task_id``, ``at`` (UTC).
+
+    Raises:
+        OutboxUsageError: a name is not 1-48 letters, digits or ``_`` starting with a
+            letter or ``_``, or a table of that name is already on ``metadata``.
+    """
+
+    def __init__(
+        self,
+        metadata: sa.MetaData | None = None,
+        *,
+        name: str = DEFAULT_TABLE_NAME,
+        events_name: str | None = None,
+    ) -> None:
+        events_name = events_name or f"{name}_events"
+        for label, value in (("name", name), ("events_name", events_name)):
+            if not isinstance(value, str) or not _NAME_RE.fullmatch(value):
+                raise OutboxUsageError(
+                    f"{label} {value!r} is not a usable table name: use 1-48 letters, digits or _, "
+                    "starting with a letter or _"
+                )
+        self.metadata = metadata if metadata is not None else sa.MetaData()
+        for value in (name, events_name):
+            if value in self.metadata.tables:
+                raise OutboxUsageError(f"table {value!r} is already defined on this MetaData")
+        self.name = name
+        self.events_name = events_name
+        self.outbox = sa.Table(
+            name,
+            self.metadata,
+            sa.Column("id", _BigId, primary_key=True, autoincrement=True),
+            sa.Column("idempotency_key", _ascii(255), nullable=False),
+            sa.Column("namespace", _ascii(64), nullable=False),
+            sa.Column("queue", _ascii(64), nullable=False),
+            sa.Column("handler", _ascii(255), nullable=False),
+            sa.Column("params", sa.JSON(none_as_null=True), nullable=True),
+            sa.Column("options", sa.JSON(none_as_null=True), nullable=True),
+            sa.Column("ordering_key", _text(255), nullable=True),
+            sa.Column("business_ref", _text(255), nullable=True),
+            sa.Column("state", _ascii(20), nullable=False),
+            # Sends that count against the budget: +1 at each claim, given back when the
+            # answer proves the server did nothing (see Relay's docstring).
+            sa.Column("attempts", sa.Integer, nullable=False, server_default="0"),
+            # Every claim for sending, whatever came of it (drives the backoff exponent).
+            sa.Column("send_count", sa.Integer, nullable=False, server_default="0"),
+            # Budget of attempts whose outcome may be unknown; NULL means the relay's default.
+            sa.Column("max_attempts", sa.Integer, nullable=True),
+            sa.Column("available_at", _Timestamp, nullable=False),
+            sa.Column("lease_owner", sa.String(255), nullable=True),
+            sa.Column("lease_token", _ascii(36), nullable=True),
+            sa.Column("lease_expires_at", _Timestamp, nullable=True),
+            sa.Column("last_error", sa.Text, nullable=True),
+            sa.Column("last_status_code", sa.Integer, nullable=True),
+            sa.Column("orbit_task_id", _ascii(64), nullable=True),
+            sa.Column("created_at", _Timestamp, nullable=False),
+            sa.Column("updated_at", _Timestamp, nullable=False),
+            sa.Column("delivered_at", _Timestamp, nullable=True),
+            sa.UniqueConstraint("idempotency_key", name=f"uq_{name}_idempotency_key"),
+            # The claim: state = PENDING AND available_at <= now ORDER BY available_at, id.
+            sa.Index(f"ix_{name}_claim", "state", "available_at", "id"),
+            # "Is an earlier row with my ordering key still unsent?"
+            sa.Index(f"ix_{name}_ordering", "ordering_key", "state", "id"),
+            # purge: state = DELIVERED AND delivered_at < cutoff.
+            sa.Index(f"ix_{name}_delivered", "state", "delivered_at"),
+            sa.Index(f"ix_{name}_business_ref", "business_ref"),
+        )
+        self.events = sa.Table(
+            events_name,
+            self.metadata,
+            sa.Column("id", _BigId, primary_key=True, autoincrement=True),
+            sa.Column("outbox_id", sa.BigInteger, nullable=False),
+            sa.Column("from_state", _ascii(20), nullable=True),
+            sa.Column("to_state", _ascii(20), nullable=False),
+            sa.Column("reason", sa.Text, nullable=False),
+            sa.Column("actor", sa.String(255), nullable=False),
+            sa.Column("orbit_task_id", _ascii(64), nullable=True),
+            sa.Column("at", _Timestamp, nullable=False),
+            sa.Index(f"ix_{events_name}_outbox_id", "outbox_id", "id"),
+        )
+
+    def __repr__(self) -> str:
+        return f"OutboxTables(name={self.name!r}, events_name={self.events_name!r})"

@@ -1,0 +1,595 @@
+"""``orbit-outbox``: migrate, relay, inspect and repair the outbox of a business database.
+
+Every option can also be set through the environment variable shown in ``--help``
+(``ORBIT_OUTBOX_DATABASE_URL``, ``ORBIT_URL``, ``ORBIT_API_KEY``, ...). On a terminal
+the output is rich tables; ``--json`` prints JSON for scripts.
+
+Exit codes:
+
+- ``0``: done.
+- ``1``: refused: no such row, or its state does not allow the command; for ``reconcile``,
+  some rows need a person (``mismatch``, ``too_old``).
+- ``2``: bad usage (an unknown option, a malformed value or URL).
+- ``3``: the business database is unreachable, failed, or has no outbox tables (run ``migrate``).
+- ``4``: the Orbit server is unreachable or refused the request (``reconcile`` lookups).
+"""
+
+from __future__ import annotations
+
+import getpass
+import json
+import re
+import sys
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any, NoReturn, TypeVar
+
+import click
+from pydantic import ValidationError
+from rich.console import Console
+from rich.progress import Progress, SpinnerColumn, TextColumn
+from rich.table import Table
+
+from orbit_client import OrbitClient, OrbitError, RetryPolicy
+from outbox_adapter._db import describe_url
+from outbox_adapter._exceptions import OutboxDatabaseError, OutboxRowError, OutboxUsageError
+from outbox_adapter._logging import configure_logging
+from outbox_adapter._manager import DEFAULT_KEY_WINDOW_SECONDS, Outbox
+from outbox_adapter._models import OutboxRow, ReconcileDecision
+from outbox_adapter._relay import Relay
+from outbox_adapter._settings import OutboxSettings
+from outbox_adapter._tables import OutboxState, OutboxTables
+
+__all__ = ["main", "parse_duration"]
+
+EXIT_REFUSED, EXIT_USAGE, EXIT_DATABASE, EXIT_ORBIT = 1, 2, 3, 4
+F = TypeVar("F", bound=Callable[..., Any])
+_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
+_DURATION = re.compile(r"(\d+(?:\.\d+)?)([smhdw]?)")
+
+out = Console(soft_wrap=True)
+err = Console(stderr=True, soft_wrap=True)
+
+
+def parse_duration(text: str) -> float:
+    """``"7d"`` → ``604800.0``: a number with an optional unit ``s``, ``m``, ``h``, ``d`` or ``w``
+    (no unit: seconds).
+
+    Raises:
+        OutboxUsageError: not a duration.
+    """
+    match = _DURATION.fullmatch(text.strip().lower())
+    if match is None:
+        raise OutboxUsageError(f"{text!r} is not a duration; write e.g. 90s, 30m, 12h, 7d or 2w")
+    return float(match.group(1)) * _UNITS[match.group(2) or "s"]
+
+
+class _Duration(click.ParamType):  # type: ignore[type-arg]
+    name = "DURATION"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> float:
+        if isinstance(value, int | float):
+            return float(value)
+        try:
+            return parse_duration(str(value))
+        except OutboxUsageError as exc:
+            self.fail(str(exc), param, ctx)
+
+
+def _fail(message: str, code: int) -> NoReturn:
+    err.print(f"[bold red]error:[/] {message}", highlight=False, markup=True)
+    sys.exit(code)
+
+
+@contextmanager
+def _errors() -> Iterator[None]:
+    """Map the adapter's errors to a message on stderr and the exit code of this module's docstring."""
+    try:
+        yield
+    except OutboxUsageError as exc:
+        _fail(str(exc), EXIT_USAGE)
+    except OutboxRowError as exc:
+        _fail(str(exc), EXIT_REFUSED)
+    except OutboxDatabaseError as exc:
+        _fail(str(exc), EXIT_DATABASE)
+    except OrbitError as exc:
+        _fail(str(exc), EXIT_ORBIT)
+
+
+def _database_options(func: F) -> F:
+    func = click.option(
+        "--table",
+        envvar="ORBIT_OUTBOX_TABLE",
+        show_envvar=True,
+        default="orbit_outbox",
+        show_default=True,
+        help="Name of the outbox table (its audit table is <table>_events).",
+    )(func)
+    return click.option(
+        "--database-url",
+        envvar="ORBIT_OUTBOX_DATABASE_URL",
+        show_envvar=True,
+        required=True,
+        help="SQLAlchemy URL of the business database, e.g. mysql+pymysql://app:pw@db/shop.",
+    )(func)
+
+
+def _orbit_options(func: F) -> F:
+    func = click.option(
+        "--timeout",
+        "request_timeout",
+        envvar="ORBIT_OUTBOX_REQUEST_TIMEOUT",
+        show_envvar=True,
+        type=click.FloatRange(min=0, min_open=True),
+        default=10.0,
+        show_default=True,
+        help="HTTP timeout per request, in seconds.",
+    )(func)
+    func = click.option(
+        "--api-key",
+        envvar="ORBIT_API_KEY",
+        show_envvar=True,
+        required=True,
+        help="Orbit API key of the rows' namespace (submit role for relay, read for reconcile).",
+    )(func)
+    return click.option(
+        "--orbit-url",
+        envvar="ORBIT_URL",
+        show_envvar=True,
+        required=True,
+        help="Root URL of the Orbit server, e.g. https://orbit.example.com.",
+    )(func)
+
+
+def _json_option(func: F) -> F:
+    return click.option(
+        "--json", "as_json", is_flag=True, help="Print JSON (for scripts) instead of tables."
+    )(func)
+
+
+def _actor_option(func: F) -> F:
+    return click.option(
+        "--actor",
+        envvar="ORBIT_OUTBOX_ACTOR",
+        show_envvar=True,
+        default=None,
+        help="Who acts, for the audit trail. Default: operator:<login name>.",
+    )(func)
+
+
+def _actor(actor: str | None) -> str:
+    if actor:
+        return actor
+    try:
+        return f"operator:{getpass.getuser()}"
+    except (KeyError, OSError):
+        return "operator:unknown"
+
+
+@contextmanager
+def _outbox(database_url: str, table: str) -> Iterator[Outbox]:
+    with _errors():
+        outbox = Outbox(database_url=database_url, tables=OutboxTables(name=table), pool_size=2)
+    try:
+        with _errors():
+            yield outbox
+    finally:
+        outbox.close()
+
+
+def _print_json(data: Any) -> None:
+    click.echo(json.dumps(data, indent=2, ensure_ascii=False, default=str))
+
+
+def _short(text: str | None, width: int = 60) -> str:
+    if not text:
+        return ""
+    return text if len(text) <= width else text[: width - 1] + "…"
+
+
+def _rows_table(rows: list[OutboxRow], title: str) -> Table:
+    table = Table(title=title, title_justify="left")
+    for column in (
+        "id",
+        "state",
+        "key",
+        "queue",
+        "handler",
+        "attempts",
+        "available at (UTC)",
+        "task",
+        "last error",
+    ):
+        table.add_column(column, overflow="fold")
+    for row in rows:
+        table.add_row(
+            str(row.id),
+            row.state,
+            row.idempotency_key,
+            f"{row.namespace}/{row.queue}",
+            row.handler,
+            f"{row.attempts}/{row.max_attempts or '-'}",
+            row.available_at.strftime("%Y-%m-%d %H:%M:%S"),
+            row.orbit_task_id or "",
+            _short(row.last_error),
+        )
+    return table
+
+
+def _row_dict(row: OutboxRow, *, with_params: bool) -> dict[str, Any]:
+    data = row.to_dict()
+    data.pop("lease_token", None)
+    if not with_params:
+        data.pop("params", None)
+    return data
+
+
+# --- commands ----------------------------------------------------------------------------------------
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 110})
+@click.option(
+    "--log-level",
+    envvar="ORBIT_OUTBOX_LOG_LEVEL",
+    show_envvar=True,
+    default="info",
+    show_default=True,
+    type=click.Choice(["debug", "info", "warning", "error"], case_sensitive=False),
+)
+@click.option(
+    "--log-format",
+    envvar="ORBIT_OUTBOX_LOG_FORMAT",
+    show_envvar=True,
+    default="text",
+    show_default=True,
+    type=click.Choice(["text", "json"]),
+    help="Logs on stderr as text lines or JSON objects (row id, key and task id as fields; never params).",
+)
+@click.version_option("0.1.0", prog_name="orbit-outbox")
+def main(log_level: str, log_format: str) -> None:
+    """Transactional outbox for Orbit: rows written with the business change, delivered by a relay.
+
+    Exit codes: 0 done, 1 refused (no such row, wrong state, rows needing a person),
+    2 bad usage, 3 business database unreachable or not migrated, 4 Orbit server
+    unreachable or refusing.
+    """
+    configure_logging(log_level, log_format)
+
+
+@main.command()
+@_database_options
+def migrate(database_url: str, table: str) -> None:
+    """Create or upgrade the outbox tables (Alembic, version table <table>_alembic_version)."""
+    with _outbox(database_url, table) as outbox:
+        revision = outbox.migrate()
+    err.print(f"outbox tables in {describe_url(database_url)} at revision {revision}", highlight=False)
+
+
+@main.command()
+@_database_options
+@_orbit_options
+@click.option("--once", is_flag=True, help="Deliver what is due now, then exit 0.")
+@click.option(
+    "--batch-size",
+    envvar="ORBIT_OUTBOX_BATCH_SIZE",
+    show_envvar=True,
+    default=50,
+    show_default=True,
+    type=click.IntRange(1, 10_000),
+    help="Rows claimed per claim transaction.",
+)
+@click.option(
+    "--concurrency",
+    envvar="ORBIT_OUTBOX_CONCURRENCY",
+    show_envvar=True,
+    default=4,
+    show_default=True,
+    type=click.IntRange(1, 256),
+    help="Sends in flight at once.",
+)
+@click.option(
+    "--lease-seconds",
+    envvar="ORBIT_OUTBOX_LEASE_SECONDS",
+    show_envvar=True,
+    default=60.0,
+    show_default=True,
+    type=click.FloatRange(min=0, min_open=True),
+    help="How long a claim is valid, in seconds (database clock).",
+)
+@click.option(
+    "--poll-interval",
+    envvar="ORBIT_OUTBOX_POLL_INTERVAL",
+    show_envvar=True,
+    default=1.0,
+    show_default=True,
+    type=click.FloatRange(min=0, min_open=True),
+    help="Seconds to wait when nothing is due.",
+)
+@click.option(
+    "--max-attempts",
+    envvar="ORBIT_OUTBOX_MAX_ATTEMPTS",
+    show_envvar=True,
+    default=5,
+    show_default=True,
+    type=click.IntRange(1, 1000),
+    help="Budget of sends with an unknown outcome before NEEDS_RECONCILE (rows without their own).",
+)
+@click.option(
+    "--backoff-base",
+    envvar="ORBIT_OUTBOX_BACKOFF_BASE",
+    show_envvar=True,
+    default=1.0,
+    show_default=True,
+    type=click.FloatRange(min=0),
+    help="Upper bound of a row's first backoff, in seconds (doubles per try, full jitter).",
+)
+@click.option(
+    "--backoff-cap",
+    envvar="ORBIT_OUTBOX_BACKOFF_CAP",
+    show_envvar=True,
+    default=300.0,
+    show_default=True,
+    type=click.FloatRange(min=0),
+    help="Ceiling of a row's backoff, in seconds.",
+)
+@click.option(
+    "--shutdown-timeout",
+    envvar="ORBIT_OUTBOX_SHUTDOWN_TIMEOUT",
+    show_envvar=True,
+    default=30.0,
+    show_default=True,
+    type=click.FloatRange(min=0),
+    help="Seconds to finish in-flight sends after SIGTERM.",
+)
+@_json_option
+def relay(as_json: bool, once: bool, **options: Any) -> None:
+    """Deliver outbox rows to Orbit until SIGTERM (or, with --once, until nothing is due)."""
+    try:
+        settings = OutboxSettings(**options)
+    except ValidationError as exc:
+        _fail(f"invalid settings: {exc.errors(include_url=False, include_input=False)}", EXIT_USAGE)
+    with _errors():
+        the_relay = Relay.from_settings(settings, install_signal_handlers=True)
+    try:
+        with _errors():
+            stats = the_relay.run(once=once)
+    finally:
+        the_relay.close()
+    if as_json:
+        _print_json(stats.to_dict())
+    elif once:
+        err.print(
+            f"delivered {stats.delivered} ({stats.replayed} replayed), retried {stats.retried}, dead {stats.dead}, "
+            f"needs reconcile {stats.needs_reconcile}, lost leases {stats.lost_leases}",
+            highlight=False,
+        )
+
+
+@main.command()
+@_database_options
+@_json_option
+def status(database_url: str, table: str, as_json: bool) -> None:
+    """Rows per state, leased rows, the oldest pending row's age (s) and the next due time (UTC)."""
+    with _outbox(database_url, table) as outbox:
+        summary = outbox.status()
+    if as_json:
+        _print_json(summary.to_dict())
+        return
+    grid = Table(title=f"outbox {table}", title_justify="left", show_header=True)
+    grid.add_column("state")
+    grid.add_column("rows", justify="right")
+    for state, count in summary.counts.items():
+        grid.add_row(state, str(count))
+    grid.add_row("(leased now)", str(summary.leased))
+    out.print(grid)
+    age = summary.oldest_pending_age_seconds
+    out.print(f"oldest pending: {f'{age:.1f} s' if age is not None else '-'}", highlight=False)
+    due = summary.next_due_at
+    out.print(f"next due: {due.isoformat().replace('+00:00', 'Z') if due else '-'}", highlight=False)
+
+
+@main.command(name="list")
+@_database_options
+@click.option(
+    "--state",
+    type=click.Choice([s.value for s in OutboxState]),
+    default=None,
+    help="Only rows in this state (default: every state).",
+)
+@click.option("--limit", type=click.IntRange(1, 10_000), default=50, show_default=True)
+@click.option(
+    "--after-id", type=click.IntRange(min=0), default=0, help="Only rows with a larger id (paging)."
+)
+@_json_option
+def list_command(
+    database_url: str, table: str, state: str | None, limit: int, after_id: int, as_json: bool
+) -> None:
+    """List rows by id (params are never shown here)."""
+    with _outbox(database_url, table) as outbox:
+        rows = outbox.list_rows(state=state, limit=limit, after_id=after_id)
+    if as_json:
+        _print_json([_row_dict(r, with_params=False) for r in rows])
+        return
+    out.print(_rows_table(rows, f"{len(rows)} rows" + (f" in {state}" if state else "")))
+
+
+@main.command()
+@_database_options
+@click.argument("row_id", type=int)
+@click.option("--params", "with_params", is_flag=True, help="Also print the row's params.")
+@_json_option
+def show(database_url: str, table: str, row_id: int, with_params: bool, as_json: bool) -> None:
+    """One row and its audit trail."""
+    with _outbox(database_url, table) as outbox:
+        row = outbox.get(row_id)
+        events = outbox.events(row_id)
+    if as_json:
+        _print_json({"row": _row_dict(row, with_params=with_params), "events": [e.to_dict() for e in events]})
+        return
+    details = Table(title=f"row {row_id}", title_justify="left", show_header=False)
+    details.add_column("field", style="bold")
+    details.add_column("value", overflow="fold")
+    for key, value in _row_dict(row, with_params=with_params).items():
+        details.add_row(
+            key, "" if value is None else json.dumps(value) if key in ("params", "options") else str(value)
+        )
+    out.print(details)
+    trail = Table(title="events", title_justify="left")
+    for column in ("at (UTC)", "from", "to", "actor", "task", "reason"):
+        trail.add_column(column, overflow="fold")
+    for e in events:
+        trail.add_row(
+            e.at.strftime("%Y-%m-%d %H:%M:%S"),
+            e.from_state or "",
+            e.to_state,
+            e.actor,
+            e.orbit_task_id or "",
+            e.reason,
+        )
+    out.print(trail)
+
+
+@main.command()
+@_database_options
+@click.argument("row_id", type=int, required=False)
+@click.option("--all-dead", is_flag=True, help="Retry every DEAD row.")
+@click.option(
+    "--reason", default="retried by an operator", show_default=True, help="Why, for the audit trail."
+)
+@_actor_option
+@_json_option
+def retry(
+    database_url: str,
+    table: str,
+    row_id: int | None,
+    all_dead: bool,
+    reason: str,
+    actor: str | None,
+    as_json: bool,
+) -> None:
+    """Send a DEAD row again with the same key (DEAD → PENDING, audited). Fix the cause first."""
+    if (row_id is None) == (not all_dead):
+        raise click.UsageError("give a ROW_ID or --all-dead (not both)")
+    with _outbox(database_url, table) as outbox:
+        if row_id is not None:
+            ids = [outbox.retry(row_id, actor=_actor(actor), reason=reason).id]
+        else:
+            ids = outbox.retry_all_dead(actor=_actor(actor), reason=reason)
+    if as_json:
+        _print_json({"retried": ids})
+    else:
+        out.print(f"retried {len(ids)} row(s): {', '.join(map(str, ids)) or '-'}", highlight=False)
+
+
+@main.command()
+@_database_options
+@_orbit_options
+@click.option("--dry-run", is_flag=True, help="Look up and decide, change nothing.")
+@click.option(
+    "--key-window",
+    type=_Duration(),
+    default=f"{int(DEFAULT_KEY_WINDOW_SECONDS)}s",
+    show_default=True,
+    envvar="ORBIT_OUTBOX_KEY_WINDOW",
+    show_envvar=True,
+    help="How long the server remembers idempotency keys; older rows are not re-sent.",
+)
+@_actor_option
+@_json_option
+def reconcile(
+    database_url: str,
+    table: str,
+    orbit_url: str,
+    api_key: str,
+    request_timeout: float,
+    dry_run: bool,
+    key_window: float,
+    actor: str | None,
+    as_json: bool,
+) -> None:
+    """Settle NEEDS_RECONCILE rows by their original key: found → DELIVERED, not found → PENDING."""
+    with _errors():
+        client = OrbitClient(
+            orbit_url, api_key=api_key, timeout=request_timeout, retry=RetryPolicy(max_attempts=3)
+        )
+    decisions: list[ReconcileDecision] = []
+    try:
+        with _outbox(database_url, table) as outbox, _progress("reconciling") as advance:
+            decisions = outbox.reconcile(
+                client,
+                actor=_actor(actor),
+                dry_run=dry_run,
+                key_window_seconds=key_window,
+                on_decision=lambda d: advance(1),
+            )
+    finally:
+        client.close()
+    if as_json:
+        _print_json([d.to_dict() for d in decisions])
+    else:
+        grid = Table(
+            title=f"{len(decisions)} rows reconciled{' (dry run)' if dry_run else ''}", title_justify="left"
+        )
+        for column in ("id", "key", "decision", "applied", "task", "detail"):
+            grid.add_column(column, overflow="fold")
+        for d in decisions:
+            grid.add_row(
+                str(d.row_id),
+                d.idempotency_key,
+                d.decision,
+                "yes" if d.applied else "no",
+                d.orbit_task_id or "",
+                d.detail,
+            )
+        out.print(grid)
+    kinds = {d.decision for d in decisions}
+    if "error" in kinds:
+        sys.exit(EXIT_ORBIT)
+    if kinds & {"mismatch", "too_old"}:
+        sys.exit(EXIT_REFUSED)
+
+
+@main.command()
+@_database_options
+@click.option(
+    "--delivered-older-than",
+    type=_Duration(),
+    required=True,
+    help="Delete DELIVERED rows delivered longer ago than this, e.g. 7d.",
+)
+@click.option(
+    "--batch-size",
+    type=click.IntRange(1, 100_000),
+    default=1000,
+    show_default=True,
+    help="Rows deleted per transaction.",
+)
+@_json_option
+def purge(database_url: str, table: str, delivered_older_than: float, batch_size: int, as_json: bool) -> None:
+    """Delete old DELIVERED rows and their events, in batches. Never touches another state."""
+    with _outbox(database_url, table) as outbox, _progress("purging") as advance:
+        deleted = outbox.purge_delivered(
+            older_than_seconds=delivered_older_than, batch_size=batch_size, on_batch=advance
+        )
+    if as_json:
+        _print_json({"deleted": deleted})
+    else:
+        out.print(f"deleted {deleted} delivered row(s)", highlight=False)
+
+
+@contextmanager
+def _progress(what: str) -> Iterator[Callable[[int], None]]:
+    """A spinner with a count on a terminal (stderr); nothing otherwise."""
+    with Progress(
+        SpinnerColumn(),
+        TextColumn(f"{what}: {{task.completed}} rows"),
+        console=err,
+        disable=not err.is_terminal,
+        transient=True,
+    ) as progress:
+        task = progress.add_task(what, total=None)
+        yield lambda n: progress.advance(task, n)
+
+
+if __name__ == "__main__":  # python -m outbox_adapter.cli
+    main()
