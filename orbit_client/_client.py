@@ -20,7 +20,7 @@ from typing import Any, Self, TypeVar
 from urllib.parse import quote
 
 import httpx
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel, JsonValue, TypeAdapter, ValidationError
 
 from orbit_client._exceptions import (
     NotFoundError,
@@ -33,11 +33,26 @@ from orbit_client._exceptions import (
     _api_error_class,
 )
 from orbit_client._models import (
+    Attempt,
+    AttemptError,
+    AttemptState,
+    CancelRequest,
+    CompleteRequest,
+    FailRequest,
+    HeartbeatRequest,
+    LeaseGrant,
+    LeaseRequest,
+    LeaseTokenRequest,
     Problem,
     Queue,
+    RetryRequest,
+    ReviewRequest,
     SubmitOptions,
     SubmitResult,
     Task,
+    TaskEvent,
+    TaskPage,
+    TaskStatus,
     TaskSubmission,
     is_valid_idempotency_key,
 )
@@ -164,10 +179,15 @@ class _BaseClient:
         json: Any,
         headers: Mapping[str, str] | None,
         params: Mapping[str, str] | None,
+        timeout: float | None = None,
     ) -> httpx.Request:
         if http.is_closed:
             raise OrbitUsageError("the client is closed; create a new one")
         try:
+            if timeout is not None:
+                return http.build_request(
+                    method, path, json=json, headers=headers, params=params, timeout=timeout
+                )
             return http.build_request(method, path, json=json, headers=headers, params=params)
         except (TypeError, ValueError) as exc:  # e.g. NaN in the JSON body
             raise OrbitUsageError(f"cannot encode the request body as JSON: {exc}") from exc
@@ -207,7 +227,89 @@ class _BaseClient:
         body = submission.model_dump(mode="json", exclude_none=True)
         return path, body, {"Idempotency-Key": idempotency_key}
 
+    @staticmethod
+    def _body(model: type[BaseModel], what: str, **fields: Any) -> dict[str, Any]:
+        """Validate ``fields`` as ``model``; return the JSON body. Sends nothing.
+
+        Raises :class:`OrbitUsageError` naming the bad fields (never their values).
+        """
+        try:
+            value = model(**fields)
+        except ValidationError as exc:
+            problems = "; ".join(
+                f"{'.'.join(map(str, e['loc'])) or 'value'}: {e['msg']}"
+                for e in exc.errors(include_url=False, include_input=False)
+            )
+            raise OrbitUsageError(f"invalid {what}, nothing was sent: {problems}") from None
+        return value.model_dump(mode="json")
+
+    @classmethod
+    def _model(cls, model: type[_M], fields: Mapping[str, Any], what: str) -> _M:
+        """Build ``model`` from a mapping, as :meth:`_body` does (usage error on bad fields)."""
+        return model.model_validate(cls._body(model, what, **dict(fields)))
+
+    @classmethod
+    def _attempt_call(
+        cls, namespace: str, attempt_id: str, action: str, model: type[BaseModel], **fields: Any
+    ) -> tuple[str, dict[str, Any]]:
+        """Path and body of ``POST .../attempts/{id}/{action}``."""
+        path = cls._path("/v1/namespaces/{}/attempts/{}/" + action, namespace, attempt_id)
+        return path, cls._body(model, f"{action} request", **fields)
+
+    @classmethod
+    def _prepare_lease(
+        cls,
+        namespace: str,
+        queue: str,
+        *,
+        worker_id: str,
+        max_tasks: int,
+        lease_seconds: float,
+        wait_seconds: float,
+    ) -> tuple[str, dict[str, Any]]:
+        path = cls._path("/v1/namespaces/{}/queues/{}/leases", namespace, queue)
+        body = cls._body(
+            LeaseRequest,
+            "lease request",
+            worker_id=worker_id,
+            max_tasks=max_tasks,
+            lease_seconds=lease_seconds,
+            wait_seconds=wait_seconds,
+        )
+        return path, body
+
+    @staticmethod
+    def _list_params(
+        status: TaskStatus | str | None, queue: str | None, limit: int, cursor: str | None
+    ) -> dict[str, str]:
+        if not 1 <= limit <= 1000:
+            raise OrbitUsageError(f"limit must be between 1 and 1000, not {limit!r}")
+        params = {"limit": str(limit)}
+        if status is not None:
+            params["status"] = TaskStatus(status).value
+        if queue is not None:
+            params["queue"] = queue
+        if cursor is not None:
+            params["cursor"] = cursor
+        return params
+
     # --- responses -----------------------------------------------------------------------------------
+
+    @staticmethod
+    def _parse_list(model: type[_M], response: httpx.Response) -> list[_M]:
+        """Parse a 2xx JSON array of ``model``; a body that does not fit raises :class:`OrbitAPIError`."""
+        try:
+            return TypeAdapter(list[model]).validate_json(response.content)  # type: ignore[valid-type]
+        except ValidationError as exc:
+            raise OrbitAPIError(
+                f"{_target(response.request)}: the server answered {response.status_code} but the body is "
+                f"not a list of {model.__name__} ({exc.error_count()} errors); the request may have been "
+                "performed; check that the client and server versions match",
+                status_code=response.status_code,
+                code="invalid_response",
+                request_id=response.headers.get("X-Request-Id"),
+                outcome_known=False,
+            ) from None
 
     @staticmethod
     def _parse_model(model: type[_M], response: httpx.Response) -> _M:
@@ -380,13 +482,17 @@ class OrbitClient(_BaseClient):
         headers: Mapping[str, str] | None = None,
         params: Mapping[str, str] | None = None,
         retry: bool = True,
+        timeout: float | None = None,
     ) -> httpx.Response:
         """Send a request, retrying per the policy; return the 2xx response or raise the mapped error.
 
         ``path`` is relative to ``base_url`` and already quoted (build it with :meth:`_path`).
         Pass ``retry=False`` for a non-idempotent request that carries no idempotency key.
+        ``timeout`` replaces the client's timeout for this request, in seconds (``None``: keep it).
         """
-        request = self._build_request(self._http, method, path, json=json, headers=headers, params=params)
+        request = self._build_request(
+            self._http, method, path, json=json, headers=headers, params=params, timeout=timeout
+        )
         retries = _CallRetries(self._retry, enabled=retry)
         while True:
             error: OrbitError
@@ -491,6 +597,221 @@ class OrbitClient(_BaseClient):
         path = self._path("/v1/namespaces/{}/queues/{}", namespace, queue)
         return self._parse_model(Queue, self._request("GET", path))
 
+    # --- execution (DESIGN §4) ------------------------------------------------------------------------
+
+    def lease_tasks(
+        self,
+        namespace: str,
+        queue: str,
+        *,
+        worker_id: str,
+        max_tasks: int = 1,
+        lease_seconds: float = 30.0,
+        wait_seconds: float = 0.0,
+    ) -> list[LeaseGrant]:
+        """Lease up to ``max_tasks`` due tasks (``POST /v1/namespaces/{ns}/queues/{queue}/leases``).
+
+        Each grant is the task and its new attempt: ``id``, ``generation`` (the fencing
+        number), the secret ``lease_token`` and ``lease_expires_at`` (UTC, server's database
+        clock). Needs a ``work`` key. Not retried by the client: a lease whose answer was lost
+        leaves its grants unused until they expire (the worker loop retries instead).
+
+        Args:
+            worker_id: names this worker process (1-255 characters), for operators.
+            max_tasks: most grants, 1-100. Default 1.
+            lease_seconds: lease duration in seconds (0.1-3600); renew it with
+                :meth:`start_attempt` and :meth:`heartbeat`. Default 30.
+            wait_seconds: long-poll up to this many seconds (0-60) when nothing is due; the
+                request's timeout is extended by as much. Default 0: answer at once.
+
+        Returns:
+            The grants, oldest task first; empty when nothing is due.
+
+        Raises:
+            OrbitUsageError: an argument is out of range; nothing was sent.
+            NotFoundError: no such queue or namespace.
+            OrbitError: as for every call.
+        """
+        path, body = self._prepare_lease(
+            namespace,
+            queue,
+            worker_id=worker_id,
+            max_tasks=max_tasks,
+            lease_seconds=lease_seconds,
+            wait_seconds=wait_seconds,
+        )
+        timeout = (self._timeout.read or 10.0) + wait_seconds
+        response = self._request("POST", path, json=body, retry=False, timeout=timeout)
+        return self._parse_list(LeaseGrant, response)
+
+    def start_attempt(self, namespace: str, attempt_id: str, lease_token: str) -> AttemptState:
+        """Confirm that the handler starts: task ``LEASED → RUNNING``, lease renewed.
+
+        Safe to repeat (a running attempt answers its state again), so it is retried.
+
+        Raises:
+            LeaseLostError: wrong token, or the attempt no longer holds the lease (do not run it).
+            NotFoundError: no such attempt in the namespace.
+            OrbitError: as for every call.
+        """
+        path, body = self._attempt_call(
+            namespace, attempt_id, "start", LeaseTokenRequest, lease_token=lease_token
+        )
+        return self._parse_model(AttemptState, self._request("POST", path, json=body))
+
+    def heartbeat(
+        self, namespace: str, attempt_id: str, lease_token: str, *, lease_seconds: float | None = None
+    ) -> AttemptState:
+        """Renew the attempt's lease; the answer's ``cancel_requested`` says whether to stop.
+
+        Args:
+            lease_seconds: the new lease in seconds from now (server's database clock);
+                ``None`` keeps the duration asked for at lease time.
+
+        Raises:
+            LeaseLostError: wrong token, or the attempt no longer holds the lease: stop working.
+            OrbitError: as for every call.
+        """
+        fields: dict[str, Any] = {"lease_token": lease_token}
+        if lease_seconds is not None:
+            fields["lease_seconds"] = lease_seconds
+        path, body = self._attempt_call(namespace, attempt_id, "heartbeat", HeartbeatRequest, **fields)
+        return self._parse_model(AttemptState, self._request("POST", path, json=body))
+
+    def complete_attempt(
+        self, namespace: str, attempt_id: str, lease_token: str, result: JsonValue
+    ) -> AttemptState:
+        """Report success with a JSON ``result``: attempt and task ``SUCCEEDED``.
+
+        Retried on retryable errors: the server answers a repeat with the same token and an
+        equal result with the same state.
+
+        Raises:
+            LeaseLostError: the attempt no longer holds the lease; the task was not changed and the
+                result was kept on the attempt as evidence (``evidence_recorded``).
+            InvalidTransitionError: the attempt was never started.
+            OrbitError: as for every call.
+        """
+        path, body = self._attempt_call(
+            namespace, attempt_id, "complete", CompleteRequest, lease_token=lease_token, result=result
+        )
+        return self._parse_model(AttemptState, self._request("POST", path, json=body))
+
+    def fail_attempt(
+        self, namespace: str, attempt_id: str, lease_token: str, error: AttemptError | Mapping[str, Any]
+    ) -> AttemptState:
+        """Report failure. The task is retried (``error.retryable`` and budget left), fails, or,
+        after a cancel request, becomes ``CANCELLED``.
+
+        Args:
+            error: :class:`AttemptError` or a mapping of its fields (``type``, ``message``,
+                ``retryable``); use type ``"cancelled"`` when stopping because of a cancel request.
+
+        Raises:
+            LeaseLostError: as for :meth:`complete_attempt`.
+            OrbitError: as for every call.
+        """
+        error = error if isinstance(error, AttemptError) else self._model(AttemptError, error, "error")
+        path, body = self._attempt_call(
+            namespace, attempt_id, "fail", FailRequest, lease_token=lease_token, error=error
+        )
+        return self._parse_model(AttemptState, self._request("POST", path, json=body))
+
+    def cancel_task(self, namespace: str, task_id: str, *, reason: str) -> Task:
+        """Cancel a task (``admin`` key): ``WAITING``/``LEASED`` at once, ``RUNNING`` once its worker stops.
+
+        Idempotent, so retried. Returns the task (``cancel_requested`` set).
+
+        Raises:
+            InvalidTransitionError: the task is ``SUCCEEDED``, ``FAILED`` or ``NEEDS_REVIEW``.
+            OrbitError: as for every call.
+        """
+        path = self._path("/v1/namespaces/{}/tasks/{}/cancel", namespace, task_id)
+        body = self._body(CancelRequest, "cancel request", reason=reason)
+        return self._parse_model(Task, self._request("POST", path, json=body))
+
+    def review_task(
+        self,
+        namespace: str,
+        task_id: str,
+        *,
+        outcome: str,
+        reason: str,
+        evidence_ref: str,
+        result: JsonValue = None,
+        actor: str | None = None,
+    ) -> Task:
+        """Settle a ``NEEDS_REVIEW`` task (``admin`` key) as ``"succeeded"`` (with ``result``) or ``"failed"``.
+
+        Audited on the server with the key, ``actor``, ``reason`` and ``evidence_ref``. Not
+        retried by the client.
+
+        Raises:
+            InvalidTransitionError: the task is not ``NEEDS_REVIEW``.
+            OrbitError: as for every call.
+        """
+        path = self._path("/v1/namespaces/{}/tasks/{}/review", namespace, task_id)
+        fields: dict[str, Any] = {"outcome": outcome, "reason": reason, "evidence_ref": evidence_ref}
+        if result is not None:
+            fields["result"] = result
+        if actor is not None:
+            fields["actor"] = actor
+        body = self._body(ReviewRequest, "review request", **fields)
+        return self._parse_model(Task, self._request("POST", path, json=body, retry=False))
+
+    def retry_task(
+        self, namespace: str, task_id: str, *, reason: str, deadline: datetime | None = None
+    ) -> Task:
+        """Create the one successor (``retry_of``) of a ``FAILED`` or ``CANCELLED`` task (``admin`` key).
+
+        Not retried by the client; after an unknown outcome, call again: a
+        :class:`SuccessorExistsError` then names the successor (``successor_id``).
+
+        Args:
+            deadline: the new task's deadline (timezone-aware); ``None`` means none.
+
+        Raises:
+            SuccessorExistsError: the task was retried already.
+            ConflictError: ``not_retryable``: the task is not ``FAILED`` or ``CANCELLED``.
+            OrbitError: as for every call.
+        """
+        path = self._path("/v1/namespaces/{}/tasks/{}/retry", namespace, task_id)
+        fields: dict[str, Any] = {"reason": reason}
+        if deadline is not None:
+            fields["deadline"] = deadline
+        body = self._body(RetryRequest, "retry request", **fields)
+        return self._parse_model(Task, self._request("POST", path, json=body, retry=False))
+
+    def list_attempts(self, namespace: str, task_id: str) -> list[Attempt]:
+        """A task's attempts, first generation first (``GET .../tasks/{id}/attempts``)."""
+        path = self._path("/v1/namespaces/{}/tasks/{}/attempts", namespace, task_id)
+        return self._parse_list(Attempt, self._request("GET", path))
+
+    def list_task_events(self, namespace: str, task_id: str) -> list[TaskEvent]:
+        """A task's history, oldest first (``GET .../tasks/{id}/events``)."""
+        path = self._path("/v1/namespaces/{}/tasks/{}/events", namespace, task_id)
+        return self._parse_list(TaskEvent, self._request("GET", path))
+
+    def list_tasks(
+        self,
+        namespace: str,
+        *,
+        status: TaskStatus | str | None = None,
+        queue: str | None = None,
+        limit: int = 100,
+        cursor: str | None = None,
+    ) -> TaskPage:
+        """A page of the namespace's tasks, oldest first (``GET /v1/namespaces/{ns}/tasks``).
+
+        Args:
+            status, queue: filters; ``None`` means any.
+            limit: most tasks on the page, 1-1000. Default 100.
+            cursor: the previous page's ``next_cursor``; ``None`` starts at the oldest task.
+        """
+        path = self._path("/v1/namespaces/{}/tasks", namespace)
+        params = self._list_params(status, queue, limit, cursor)
+        return self._parse_model(TaskPage, self._request("GET", path, params=params))
+
 
 class AsyncOrbitClient(_BaseClient):
     """The asyncio twin of :class:`OrbitClient`: same methods, awaited; :meth:`aclose` to close.
@@ -539,9 +860,12 @@ class AsyncOrbitClient(_BaseClient):
         headers: Mapping[str, str] | None = None,
         params: Mapping[str, str] | None = None,
         retry: bool = True,
+        timeout: float | None = None,
     ) -> httpx.Response:
         """Async twin of :meth:`OrbitClient._request`."""
-        request = self._build_request(self._http, method, path, json=json, headers=headers, params=params)
+        request = self._build_request(
+            self._http, method, path, json=json, headers=headers, params=params, timeout=timeout
+        )
         retries = _CallRetries(self._retry, enabled=retry)
         while True:
             error: OrbitError
@@ -598,3 +922,126 @@ class AsyncOrbitClient(_BaseClient):
         """Async twin of :meth:`OrbitClient.get_queue`."""
         path = self._path("/v1/namespaces/{}/queues/{}", namespace, queue)
         return self._parse_model(Queue, await self._request("GET", path))
+
+    # --- execution (DESIGN §4) ------------------------------------------------------------------------
+
+    async def lease_tasks(
+        self,
+        namespace: str,
+        queue: str,
+        *,
+        worker_id: str,
+        max_tasks: int = 1,
+        lease_seconds: float = 30.0,
+        wait_seconds: float = 0.0,
+    ) -> list[LeaseGrant]:
+        """Async twin of :meth:`OrbitClient.lease_tasks`."""
+        path, body = self._prepare_lease(
+            namespace,
+            queue,
+            worker_id=worker_id,
+            max_tasks=max_tasks,
+            lease_seconds=lease_seconds,
+            wait_seconds=wait_seconds,
+        )
+        timeout = (self._timeout.read or 10.0) + wait_seconds
+        response = await self._request("POST", path, json=body, retry=False, timeout=timeout)
+        return self._parse_list(LeaseGrant, response)
+
+    async def start_attempt(self, namespace: str, attempt_id: str, lease_token: str) -> AttemptState:
+        """Async twin of :meth:`OrbitClient.start_attempt`."""
+        path, body = self._attempt_call(
+            namespace, attempt_id, "start", LeaseTokenRequest, lease_token=lease_token
+        )
+        return self._parse_model(AttemptState, await self._request("POST", path, json=body))
+
+    async def heartbeat(
+        self, namespace: str, attempt_id: str, lease_token: str, *, lease_seconds: float | None = None
+    ) -> AttemptState:
+        """Async twin of :meth:`OrbitClient.heartbeat`."""
+        fields: dict[str, Any] = {"lease_token": lease_token}
+        if lease_seconds is not None:
+            fields["lease_seconds"] = lease_seconds
+        path, body = self._attempt_call(namespace, attempt_id, "heartbeat", HeartbeatRequest, **fields)
+        return self._parse_model(AttemptState, await self._request("POST", path, json=body))
+
+    async def complete_attempt(
+        self, namespace: str, attempt_id: str, lease_token: str, result: JsonValue
+    ) -> AttemptState:
+        """Async twin of :meth:`OrbitClient.complete_attempt`."""
+        path, body = self._attempt_call(
+            namespace, attempt_id, "complete", CompleteRequest, lease_token=lease_token, result=result
+        )
+        return self._parse_model(AttemptState, await self._request("POST", path, json=body))
+
+    async def fail_attempt(
+        self, namespace: str, attempt_id: str, lease_token: str, error: AttemptError | Mapping[str, Any]
+    ) -> AttemptState:
+        """Async twin of :meth:`OrbitClient.fail_attempt`."""
+        error = error if isinstance(error, AttemptError) else self._model(AttemptError, error, "error")
+        path, body = self._attempt_call(
+            namespace, attempt_id, "fail", FailRequest, lease_token=lease_token, error=error
+        )
+        return self._parse_model(AttemptState, await self._request("POST", path, json=body))
+
+    async def cancel_task(self, namespace: str, task_id: str, *, reason: str) -> Task:
+        """Async twin of :meth:`OrbitClient.cancel_task`."""
+        path = self._path("/v1/namespaces/{}/tasks/{}/cancel", namespace, task_id)
+        body = self._body(CancelRequest, "cancel request", reason=reason)
+        return self._parse_model(Task, await self._request("POST", path, json=body))
+
+    async def review_task(
+        self,
+        namespace: str,
+        task_id: str,
+        *,
+        outcome: str,
+        reason: str,
+        evidence_ref: str,
+        result: JsonValue = None,
+        actor: str | None = None,
+    ) -> Task:
+        """Async twin of :meth:`OrbitClient.review_task`."""
+        path = self._path("/v1/namespaces/{}/tasks/{}/review", namespace, task_id)
+        fields: dict[str, Any] = {"outcome": outcome, "reason": reason, "evidence_ref": evidence_ref}
+        if result is not None:
+            fields["result"] = result
+        if actor is not None:
+            fields["actor"] = actor
+        body = self._body(ReviewRequest, "review request", **fields)
+        return self._parse_model(Task, await self._request("POST", path, json=body, retry=False))
+
+    async def retry_task(
+        self, namespace: str, task_id: str, *, reason: str, deadline: datetime | None = None
+    ) -> Task:
+        """Async twin of :meth:`OrbitClient.retry_task`."""
+        path = self._path("/v1/namespaces/{}/tasks/{}/retry", namespace, task_id)
+        fields: dict[str, Any] = {"reason": reason}
+        if deadline is not None:
+            fields["deadline"] = deadline
+        body = self._body(RetryRequest, "retry request", **fields)
+        return self._parse_model(Task, await self._request("POST", path, json=body, retry=False))
+
+    async def list_attempts(self, namespace: str, task_id: str) -> list[Attempt]:
+        """Async twin of :meth:`OrbitClient.list_attempts`."""
+        path = self._path("/v1/namespaces/{}/tasks/{}/attempts", namespace, task_id)
+        return self._parse_list(Attempt, await self._request("GET", path))
+
+    async def list_task_events(self, namespace: str, task_id: str) -> list[TaskEvent]:
+        """Async twin of :meth:`OrbitClient.list_task_events`."""
+        path = self._path("/v1/namespaces/{}/tasks/{}/events", namespace, task_id)
+        return self._parse_list(TaskEvent, await self._request("GET", path))
+
+    async def list_tasks(
+        self,
+        namespace: str,
+        *,
+        status: TaskStatus | str | None = None,
+        queue: str | None = None,
+        limit: int = 100,
+        cursor: str | None = None,
+    ) -> TaskPage:
+        """Async twin of :meth:`OrbitClient.list_tasks`."""
+        path = self._path("/v1/namespaces/{}/tasks", namespace)
+        params = self._list_params(status, queue, limit, cursor)
+        return self._parse_model(TaskPage, await self._request("GET", path, params=params))

@@ -14,7 +14,11 @@ caller used the client wrongly (usage)::
     │   ├── PermissionDeniedError           403
     │   ├── NotFoundError                   404
     │   ├── ConflictError                   409
-    │   │   └── RequestInProgressError      409 request_in_progress: retryable
+    │   │   ├── RequestInProgressError      409 request_in_progress: retryable
+    │   │   ├── ConcurrentUpdateError       409 concurrent_update: retryable
+    │   │   ├── LeaseLostError              409 lease_lost: the attempt no longer holds its lease
+    │   │   ├── InvalidTransitionError      409 invalid_transition: the task's state forbids it
+    │   │   └── SuccessorExistsError        409 successor_exists: the task was retried already
     │   ├── PayloadTooLargeError            413
     │   ├── UnprocessableEntityError        422
     │   │   └── IdempotencyKeyReusedError   422 idempotency_key_reused: never retried
@@ -46,8 +50,11 @@ if TYPE_CHECKING:
 __all__ = [
     "AuthenticationError",
     "BadRequestError",
+    "ConcurrentUpdateError",
     "ConflictError",
     "IdempotencyKeyReusedError",
+    "InvalidTransitionError",
+    "LeaseLostError",
     "NotFoundError",
     "OrbitAPIError",
     "OrbitConnectError",
@@ -61,6 +68,7 @@ __all__ = [
     "RequestInProgressError",
     "ServerError",
     "ServiceUnavailableError",
+    "SuccessorExistsError",
     "UnprocessableEntityError",
 ]
 
@@ -247,6 +255,61 @@ class RequestInProgressError(ConflictError):
     hint = "another request with this idempotency key is still running; retry later with the same key"
 
 
+class ConcurrentUpdateError(ConflictError):
+    """409 ``concurrent_update``: the task changed under the request, and nothing was written.
+
+    ``retryable=True``, ``outcome_known=True``.
+    """
+
+    retryable = True
+    outcome_known = True
+    hint = "the task changed while the request ran and nothing was done; retry"
+
+
+class LeaseLostError(ConflictError):
+    """409 ``lease_lost``: the attempt's lease token is wrong, or the attempt no longer holds the lease.
+
+    Its lease lapsed, it was cancelled, or it already finished (§3 of the reliability
+    model). The task was not changed; stop working on the attempt. When the body of a
+    ``complete``/``fail`` carried the attempt's own token, the server kept it on the attempt
+    as evidence: ``evidence_recorded`` is then ``True``. Not retryable.
+    """
+
+    hint = "stop working on this attempt: another attempt may own the task now"
+
+    @property
+    def evidence_recorded(self) -> bool:
+        """``True`` when the server kept the late report on the attempt as evidence."""
+        extra = (self.problem.model_extra or {}) if self.problem is not None else {}
+        return bool(extra.get("evidence_recorded", False))
+
+
+class InvalidTransitionError(ConflictError):
+    """409 ``invalid_transition``: the task's state does not allow this (§2 of the reliability model).
+
+    E.g. reviewing a task that is not ``NEEDS_REVIEW``, cancelling a ``SUCCEEDED`` task, or
+    completing an attempt that was never started. Not retryable.
+    """
+
+    hint = "the task's state does not allow this; fetch the task to see where it stands"
+
+
+class SuccessorExistsError(ConflictError):
+    """409 ``successor_exists``: the task was already retried; ``successor_id`` names the new task.
+
+    Not retryable.
+    """
+
+    hint = "the task has its one successor already; follow successor_id"
+
+    @property
+    def successor_id(self) -> str | None:
+        """The id of the task's existing successor, or ``None`` if the server did not say."""
+        extra = (self.problem.model_extra or {}) if self.problem is not None else {}
+        value = extra.get("successor_id")
+        return value if isinstance(value, str) else None
+
+
 class PayloadTooLargeError(OrbitAPIError):
     """413: the request body or params exceed the server's size limit (DESIGN §8). Not retryable."""
 
@@ -334,6 +397,10 @@ _BY_STATUS: dict[int, type[OrbitAPIError]] = {
 
 _BY_STATUS_AND_CODE: dict[tuple[int, str], type[OrbitAPIError]] = {
     (409, "request_in_progress"): RequestInProgressError,
+    (409, "concurrent_update"): ConcurrentUpdateError,
+    (409, "lease_lost"): LeaseLostError,
+    (409, "invalid_transition"): InvalidTransitionError,
+    (409, "successor_exists"): SuccessorExistsError,
     (422, "idempotency_key_reused"): IdempotencyKeyReusedError,
 }
 

@@ -10,8 +10,11 @@ import pytest
 
 from orbit_client import (
     BadRequestError,
+    ConcurrentUpdateError,
     ConflictError,
     IdempotencyKeyReusedError,
+    InvalidTransitionError,
+    LeaseLostError,
     NotFoundError,
     OrbitAPIError,
     OrbitConnectError,
@@ -23,6 +26,7 @@ from orbit_client import (
     RequestInProgressError,
     ServerError,
     ServiceUnavailableError,
+    SuccessorExistsError,
     UnprocessableEntityError,
 )
 from orbit_client._client import _parse_retry_after
@@ -37,7 +41,11 @@ NOW = datetime(2026, 1, 1, 12, 0, 0, tzinfo=UTC)
         (400, "idempotency_key_missing", BadRequestError),
         (404, "submission_not_found", NotFoundError),
         (409, "request_in_progress", RequestInProgressError),
-        (409, "lease_lost", ConflictError),
+        (409, "lease_lost", LeaseLostError),
+        (409, "invalid_transition", InvalidTransitionError),
+        (409, "successor_exists", SuccessorExistsError),
+        (409, "concurrent_update", ConcurrentUpdateError),
+        (409, "some_other_conflict", ConflictError),
         (422, "idempotency_key_reused", IdempotencyKeyReusedError),
         (422, "validation_error", UnprocessableEntityError),
         (429, "rate_limited", RateLimitedError),

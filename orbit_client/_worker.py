@@ -1,0 +1,728 @@
+"""Workers: lease tasks from a queue, run their handlers, heartbeat, report the outcome.
+
+:class:`Worker` runs handlers in a thread pool; :class:`AsyncWorker` runs coroutine handlers
+on an asyncio loop. Both share the non-I/O parts here (context, error classification,
+configuration) and follow the long-running-loop habits of the house style: ``run()`` /
+``stop()``, a poll interval, a graceful-shutdown timeout and an ``install_signal_handlers``
+switch.
+
+What the server guarantees and what a handler must still do (§3 of the reliability model):
+each grant carries a ``generation`` (fencing number) that grows with every attempt of the
+task. A stale attempt cannot change the task, but it can still touch the outside world, so a
+handler should pass ``ctx.generation`` on to the resources it writes (and they should refuse
+writes from a lower generation than one they have seen), and stop when ``ctx.lease_lost``
+or ``ctx.cancel_requested`` becomes true.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import inspect
+import logging
+import os
+import random
+import signal
+import socket
+import threading
+import time
+import uuid
+from collections.abc import Awaitable, Callable, Iterator, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from types import FrameType
+from typing import Any
+
+from orbit_client._client import AsyncOrbitClient, OrbitClient
+from orbit_client._exceptions import LeaseLostError, OrbitError, OrbitUsageError
+from orbit_client._models import AttemptError, AttemptState, LeaseGrant, Task
+
+__all__ = ["AsyncWorker", "RetryableError", "TaskCancelled", "TaskContext", "Worker"]
+
+logger = logging.getLogger("orbit_client.worker")
+
+#: Longest error message reported to the server, in characters.
+_MESSAGE_MAX = 10_000
+
+
+class RetryableError(Exception):
+    """Raise it from a handler to report a failure that is safe to retry.
+
+    The attempt is reported with ``retryable=True``: the server schedules another attempt
+    after the task's backoff, while its attempt budget and deadline allow. Any exception
+    with a true ``retryable`` attribute is treated the same way; every other exception is
+    reported as not retryable, and the task fails.
+    """
+
+
+class TaskCancelled(Exception):
+    """Raise it from a handler that stopped because cancellation was requested.
+
+    The attempt is reported as failed with error type ``"cancelled"``; the server then
+    marks the task ``CANCELLED`` (§2 of the reliability model). :meth:`TaskContext.raise_if_cancelled`
+    raises it.
+    """
+
+
+@dataclass(eq=False)
+class TaskContext:
+    """What a handler gets: the task, its attempt, and the signals to stop.
+
+    Attributes:
+        task: the task as leased (``task.params`` holds the parameters).
+        namespace: the namespace the worker serves.
+        attempt_id: the attempt's id.
+        generation: the fencing number of this attempt (1, 2, ... per task). Pass it to the
+            resources the handler writes, so they can refuse a stale attempt's writes.
+        worker_id: the id this worker leases under.
+    """
+
+    task: Task
+    namespace: str
+    attempt_id: str
+    generation: int
+    worker_id: str
+    _cancel: threading.Event = field(default_factory=threading.Event, repr=False)
+    _lost: threading.Event = field(default_factory=threading.Event, repr=False)
+
+    @property
+    def params(self) -> Any:
+        """The task's parameters (any JSON value)."""
+        return self.task.params
+
+    @property
+    def cancel_requested(self) -> bool:
+        """``True`` once a heartbeat reported that cancellation of the task was requested."""
+        return self._cancel.is_set()
+
+    @property
+    def lease_lost(self) -> bool:
+        """``True`` once the server refused a heartbeat: another attempt may own the task now."""
+        return self._lost.is_set()
+
+    def should_stop(self) -> bool:
+        """``True`` when the handler should stop: cancellation requested or lease lost."""
+        return self._cancel.is_set() or self._lost.is_set()
+
+    def raise_if_cancelled(self) -> None:
+        """Raise :class:`TaskCancelled` if cancellation was requested; otherwise do nothing."""
+        if self._cancel.is_set():
+            raise TaskCancelled("cancellation was requested")
+
+    def wait_for_stop(self, timeout: float) -> bool:
+        """Block up to ``timeout`` seconds until the handler should stop; return :meth:`should_stop`.
+
+        Use it instead of ``time.sleep`` in a sync handler that waits.
+        """
+        deadline = time.monotonic() + timeout
+        while not self.should_stop():
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                break
+            self._cancel.wait(min(remaining, 0.05))
+        return self.should_stop()
+
+
+def _error_for(exc: BaseException) -> AttemptError:
+    """How a handler's exception is reported: type, message, and whether a retry is safe."""
+    if isinstance(exc, TaskCancelled):
+        return AttemptError(type="cancelled", message=str(exc)[:_MESSAGE_MAX], retryable=False)
+    retryable = isinstance(exc, RetryableError) or getattr(exc, "retryable", False) is True
+    return AttemptError(type=type(exc).__name__, message=str(exc)[:_MESSAGE_MAX], retryable=retryable)
+
+
+def _default_worker_id() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
+
+
+class _Config:
+    """Arguments shared by both workers, checked once (keyword-only, STYLE habit 7)."""
+
+    def __init__(
+        self,
+        namespace: str,
+        queue: str,
+        handlers: Mapping[str, Callable[..., Any]],
+        *,
+        concurrency: int,
+        lease_seconds: float,
+        poll_wait_seconds: float,
+        shutdown_timeout: float | None,
+        worker_id: str | None,
+        error_backoff_cap: float,
+    ) -> None:
+        if not handlers:
+            raise OrbitUsageError("handlers must map at least one handler name to a function")
+        if concurrency < 1:
+            raise OrbitUsageError(f"concurrency must be at least 1, not {concurrency!r}")
+        if not 0.1 <= lease_seconds <= 3600:
+            raise OrbitUsageError(f"lease_seconds must be between 0.1 and 3600, not {lease_seconds!r}")
+        if not 0 <= poll_wait_seconds <= 60:
+            raise OrbitUsageError(f"poll_wait_seconds must be between 0 and 60, not {poll_wait_seconds!r}")
+        if shutdown_timeout is not None and shutdown_timeout < 0:
+            raise OrbitUsageError("shutdown_timeout is in seconds and cannot be negative")
+        self.namespace = namespace
+        self.queue = queue
+        self.handlers = dict(handlers)
+        self.concurrency = concurrency
+        self.lease_seconds = float(lease_seconds)
+        #: Heartbeat every third of the lease (DESIGN §4).
+        self.heartbeat_interval = self.lease_seconds / 3
+        self.poll_wait_seconds = float(poll_wait_seconds)
+        self.shutdown_timeout = shutdown_timeout
+        self.worker_id = worker_id or _default_worker_id()
+        self.error_backoff_cap = error_backoff_cap
+
+    def backoff(self, failures: int) -> float:
+        """Seconds to wait after ``failures`` consecutive failed lease calls (full jitter, 0.2 s base)."""
+        return random.uniform(0, min(self.error_backoff_cap, 0.2 * 2.0 ** (failures - 1)))
+
+    def context(self, grant: LeaseGrant) -> TaskContext:
+        return TaskContext(
+            task=grant.task,
+            namespace=self.namespace,
+            attempt_id=grant.attempt.id,
+            generation=grant.attempt.generation,
+            worker_id=self.worker_id,
+        )
+
+
+@dataclass(eq=False)
+class _Active:
+    grant: LeaseGrant
+    ctx: TaskContext
+    next_beat: float
+
+
+_DOC_ARGS = """
+    Args:
+        client: the client to talk to the server through (a ``work`` key); not closed by the worker.
+        namespace: the namespace of the queue.
+        queue: the queue to lease tasks from.
+        handlers: handler name → function; a task whose ``handler`` is not here fails
+            (error type ``unknown_handler``, not retryable) without being started.
+        concurrency: most tasks run at the same time. Default 1.
+        lease_seconds: lease asked for each task, in seconds; the worker heartbeats every
+            third of it while the handler runs. Default 30.
+        poll_wait_seconds: how long one lease call long-polls when nothing is due, in seconds;
+            also the longest :meth:`stop` waits for that call. Default 5.
+        shutdown_timeout: after :meth:`stop`, how long ``run()`` waits for running handlers, in
+            seconds; ``None`` (the default) waits for all of them. Handlers still running after it
+            are left behind without heartbeats, so their leases lapse.
+        worker_id: the id leases are taken under; ``None`` means ``host:pid:random``.
+        install_signal_handlers: when ``True`` (the default) and run from the main thread,
+            SIGTERM and SIGINT call :meth:`stop` for the duration of ``run()``.
+        error_backoff_cap: longest pause after failed lease calls, in seconds (full jitter from
+            0.2 s, doubling). Default 10.
+
+    Raises:
+        OrbitUsageError: an argument is out of range.
+"""
+
+
+class Worker:
+    """Run handlers for a queue's tasks in a thread pool, until :meth:`stop` (or SIGTERM).
+
+    Each task: lease → ``start`` → ``handler(ctx)`` in a pool thread, with heartbeats every
+    third of the lease from a separate thread → ``complete`` with the returned JSON value, or
+    ``fail`` when the handler raised (``retryable`` per :class:`RetryableError`; type
+    ``"cancelled"`` per :class:`TaskCancelled`). Reports are retried by the client: the server
+    answers a repeated report with the same body alike.
+    """
+
+    __doc__ = (__doc__ or "") + _DOC_ARGS
+
+    def __init__(
+        self,
+        client: OrbitClient,
+        namespace: str,
+        queue: str,
+        handlers: Mapping[str, Callable[[TaskContext], Any]],
+        *,
+        concurrency: int = 1,
+        lease_seconds: float = 30.0,
+        poll_wait_seconds: float = 5.0,
+        shutdown_timeout: float | None = None,
+        worker_id: str | None = None,
+        install_signal_handlers: bool = True,
+        error_backoff_cap: float = 10.0,
+    ) -> None:
+        for name, fn in handlers.items():
+            if inspect.iscoroutinefunction(fn):
+                raise OrbitUsageError(f"handler {name!r} is a coroutine function; use AsyncWorker for it")
+        self._client = client
+        self._config = _Config(
+            namespace,
+            queue,
+            handlers,
+            concurrency=concurrency,
+            lease_seconds=lease_seconds,
+            poll_wait_seconds=poll_wait_seconds,
+            shutdown_timeout=shutdown_timeout,
+            worker_id=worker_id,
+            error_backoff_cap=error_backoff_cap,
+        )
+        self._install_signal_handlers = install_signal_handlers
+        self._stopping = threading.Event()
+        self._lock = threading.Condition()
+        self._active: dict[str, _Active] = {}
+        self._in_flight = 0
+
+    @property
+    def worker_id(self) -> str:
+        """The id this worker leases under."""
+        return self._config.worker_id
+
+    def __repr__(self) -> str:
+        c = self._config
+        return f"Worker(namespace={c.namespace!r}, queue={c.queue!r}, worker_id={c.worker_id!r})"
+
+    def stop(self) -> None:
+        """Ask :meth:`run` to stop: no new leases; running handlers finish (thread-safe, idempotent)."""
+        if not self._stopping.is_set():
+            logger.info("worker %s stopping", self._config.worker_id)
+        self._stopping.set()
+        with self._lock:
+            self._lock.notify_all()
+
+    def run(self) -> None:
+        """Lease and run tasks until :meth:`stop`; then wait for running handlers and return.
+
+        Raises:
+            OrbitAPIError: a lease call was refused for a reason retrying cannot fix (401, 403,
+                404: wrong key, role, namespace or queue). Retryable failures are retried with
+                backoff instead.
+        """
+        config = self._config
+        self._stopping.clear()
+        beat_stop = threading.Event()
+        beater = threading.Thread(
+            target=self._heartbeat_loop, args=(beat_stop,), name="orbit-heartbeat", daemon=True
+        )
+        beater.start()
+        pool = ThreadPoolExecutor(max_workers=config.concurrency, thread_name_prefix="orbit-handler")
+        logger.info("worker %s serving %s/%s", config.worker_id, config.namespace, config.queue)
+        try:
+            with self._signals():
+                self._lease_loop(pool)
+        finally:
+            pool.shutdown(wait=False)
+            self._drain()
+            beat_stop.set()
+            beater.join(timeout=5)
+            logger.info("worker %s stopped", config.worker_id)
+
+    # --- internals -----------------------------------------------------------------------------------
+
+    @contextlib.contextmanager
+    def _signals(self) -> Iterator[None]:
+        if not self._install_signal_handlers or threading.current_thread() is not threading.main_thread():
+            yield
+            return
+
+        def on_signal(signum: int, _frame: FrameType | None) -> None:
+            logger.info("received %s", signal.Signals(signum).name)
+            self.stop()
+
+        previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
+        try:
+            yield
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+
+    def _lease_loop(self, pool: ThreadPoolExecutor) -> None:
+        config = self._config
+        failures = 0
+        while not self._stopping.is_set():
+            with self._lock:
+                while self._in_flight >= config.concurrency and not self._stopping.is_set():
+                    self._lock.wait()
+                free = config.concurrency - self._in_flight
+            if self._stopping.is_set():
+                return
+            try:
+                grants = self._client.lease_tasks(
+                    config.namespace,
+                    config.queue,
+                    worker_id=config.worker_id,
+                    max_tasks=free,
+                    lease_seconds=config.lease_seconds,
+                    wait_seconds=config.poll_wait_seconds,
+                )
+            except OrbitError as exc:
+                if not exc.retryable:
+                    raise
+                failures += 1
+                delay = config.backoff(failures)
+                logger.warning("lease call failed (%s); retrying in %.2f s", type(exc).__name__, delay)
+                self._stopping.wait(delay)
+                continue
+            failures = 0
+            for grant in grants:
+                with self._lock:
+                    self._in_flight += 1
+                pool.submit(self._execute, grant)
+
+    def _drain(self) -> None:
+        timeout = self._config.shutdown_timeout
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with self._lock:
+            while self._in_flight:
+                remaining = None if deadline is None else deadline - time.monotonic()
+                if remaining is not None and remaining <= 0:
+                    logger.warning(
+                        "shutdown_timeout passed with %d handlers still running; their leases will lapse",
+                        self._in_flight,
+                    )
+                    return
+                self._lock.wait(remaining)
+
+    def _execute(self, grant: LeaseGrant) -> None:
+        try:
+            self._run_one(grant)
+        except Exception:  # never let one task kill the pool thread silently
+            logger.exception("unexpected error while running task %s", grant.task.id)
+        finally:
+            with self._lock:
+                self._active.pop(grant.attempt.id, None)
+                self._in_flight -= 1
+                self._lock.notify_all()
+
+    def _run_one(self, grant: LeaseGrant) -> None:
+        config, client = self._config, self._client
+        task, attempt = grant.task, grant.attempt
+        handler = config.handlers.get(task.handler)
+        if handler is None:
+            error = AttemptError(
+                type="unknown_handler",
+                message=f"worker {config.worker_id} has no handler {task.handler!r}",
+                retryable=False,
+            )
+            self._report(
+                grant, lambda: client.fail_attempt(config.namespace, attempt.id, attempt.lease_token, error)
+            )
+            return
+        try:
+            client.start_attempt(config.namespace, attempt.id, attempt.lease_token)
+        except OrbitError as exc:
+            logger.warning("could not start task %s attempt %d: %s", task.id, attempt.generation, exc)
+            return
+        ctx = config.context(grant)
+        with self._lock:
+            self._active[attempt.id] = _Active(grant, ctx, time.monotonic() + config.heartbeat_interval)
+        logger.debug("running task %s (%s) attempt %d", task.id, task.handler, attempt.generation)
+        try:
+            result = handler(ctx)
+        except Exception as exc:
+            error = _error_for(exc)
+            logger.info("task %s attempt %d failed: %s", task.id, attempt.generation, error.type)
+            self._report(
+                grant, lambda: client.fail_attempt(config.namespace, attempt.id, attempt.lease_token, error)
+            )
+            return
+        try:
+            self._report(
+                grant,
+                lambda: client.complete_attempt(config.namespace, attempt.id, attempt.lease_token, result),
+            )
+        except OrbitUsageError as exc:  # the result is not JSON
+            error = AttemptError(type="invalid_result", message=str(exc)[:_MESSAGE_MAX], retryable=False)
+            self._report(
+                grant, lambda: client.fail_attempt(config.namespace, attempt.id, attempt.lease_token, error)
+            )
+
+    def _report(self, grant: LeaseGrant, call: Callable[[], AttemptState]) -> None:
+        """Send a complete/fail report; keep retrying retryable failures for up to one lease."""
+        give_up = time.monotonic() + self._config.lease_seconds
+        failures = 0
+        while True:
+            try:
+                call()
+                return
+            except LeaseLostError as exc:
+                logger.warning(
+                    "task %s attempt %d lost its lease before reporting (evidence kept: %s)",
+                    grant.task.id,
+                    grant.attempt.generation,
+                    exc.evidence_recorded,
+                )
+                return
+            except OrbitError as exc:
+                failures += 1
+                if not exc.retryable or time.monotonic() >= give_up:
+                    logger.error(
+                        "could not report task %s attempt %d: %s",
+                        grant.task.id,
+                        grant.attempt.generation,
+                        exc,
+                    )
+                    return
+                time.sleep(self._config.backoff(failures))
+
+    def _heartbeat_loop(self, stop: threading.Event) -> None:
+        config, client = self._config, self._client
+        tick = min(0.1, config.heartbeat_interval / 4)
+        while not stop.wait(tick):
+            now = time.monotonic()
+            with self._lock:
+                due = [a for a in self._active.values() if a.next_beat <= now]
+            for active in due:
+                attempt = active.grant.attempt
+                try:
+                    state = client.heartbeat(config.namespace, attempt.id, attempt.lease_token)
+                except LeaseLostError:
+                    with self._lock:
+                        still_running = self._active.pop(attempt.id, None) is not None
+                    if still_running:  # not merely finished while the heartbeat was on its way
+                        logger.warning(
+                            "task %s attempt %d lost its lease", active.grant.task.id, attempt.generation
+                        )
+                        active.ctx._lost.set()
+                    continue
+                except OrbitError as exc:
+                    logger.warning("heartbeat of task %s failed (%s); retrying", active.grant.task.id, exc)
+                    active.next_beat = time.monotonic() + min(1.0, config.heartbeat_interval / 2)
+                    continue
+                active.next_beat = time.monotonic() + config.heartbeat_interval
+                if state.cancel_requested and not active.ctx._cancel.is_set():
+                    logger.info("cancellation requested for task %s", active.grant.task.id)
+                    active.ctx._cancel.set()
+
+
+class AsyncWorker:
+    """The asyncio twin of :class:`Worker`: coroutine handlers (``async def handler(ctx)``) on one loop.
+
+    ``await worker.run()`` until :meth:`stop` (thread-safe) or SIGTERM; up to ``concurrency``
+    handlers run as tasks at once, with a heartbeat task renewing their leases.
+    """
+
+    __doc__ = (__doc__ or "") + _DOC_ARGS
+
+    def __init__(
+        self,
+        client: AsyncOrbitClient,
+        namespace: str,
+        queue: str,
+        handlers: Mapping[str, Callable[[TaskContext], Awaitable[Any]]],
+        *,
+        concurrency: int = 1,
+        lease_seconds: float = 30.0,
+        poll_wait_seconds: float = 5.0,
+        shutdown_timeout: float | None = None,
+        worker_id: str | None = None,
+        install_signal_handlers: bool = True,
+        error_backoff_cap: float = 10.0,
+    ) -> None:
+        for name, fn in handlers.items():
+            if not inspect.iscoroutinefunction(fn):
+                raise OrbitUsageError(
+                    f"handler {name!r} must be a coroutine function (async def) for AsyncWorker"
+                )
+        self._client = client
+        self._config = _Config(
+            namespace,
+            queue,
+            handlers,
+            concurrency=concurrency,
+            lease_seconds=lease_seconds,
+            poll_wait_seconds=poll_wait_seconds,
+            shutdown_timeout=shutdown_timeout,
+            worker_id=worker_id,
+            error_backoff_cap=error_backoff_cap,
+        )
+        self._install_signal_handlers = install_signal_handlers
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._stopping: asyncio.Event | None = None
+        self._stop_requested = False
+        self._active: dict[str, _Active] = {}
+
+    @property
+    def worker_id(self) -> str:
+        """The id this worker leases under."""
+        return self._config.worker_id
+
+    def __repr__(self) -> str:
+        c = self._config
+        return f"AsyncWorker(namespace={c.namespace!r}, queue={c.queue!r}, worker_id={c.worker_id!r})"
+
+    def stop(self) -> None:
+        """Ask :meth:`run` to stop: no new leases; running handlers finish. Thread-safe, idempotent."""
+        self._stop_requested = True
+        loop, stopping = self._loop, self._stopping
+        if loop is not None and stopping is not None and not loop.is_closed():
+            with contextlib.suppress(RuntimeError):
+                loop.call_soon_threadsafe(stopping.set)
+
+    async def run(self) -> None:
+        """Async twin of :meth:`Worker.run` (same behaviour and errors)."""
+        config = self._config
+        loop = asyncio.get_running_loop()
+        self._loop, self._stopping = loop, asyncio.Event()
+        if self._stop_requested:
+            self._stopping.set()
+        signals = self._add_signal_handlers(loop)
+        beater = asyncio.create_task(self._heartbeat_loop(), name="orbit-heartbeat")
+        in_flight: set[asyncio.Task[None]] = set()
+        logger.info("worker %s serving %s/%s", config.worker_id, config.namespace, config.queue)
+        try:
+            await self._lease_loop(in_flight)
+        finally:
+            if in_flight:
+                _, pending = await asyncio.wait(in_flight, timeout=config.shutdown_timeout)
+                if pending:
+                    logger.warning(
+                        "shutdown_timeout passed with %d handlers still running; cancelling them",
+                        len(pending),
+                    )
+                    for pending_task in pending:
+                        pending_task.cancel()
+                    await asyncio.wait(pending)
+            beater.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await beater
+            for sig in signals:
+                loop.remove_signal_handler(sig)
+            self._stop_requested = False
+            logger.info("worker %s stopped", config.worker_id)
+
+    def _add_signal_handlers(self, loop: asyncio.AbstractEventLoop) -> list[signal.Signals]:
+        if not self._install_signal_handlers or threading.current_thread() is not threading.main_thread():
+            return []
+        installed = []
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            try:
+                loop.add_signal_handler(sig, self.stop)
+            except (NotImplementedError, RuntimeError):  # e.g. Windows, or not the main thread
+                continue
+            installed.append(sig)
+        return installed
+
+    async def _lease_loop(self, in_flight: set[asyncio.Task[None]]) -> None:
+        config, stopping = self._config, self._stopping
+        assert stopping is not None
+        failures = 0
+        while not stopping.is_set():
+            free = config.concurrency - len(in_flight)
+            if free <= 0:
+                stop_wait = asyncio.ensure_future(stopping.wait())
+                await asyncio.wait({*in_flight, stop_wait}, return_when=asyncio.FIRST_COMPLETED)
+                stop_wait.cancel()
+                continue
+            try:
+                grants = await self._client.lease_tasks(
+                    config.namespace,
+                    config.queue,
+                    worker_id=config.worker_id,
+                    max_tasks=free,
+                    lease_seconds=config.lease_seconds,
+                    wait_seconds=config.poll_wait_seconds,
+                )
+            except OrbitError as exc:
+                if not exc.retryable:
+                    raise
+                failures += 1
+                delay = config.backoff(failures)
+                logger.warning("lease call failed (%s); retrying in %.2f s", type(exc).__name__, delay)
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(stopping.wait(), delay)
+                continue
+            failures = 0
+            for grant in grants:
+                task = asyncio.create_task(self._execute(grant), name=f"orbit-task-{grant.task.id}")
+                in_flight.add(task)
+                task.add_done_callback(in_flight.discard)
+
+    async def _execute(self, grant: LeaseGrant) -> None:
+        try:
+            await self._run_one(grant)
+        except Exception:
+            logger.exception("unexpected error while running task %s", grant.task.id)
+        finally:
+            self._active.pop(grant.attempt.id, None)
+
+    async def _run_one(self, grant: LeaseGrant) -> None:
+        config, client = self._config, self._client
+        task, attempt = grant.task, grant.attempt
+        handler = config.handlers.get(task.handler)
+        ns, attempt_id, token = config.namespace, attempt.id, attempt.lease_token
+        if handler is None:
+            error = AttemptError(
+                type="unknown_handler",
+                message=f"worker {config.worker_id} has no handler {task.handler!r}",
+                retryable=False,
+            )
+            await self._report(grant, lambda: client.fail_attempt(ns, attempt_id, token, error))
+            return
+        try:
+            await client.start_attempt(ns, attempt_id, token)
+        except OrbitError as exc:
+            logger.warning("could not start task %s attempt %d: %s", task.id, attempt.generation, exc)
+            return
+        ctx = config.context(grant)
+        self._active[attempt_id] = _Active(grant, ctx, time.monotonic() + config.heartbeat_interval)
+        try:
+            result = await handler(ctx)
+        except Exception as exc:
+            error = _error_for(exc)
+            logger.info("task %s attempt %d failed: %s", task.id, attempt.generation, error.type)
+            await self._report(grant, lambda: client.fail_attempt(ns, attempt_id, token, error))
+            return
+        try:
+            await self._report(grant, lambda: client.complete_attempt(ns, attempt_id, token, result))
+        except OrbitUsageError as exc:
+            error = AttemptError(type="invalid_result", message=str(exc)[:_MESSAGE_MAX], retryable=False)
+            await self._report(grant, lambda: client.fail_attempt(ns, attempt_id, token, error))
+
+    async def _report(self, grant: LeaseGrant, call: Callable[[], Awaitable[AttemptState]]) -> None:
+        give_up = time.monotonic() + self._config.lease_seconds
+        failures = 0
+        while True:
+            try:
+                await call()
+                return
+            except LeaseLostError as exc:
+                logger.warning(
+                    "task %s attempt %d lost its lease before reporting (evidence kept: %s)",
+                    grant.task.id,
+                    grant.attempt.generation,
+                    exc.evidence_recorded,
+                )
+                return
+            except OrbitError as exc:
+                failures += 1
+                if not exc.retryable or time.monotonic() >= give_up:
+                    logger.error(
+                        "could not report task %s attempt %d: %s",
+                        grant.task.id,
+                        grant.attempt.generation,
+                        exc,
+                    )
+                    return
+                await asyncio.sleep(self._config.backoff(failures))
+
+    async def _heartbeat_loop(self) -> None:
+        config, client = self._config, self._client
+        tick = min(0.1, config.heartbeat_interval / 4)
+        while True:
+            await asyncio.sleep(tick)
+            now = time.monotonic()
+            for active in [a for a in self._active.values() if a.next_beat <= now]:
+                attempt = active.grant.attempt
+                try:
+                    state = await client.heartbeat(config.namespace, attempt.id, attempt.lease_token)
+                except LeaseLostError:
+                    if self._active.pop(attempt.id, None) is not None:
+                        logger.warning(
+                            "task %s attempt %d lost its lease", active.grant.task.id, attempt.generation
+                        )
+                        active.ctx._lost.set()
+                    continue
+                except OrbitError as exc:
+                    logger.warning("heartbeat of task %s failed (%s); retrying", active.grant.task.id, exc)
+                    active.next_beat = time.monotonic() + min(1.0, config.heartbeat_interval / 2)
+                    continue
+                active.next_beat = time.monotonic() + config.heartbeat_interval
+                if state.cancel_requested and not active.ctx._cancel.is_set():
+                    logger.info("cancellation requested for task %s", active.grant.task.id)
+                    active.ctx._cancel.set()
