@@ -16,7 +16,7 @@ checked: a relay whose lease expired or was taken over records nothing.
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
@@ -118,6 +118,7 @@ def claim_batch(
     limit: int,
     default_max_attempts: int,
     actor: str,
+    exclude_ids: Collection[int] = (),
 ) -> tuple[list[Claim], list[int]]:
     """Lease up to ``limit`` due rows, oldest ``available_at`` first.
 
@@ -130,6 +131,8 @@ def claim_batch(
     recorded outcome (its relay died or stalled): that send's outcome is unknown and
     was counted at its claim. If its budget is spent, it goes to ``NEEDS_RECONCILE``
     here instead of being sent (DESIGN §5: never ``DEAD``).
+
+    ``exclude_ids`` are never claimed (a ``--once`` run skips rows it already saw refused).
 
     Returns:
         The claims, and the ids moved to ``NEEDS_RECONCILE``.
@@ -152,6 +155,8 @@ def claim_batch(
         .order_by(o.c.available_at, o.c.id)
         .limit(limit)
     )
+    if exclude_ids:
+        stmt = stmt.where(o.c.id.not_in(sorted(exclude_ids)))
     name = conn.dialect.name
     if name == "postgresql":
         stmt = stmt.with_for_update(skip_locked=True, of=o)

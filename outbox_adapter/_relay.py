@@ -290,7 +290,7 @@ class Relay:
         """Relay until :meth:`stop` (or SIGTERM with ``install_signal_handlers``), or, with
         ``once``, until nothing is due.
 
-        With ``once``, a row refused before sending (e.g. connection refused) is not tried
+        With ``once``, a row refused before sending (e.g. connection refused) is not claimed
         a second time in the same run, so the run ends even with a zero backoff.
 
         Returns:
@@ -331,13 +331,13 @@ class Relay:
                         continue
                 claimed = 0
                 if len(outstanding) < self.concurrency:
-                    claims = self._claim(once=once)
+                    # Never claim a row this relay still has in flight (its lease may have expired),
+                    # nor, in a --once run, a row already refused in this run.
+                    claims = self._claim(
+                        stats, once=once, exclude=set(outstanding) | (refused_once if once else set())
+                    )
                     if claims is None:  # database unavailable; waited
                         continue
-                    if once and claims and all(c.id in refused_once for c in claims):
-                        finished.extend(_Done(c, None) for c in claims)
-                        self._record(finished, stats, once=once)
-                        break
                     stats.claimed += len(claims)
                     claimed = len(claims)
                     for claim in claims:
@@ -363,7 +363,7 @@ class Relay:
 
     # --- claiming ------------------------------------------------------------------------------------
 
-    def _claim(self, *, once: bool) -> list[q.Claim] | None:
+    def _claim(self, stats: RelayStats, *, once: bool, exclude: set[int]) -> list[q.Claim] | None:
         """Claim a batch; ``None`` when the database is unreachable (after waiting a backoff)."""
         try:
             with self.outbox.transaction("claim a batch of outbox rows") as conn:
@@ -375,6 +375,7 @@ class Relay:
                     limit=self.batch_size,
                     default_max_attempts=self.max_attempts,
                     actor=f"relay:{self.owner}",
+                    exclude_ids=exclude,
                 )
         except OutboxDatabaseError as exc:
             if once or not exc.retryable:
@@ -382,6 +383,7 @@ class Relay:
             self._database_down(exc)
             return None
         self._database_up()
+        stats.needs_reconcile += len(spent)
         for row_id in spent:
             log.warning(
                 "row %d: lease expired without a recorded outcome and its budget is spent; NEEDS_RECONCILE",
