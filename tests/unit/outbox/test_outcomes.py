@@ -1,0 +1,91 @@
+"""The outcome classes of DESIGN §5, from the client's error attributes, and the backoff rule."""
+
+from __future__ import annotations
+
+import pytest
+
+from orbit_client import (
+    AuthenticationError,
+    BadRequestError,
+    IdempotencyKeyReusedError,
+    NotFoundError,
+    OrbitConnectError,
+    OrbitOutcomeUnknownError,
+    OrbitUsageError,
+    PayloadTooLargeError,
+    RateLimitedError,
+    RequestInProgressError,
+    ServerError,
+    ServiceUnavailableError,
+    UnprocessableEntityError,
+)
+from outbox_adapter import Backoff, OutboxUsageError
+from outbox_adapter._faults import Faults
+from outbox_adapter._outcomes import Verdict, classify_error
+from outbox_adapter.cli import parse_duration
+
+
+def _api(cls: type, status: int, code: str = "x", retry_after: float | None = None) -> Exception:
+    return cls("m", status_code=status, code=code, retry_after=retry_after)  # type: ignore[no-any-return]
+
+
+@pytest.mark.parametrize(
+    ("error", "verdict"),
+    [
+        (OrbitConnectError("refused", method="POST", url="u"), Verdict.NOT_SENT),
+        (OrbitOutcomeUnknownError("timeout", method="POST", url="u"), Verdict.UNKNOWN),
+        (_api(ServerError, 500), Verdict.UNKNOWN),
+        (_api(ServerError, 502), Verdict.UNKNOWN),
+        (_api(ServiceUnavailableError, 503), Verdict.NOT_SENT),
+        (_api(RateLimitedError, 429), Verdict.NOT_SENT),
+        (_api(RequestInProgressError, 409, "request_in_progress"), Verdict.NOT_SENT),
+        (_api(AuthenticationError, 401), Verdict.NOT_SENT),
+        (_api(BadRequestError, 400), Verdict.DEAD),
+        (_api(NotFoundError, 404, "queue_not_found"), Verdict.DEAD),
+        (_api(PayloadTooLargeError, 413), Verdict.DEAD),
+        (_api(UnprocessableEntityError, 422, "validation_error"), Verdict.DEAD),
+        (_api(IdempotencyKeyReusedError, 422, "idempotency_key_reused"), Verdict.RECONCILE),
+        (OrbitUsageError("bad key"), Verdict.DEAD),
+        (RuntimeError("bug"), Verdict.UNKNOWN),
+    ],
+)
+def test_classification(error: Exception, verdict: Verdict) -> None:
+    assert classify_error(error).verdict is verdict
+
+
+def test_an_outcome_made_unknown_by_an_earlier_attempt_stays_unknown() -> None:
+    # The client sets outcome_known=False on a 503 that follows an unknown attempt: never NOT_SENT then.
+    error = _api(ServiceUnavailableError, 503)
+    error.outcome_known = False  # type: ignore[attr-defined]
+    assert classify_error(error).verdict is Verdict.UNKNOWN
+
+
+def test_401_blames_the_relay_and_retry_after_is_carried() -> None:
+    assert classify_error(_api(AuthenticationError, 401)).misconfigured
+    assert classify_error(_api(ServiceUnavailableError, 503, retry_after=7.0)).retry_after == 7.0
+
+
+def test_backoff_is_exponential_full_jitter_capped_and_honours_retry_after() -> None:
+    top = Backoff(base=1.0, cap=10.0, random=lambda: 1.0)
+    assert [top.delay(n) for n in (1, 2, 3, 4, 5, 6)] == [1.0, 2.0, 4.0, 8.0, 10.0, 10.0]
+    assert Backoff(base=1.0, cap=10.0, random=lambda: 0.25).delay(3) == 1.0
+    assert top.delay(10_000) == 10.0  # no overflow
+    assert top.delay(1, retry_after=42.0) == 42.0
+    assert Backoff(max_retry_after=60.0).delay(1, retry_after=86400.0) == 60.0
+    assert Backoff.no_wait().delay(9) == 0.0 and Backoff.no_wait().delay(1, retry_after=3) == 3.0
+    with pytest.raises(OutboxUsageError):
+        Backoff(base=-1)
+
+
+def test_durations() -> None:
+    assert parse_duration("7d") == 7 * 86400 and parse_duration("90") == 90 and parse_duration("1.5h") == 5400
+    with pytest.raises(OutboxUsageError, match="7d"):
+        parse_duration("a week")
+
+
+def test_fault_hooks_are_off_unless_named() -> None:
+    assert Faults.from_env({}) is None
+    assert Faults.from_env({"ORBIT_OUTBOX_FAULT": "pause-after-send"}) == Faults(pause_after_send=True)
+    assert Faults.from_env({"ORBIT_OUTBOX_FAULT": "delay-before-send=0.5"}) == Faults(delay_before_send=0.5)
+    with pytest.raises(ValueError, match="not a known fault hook"):
+        Faults.from_env({"ORBIT_OUTBOX_FAULT": "pause"})

@@ -1,0 +1,237 @@
+"""The relay on a SQLite file with an in-memory fake server (``httpx.MockTransport``): every
+outcome class, the attempt accounting, the lease fence, hooks and shutdown. Fast and deterministic."""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import sqlalchemy as sa
+
+from orbit_client import OrbitClient, RetryPolicy
+from outbox_adapter import (
+    Backoff,
+    InvalidStateError,
+    Outbox,
+    OutboxSchemaError,
+    OutboxTables,
+    Relay,
+    RowNotFoundError,
+    enqueue,
+)
+from outbox_adapter import _queries as q
+from outbox_adapter._db import db_now
+
+TASK = {
+    "id": "t-1", "namespace": "shop", "queue": "default", "handler": "h", "status": "WAITING", "state_version": 1,
+    "attempt_count": 0, "max_attempts": 3, "available_at": "2030-01-01T00:00:00Z",
+    "created_at": "2030-01-01T00:00:00Z", "updated_at": "2030-01-01T00:00:00Z",
+}  # fmt: skip
+QUEUE = {"namespace": "shop", "name": "default", "created_at": "2030-01-01T00:00:00Z"}
+
+Handler = Callable[[httpx.Request], httpx.Response]
+
+
+def problem(status: int, code: str, **headers: str) -> httpx.Response:
+    body = {"title": code, "status": status, "code": code}
+    return httpx.Response(status, json=body, headers={"content-type": "application/problem+json", **headers})
+
+
+class FakeServer:
+    """Answers queue checks with 200 and submissions with what ``submit`` returns."""
+
+    def __init__(self, submit: Handler) -> None:
+        self.submit = submit
+        self.posts: list[str] = []
+
+    def __call__(self, request: httpx.Request) -> httpx.Response:
+        if request.method == "GET":
+            return httpx.Response(200, json=QUEUE)
+        self.posts.append(request.headers["Idempotency-Key"])
+        return self.submit(request)
+
+
+def accepted(request: httpx.Request) -> httpx.Response:
+    body = json.loads(request.content)
+    return httpx.Response(201, json={**TASK, "id": f"task-{request.headers['Idempotency-Key']}", **body})
+
+
+@pytest.fixture
+def engine(tmp_path: Path) -> Iterator[sa.Engine]:
+    engine = sa.create_engine(f"sqlite:///{tmp_path / 'biz.db'}")
+    Outbox(engine).migrate()
+    yield engine
+    engine.dispose()
+
+
+def add(engine: sa.Engine, n: int = 1, **kwargs: Any) -> list[int]:
+    with engine.begin() as conn:
+        return [
+            enqueue(conn, namespace="shop", queue="default", handler="h", params={"i": i}, **kwargs).id
+            for i in range(n)
+        ]
+
+
+def relay(engine: sa.Engine, handler: Handler, **options: Any) -> Relay:
+    client = OrbitClient("http://orbit.test", api_key="k", retry=RetryPolicy(max_attempts=1),
+                         transport=httpx.MockTransport(handler))  # fmt: skip
+    options.setdefault("backoff", Backoff.no_wait())
+    return Relay(client=client, engine=engine, **options)
+
+
+def test_accepted_and_replayed_are_delivered(engine: sa.Engine) -> None:
+    ids = add(engine, 2)
+
+    def submit(request: httpx.Request) -> httpx.Response:
+        if request.headers["Idempotency-Key"].endswith(str(ids[1])):
+            return accepted(request)
+        response = accepted(request)
+        return httpx.Response(200, json=response.json(), headers={"Idempotent-Replayed": "true"})
+
+    stats = relay(engine, FakeServer(submit)).run_once()
+    assert (stats.delivered, stats.replayed) == (2, 1)
+    rows = Outbox(engine).list_rows()
+    assert {r.last_status_code for r in rows} == {200, 201} and all(r.orbit_task_id for r in rows)
+
+
+@pytest.mark.parametrize(
+    ("response", "state", "attempts", "status"),
+    [
+        (lambda r: problem(429, "rate_limited", **{"Retry-After": "30"}), "PENDING", 0, 429),
+        (lambda r: problem(409, "request_in_progress"), "PENDING", 0, 409),
+        (lambda r: problem(503, "unavailable"), "PENDING", 0, 503),
+        (lambda r: problem(500, "internal_error"), "PENDING", 1, 500),
+        (lambda r: problem(400, "idempotency_key_invalid"), "DEAD", 1, 400),
+        (lambda r: problem(422, "validation_error"), "DEAD", 1, 422),
+        (lambda r: problem(422, "idempotency_key_reused"), "NEEDS_RECONCILE", 1, 422),
+    ],
+)
+def test_one_send_per_outcome_class(
+    engine: sa.Engine, response: Handler, state: str, attempts: int, status: int
+) -> None:
+    [row_id] = add(engine)
+    relay(engine, FakeServer(response), backoff=Backoff(base=5.0, cap=5.0, random=lambda: 1.0)).run_once()
+    row = Outbox(engine).get(row_id)
+    assert (row.state, row.attempts, row.send_count, row.last_status_code) == (state, attempts, 1, status)
+    assert row.lease_token is None and row.lease_owner is None
+    if state == "PENDING":  # backoff from the database clock: Retry-After when given, else the jittered bound
+        expected = 30.0 if status == 429 else 5.0
+        assert abs((row.available_at - row.updated_at).total_seconds() - expected) < 0.01
+
+
+def test_connection_refused_on_the_submission_is_not_counted(engine: sa.Engine) -> None:
+    [row_id] = add(engine, max_attempts=1)
+
+    def refuse(request: httpx.Request) -> httpx.Response:
+        raise httpx.ConnectError("[Errno 111] Connection refused", request=request)
+
+    for _ in range(3):  # however often it is refused, it never becomes NEEDS_RECONCILE
+        assert relay(engine, FakeServer(refuse)).run_once().retried == 1
+    row = Outbox(engine).get(row_id)
+    assert (row.state, row.attempts, row.send_count) == ("PENDING", 0, 3)
+
+
+def test_unknown_outcomes_spend_the_budget_then_needs_reconcile_never_dead(engine: sa.Engine) -> None:
+    [row_id] = add(engine, max_attempts=3)
+    server = FakeServer(lambda r: (_ for _ in ()).throw(httpx.ReadTimeout("timed out", request=r)))
+    stats = relay(engine, server).run_once()
+    assert (stats.retried, stats.needs_reconcile, stats.dead) == (2, 1, 0)
+    row = Outbox(engine).get(row_id)
+    assert (row.state, row.attempts) == ("NEEDS_RECONCILE", 3)
+    assert len(set(server.posts)) == 1 and len(server.posts) == 3  # the same key every time
+
+
+def test_a_crashed_relay_counts_its_send_and_an_expired_spent_row_goes_to_reconcile(
+    engine: sa.Engine,
+) -> None:
+    [row_id] = add(engine, max_attempts=1)
+    with engine.begin() as conn:  # a relay claims and dies
+        [claim], _ = q.claim_batch(conn, OutboxTables(), owner="dead", lease_seconds=0.0, limit=5,
+                                   default_max_attempts=5, actor="relay:dead")  # fmt: skip
+    server = FakeServer(accepted)
+    stats = relay(engine, server).run_once()
+    assert (stats.claimed, stats.needs_reconcile) == (0, 1) and server.posts == []
+    row = Outbox(engine).get(row_id)
+    assert row.state == "NEEDS_RECONCILE" and "lease" in (row.last_error or "")
+    assert claim.attempts == 1
+
+
+def test_a_lost_lease_records_nothing(engine: sa.Engine) -> None:
+    [row_id] = add(engine)
+    tables = OutboxTables()
+    with engine.begin() as conn:
+        [claim], _ = q.claim_batch(conn, tables, owner="a", lease_seconds=60, limit=1, default_max_attempts=5,
+                                   actor="relay:a")  # fmt: skip
+    with engine.begin() as conn:  # taken over: another claim after expiry would change the token
+        conn.execute(sa.update(tables.outbox).values(lease_token="someone-else"))
+    with engine.begin() as conn:
+        assert not q.record_delivered(conn, tables, claim, now=db_now(conn), task_id="t", status_code=201)
+    with engine.begin() as conn:  # and a lease past its end cannot record either
+        conn.execute(sa.update(tables.outbox).values(lease_token=claim.token, lease_expires_at=db_now(conn)))
+        assert not q.record_dead(conn, tables, claim, now=db_now(conn), error="x", status_code=400)
+    assert Outbox(engine).get(row_id).state == "PENDING"
+
+
+def test_on_delivered_runs_in_the_recording_transaction_and_a_failure_leaves_only_its_row(
+    engine: sa.Engine,
+) -> None:
+    ids = add(engine, 3)
+    links = sa.Table(
+        "links", sa.MetaData(), sa.Column("row_id", sa.Integer), sa.Column("task_id", sa.String(80))
+    )
+    links.create(engine)
+
+    def link(conn: sa.Connection, row: Any) -> None:
+        if row.row_id == ids[1]:
+            raise RuntimeError("hook bug")
+        conn.execute(links.insert().values(row_id=row.row_id, task_id=row.orbit_task_id))
+
+    stats = relay(engine, FakeServer(accepted), on_delivered=link, concurrency=1).run_once()
+    assert stats.delivered == 2
+    outbox = Outbox(engine)
+    assert [outbox.get(i).state for i in ids] == ["DELIVERED", "PENDING", "DELIVERED"]
+    with engine.connect() as conn:
+        assert sorted(r.row_id for r in conn.execute(sa.select(links))) == [ids[0], ids[2]]
+
+
+def test_stop_releases_unsent_claims_and_finishes_the_sends_in_flight(engine: sa.Engine) -> None:
+    ids = add(engine, 5)
+    arrived, release = threading.Event(), threading.Event()
+
+    def slow(request: httpx.Request) -> httpx.Response:
+        arrived.set()
+        release.wait(10)
+        return accepted(request)
+
+    the_relay = relay(engine, FakeServer(slow), concurrency=1, batch_size=5)
+    result: dict[str, Any] = {}
+    thread = threading.Thread(target=lambda: result.update(stats=the_relay.run()))
+    thread.start()
+    assert arrived.wait(10)
+    the_relay.stop()
+    release.set()
+    thread.join(10)
+    stats = result["stats"]
+    assert (stats.delivered, stats.released) == (1, 4)
+    rows = Outbox(engine).list_rows()
+    assert [r.state for r in rows] == ["DELIVERED"] + ["PENDING"] * 4
+    assert all(r.lease_token is None and r.attempts == 0 for r in rows[1:])
+    assert [r.id for r in rows] == ids
+
+
+def test_operator_errors_name_the_row_and_the_fix(engine: sa.Engine) -> None:
+    [row_id] = add(engine)
+    outbox = Outbox(engine)
+    with pytest.raises(RowNotFoundError) as missing:
+        outbox.retry(999, actor="t")
+    assert missing.value.row_id == 999 and "999" in str(missing.value)
+    with pytest.raises(InvalidStateError) as wrong:
+        outbox.retry(row_id, actor="t")
+    assert (wrong.value.row_id, wrong.value.state) == (row_id, "PENDING") and "only DEAD" in str(wrong.value)
+    with pytest.raises(OutboxSchemaError, match="orbit-outbox migrate"):
+        Outbox(engine, tables=OutboxTables(name="never_migrated")).status()
