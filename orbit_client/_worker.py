@@ -440,6 +440,8 @@ class Worker:
             try:
                 call()
                 return
+            except OrbitUsageError:  # nothing was sent (e.g. a result that is not JSON): the caller decides
+                raise
             except LeaseLostError as exc:
                 logger.warning(
                     "task %s attempt %d lost its lease before reporting (evidence kept: %s)",
@@ -681,6 +683,8 @@ class AsyncWorker:
             try:
                 await call()
                 return
+            except OrbitUsageError:  # nothing was sent (e.g. a result that is not JSON): the caller decides
+                raise
             except LeaseLostError as exc:
                 logger.warning(
                     "task %s attempt %d lost its lease before reporting (evidence kept: %s)",
