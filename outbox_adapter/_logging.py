@@ -40,15 +40,23 @@ class JsonFormatter(logging.Formatter):
 
 
 def configure_logging(level: str = "info", fmt: str = "text") -> None:
-    """Send ``outbox_adapter`` and ``orbit_client`` logs to stderr as ``text`` or ``json`` lines."""
+    """Send logs to stderr as ``text`` or ``json`` lines, unless the process already configured logging.
+
+    Like :func:`logging.basicConfig`: when the root logger already has handlers (an
+    application, or pytest), it is left alone. Calling it again replaces its own handler.
+    """
+    root = logging.getLogger()
+    for existing in list(root.handlers):
+        if getattr(existing, "_orbit_outbox", False):
+            root.removeHandler(existing)
+    if root.handlers:
+        return
     handler = logging.StreamHandler(sys.stderr)
+    handler._orbit_outbox = True  # type: ignore[attr-defined]
     if fmt == "json":
         handler.setFormatter(JsonFormatter())
     else:
         handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
-    root = logging.getLogger()
-    for existing in list(root.handlers):
-        root.removeHandler(existing)
     root.addHandler(handler)
     root.setLevel(level.upper())
     # httpx logs every request line at INFO; the relay logs what matters itself.

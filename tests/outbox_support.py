@@ -201,6 +201,8 @@ class TcpProxy:
     def down(self) -> None:
         listener, self._listener = self._listener, None
         if listener is not None:
+            with suppress(OSError):  # wakes the thread blocked in accept(); close() alone would not
+                listener.shutdown(socket.SHUT_RDWR)
             listener.close()
         with self._lock:
             conns, self._conns = self._conns, []

@@ -1,0 +1,99 @@
+"""The business database goes away under a running relay: it backs off, logs once per backoff,
+and recovers by itself (MariaDB and PostgreSQL behind a TCP proxy that is taken down)."""
+
+from __future__ import annotations
+
+import logging
+import threading
+from typing import Any
+
+import pytest
+import sqlalchemy as sa
+
+from orbit_client import OrbitClient, RetryPolicy
+from outbox_adapter import Backoff, Outbox, Relay, enqueue
+from tests.conftest import DatabaseFactory
+from tests.outbox_support import TcpProxy
+from tests.servers import RunningServer
+
+
+class _Events(logging.Handler):
+    """Collects the relay's ``event`` log fields; sets a flag when one arrives."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.events: list[dict[str, Any]] = []
+        self.changed = threading.Condition()
+
+    def emit(self, record: logging.LogRecord) -> None:
+        with self.changed:
+            self.events.append({"event": getattr(record, "event", None), "message": record.getMessage()})
+            self.changed.notify_all()
+
+    def wait_for(self, event: str, count: int = 1, timeout: float = 30) -> None:
+        with self.changed:
+            ok = self.changed.wait_for(lambda: self.count(event) >= count, timeout)
+        assert ok, f"no {count} x {event} in {[e['event'] for e in self.events]}"
+
+    def count(self, event: str) -> int:
+        return sum(1 for e in self.events if e["event"] == event)
+
+
+@pytest.mark.parametrize(
+    "kind",
+    [
+        pytest.param("mariadb", marks=pytest.mark.mariadb),
+        pytest.param("postgres", marks=pytest.mark.postgres),
+    ],
+)
+def test_the_relay_waits_out_a_database_outage_and_recovers(
+    kind: str, make_database: DatabaseFactory, orbit: RunningServer
+) -> None:
+    url = make_database(kind)
+    direct = sa.create_engine(url)
+    Outbox(direct).migrate()
+    keys = orbit.add_namespace(f"outage-{kind}", ("default",))
+    proxy = TcpProxy(url.host or "127.0.0.1", url.port or (3306 if kind == "mariadb" else 5432))
+    proxy.up()
+    handler = _Events()
+    adapter_log = logging.getLogger("outbox_adapter")
+    adapter_log.addHandler(handler)
+    level, adapter_log.level = adapter_log.level, logging.INFO
+    client = OrbitClient(orbit.base_url, api_key=keys["submit"], retry=RetryPolicy(max_attempts=1))
+    relay = Relay(
+        client=client,
+        database_url=url.set(host="127.0.0.1", port=proxy.port),
+        backoff=Backoff.no_wait(),
+        db_backoff=Backoff(base=0.1, cap=0.2, random=lambda: 1.0),
+        poll_interval=0.05,
+    )
+    thread = threading.Thread(target=relay.run)
+    thread.start()
+    try:
+        with direct.begin() as conn:
+            enqueue(conn, namespace=f"outage-{kind}", queue="default", handler="h", params={"n": 0})
+        handler.wait_for("delivered")  # logged after the commit
+
+        proxy.down()
+        handler.wait_for("database_unavailable", count=3)
+        with direct.begin() as conn:  # the application goes on writing meanwhile
+            for n in range(1, 4):
+                enqueue(conn, namespace=f"outage-{kind}", queue="default", handler="h", params={"n": n})
+        proxy.up()
+        handler.wait_for("delivered", count=4)
+        handler.wait_for("database_recovered")
+    finally:
+        relay.stop()
+        thread.join(20)
+        relay.close()
+        client.close()
+        proxy.down()
+        adapter_log.removeHandler(handler)
+        adapter_log.setLevel(level)
+    assert not thread.is_alive()
+    assert {r.state for r in Outbox(direct).list_rows()} == {"DELIVERED"}
+    # One warning per backoff, each naming its failure number; one recovery line.
+    failures = [e["message"] for e in handler.events if e["event"] == "database_unavailable"]
+    assert [f"(failure {i})" in m for i, m in enumerate(failures, 1)] == [True] * len(failures)
+    assert handler.count("database_recovered") == 1
+    direct.dispose()
