@@ -273,6 +273,24 @@ def _lock_task(conn: Connection, task_id: str, *, skip_locked: bool = False) -> 
     return dict(row) if row is not None else None
 
 
+def _clock(conn: Connection) -> sa.ColumnElement[Any]:
+    """The database's current UTC time as a column, to read it in a statement that runs anyway."""
+    name = conn.dialect.name
+    if name == "sqlite":
+        return sa.func.strftime("%Y-%m-%d %H:%M:%f", "now")
+    if name == "mysql":
+        return sa.func.utc_timestamp(sa.literal_column("6"))
+    return sa.func.timezone("UTC", sa.func.clock_timestamp())  # pragma: no cover - PostgreSQL
+
+
+def _naive(value: Any) -> datetime:
+    """A value of :func:`_clock` as the naive UTC datetime every timestamp is stored as."""
+    if isinstance(value, str):
+        return datetime.fromisoformat(value)
+    assert isinstance(value, datetime)
+    return value.replace(tzinfo=None)
+
+
 def _lock_task_in(conn: Connection, namespace_id: int, task_id: str) -> dict[str, Any]:
     task = _lock_task(conn, task_id)
     if task is None or task["namespace_id"] != namespace_id:
@@ -584,19 +602,37 @@ def _expire_attempt(conn: Connection, task: dict[str, Any], attempt: RowMapping,
 
 def _locked_attempt(
     conn: Connection, namespace_id: int, attempt_id: str
-) -> tuple[dict[str, Any], RowMapping]:
-    """Lock the attempt's task, then read the attempt (lock order: task first)."""
-    task_id = conn.execute(
-        sa.select(task_attempts.c.task_id)
-        .join(tasks, tasks.c.id == task_attempts.c.task_id)
-        .where(task_attempts.c.id == attempt_id, tasks.c.namespace_id == namespace_id)
-    ).scalar()
-    if task_id is None:
+) -> tuple[dict[str, Any], RowMapping, datetime]:
+    """Read the attempt, then lock its task and read the database clock in one statement.
+
+    Returns ``(task, attempt, now)``. The attempt is read before the lock (lock order: task
+    first). Every change to an attempt is made under its task's lock, so a change that landed
+    in between can only make a later conditional update miss: it then raises
+    :class:`errors.ConcurrentUpdate` and :func:`transact` runs the call again on fresh rows.
+    """
+    attempt = (
+        conn.execute(
+            sa.select(task_attempts)
+            .join(tasks, tasks.c.id == task_attempts.c.task_id)
+            .where(task_attempts.c.id == attempt_id, tasks.c.namespace_id == namespace_id)
+        )
+        .mappings()
+        .first()
+    )
+    if attempt is None:
         raise errors.AttemptNotFound(f"no attempt {attempt_id!r} in this namespace")
-    task = _lock_task(conn, task_id)
-    assert task is not None
-    attempt = conn.execute(sa.select(task_attempts).where(task_attempts.c.id == attempt_id)).mappings().one()
-    return task, attempt
+    row = (
+        conn.execute(
+            sa.select(*_TASK_COLUMNS, _clock(conn).label("db_now"))
+            .where(tasks.c.id == attempt["task_id"])
+            .with_for_update()
+        )
+        .mappings()
+        .one()
+    )
+    task = dict(row)
+    now = _naive(task.pop("db_now"))
+    return task, attempt, now
 
 
 def _check_token(attempt: RowMapping, lease_token: str) -> None:
@@ -604,51 +640,47 @@ def _check_token(attempt: RowMapping, lease_token: str) -> None:
         raise errors.LeaseLost("the lease token does not belong to this attempt")
 
 
-def _live(conn: Connection, task: dict[str, Any], attempt: RowMapping, now: datetime) -> bool:
-    """Whether the attempt still holds the lease; a lapsed one is expired here and now."""
-    if attempt["status"] not in _LIVE:
-        return False
+def _lapsed(
+    conn: Connection, task: dict[str, Any], attempt: RowMapping, now: datetime
+) -> AttemptStatus | None:
+    """``None`` while the attempt holds the lease, else its final status (a lapsed lease is expired now)."""
+    status = AttemptStatus(attempt["status"])
+    if not status.is_live:
+        return status
     if attempt["lease_expires_at"] > now:
-        return True
-    _expire_attempt(conn, task, attempt, now)
-    return False
+        return None
+    if not _expire_attempt(conn, task, attempt, now):
+        raise errors.ConcurrentUpdate(f"attempt {attempt['id']} changed while it was being read")
+    return AttemptStatus.EXPIRED
 
 
-def _state(conn: Connection, attempt_id: str) -> AttemptState:
-    row = (
-        conn.execute(
-            sa.select(
-                task_attempts.c.id,
-                task_attempts.c.task_id,
-                task_attempts.c.generation,
-                task_attempts.c.status,
-                task_attempts.c.lease_expires_at,
-                tasks.c.status.label("task_status"),
-                tasks.c.cancel_requested,
-            )
-            .join(tasks, tasks.c.id == task_attempts.c.task_id)
-            .where(task_attempts.c.id == attempt_id)
-        )
-        .mappings()
-        .one()
-    )
+def _state(
+    task: Mapping[str, Any],
+    attempt: RowMapping,
+    *,
+    status: AttemptStatus | None = None,
+    lease_expires_at: datetime | None = None,
+) -> AttemptState:
+    """The answer to an attempt call, from the rows as written (no second read)."""
     return AttemptState(
-        attempt_id=row["id"],
-        task_id=row["task_id"],
-        generation=row["generation"],
-        status=AttemptStatus(row["status"]),
-        task_status=TaskStatus(row["task_status"]),
-        lease_expires_at=_at(row["lease_expires_at"]),
-        cancel_requested=bool(row["cancel_requested"]),
+        attempt_id=attempt["id"],
+        task_id=attempt["task_id"],
+        generation=attempt["generation"],
+        status=status or AttemptStatus(attempt["status"]),
+        task_status=TaskStatus(task["status"]),
+        lease_expires_at=_at(lease_expires_at or attempt["lease_expires_at"]),
+        cancel_requested=bool(task["cancel_requested"]),
     )
 
 
-def _lost(attempt: RowMapping) -> errors.LeaseLost:
-    status = attempt["status"]
-    why = "its lease lapsed" if status == AttemptStatus.EXPIRED.value else f"it is {status}"
-    return errors.LeaseLost(
-        f"attempt {attempt['generation']} no longer holds the task's lease ({why}); stop working on it"
-    )
+def _lost(attempt: RowMapping, status: AttemptStatus, *, kept: bool | None = None) -> errors.LeaseLost:
+    why = "its lease lapsed" if status is AttemptStatus.EXPIRED else f"it is {status.value}"
+    detail = f"attempt {attempt['generation']} no longer holds the task's lease ({why}); stop working on it"
+    if kept is not None:
+        detail += "; the report was " + (
+            "kept as evidence" if kept else "not kept: evidence was already recorded"
+        )
+    return errors.LeaseLost(detail, evidence_recorded=bool(kept))
 
 
 def _update_attempt(conn: Connection, attempt: RowMapping, now: datetime, **values: Any) -> None:
@@ -679,30 +711,26 @@ def start_attempt(conn: Connection, namespace_id: int, attempt_id: str, lease_to
         errors.LeaseLost: wrong token, or the attempt is no longer live (409; nothing changed
             but the expiry of a lapsed lease).
     """
-    task, attempt = _locked_attempt(conn, namespace_id, attempt_id)
+    task, attempt, now = _locked_attempt(conn, namespace_id, attempt_id)
     _check_token(attempt, lease_token)
-    now = db_now(conn)
-    if not _live(conn, task, attempt, now):
-        raise _lost(attempt)
-    if attempt["status"] == AttemptStatus.LEASED.value:
-        _update_attempt(
-            conn,
-            attempt,
-            now,
-            status=AttemptStatus.RUNNING.value,
-            started_at=now,
-            lease_expires_at=now + timedelta(seconds=attempt["lease_seconds"]),
-        )
-        apply_transition(
-            conn,
-            task,
-            TaskStatus.RUNNING,
-            event="started",
-            now=now,
-            actor=f"worker:{attempt['worker_id']}",
-            data={"attempt_id": attempt_id},
-        )
-    return _state(conn, attempt_id)
+    if (lapsed := _lapsed(conn, task, attempt, now)) is not None:
+        raise _lost(attempt, lapsed)
+    if attempt["status"] == AttemptStatus.RUNNING.value:
+        return _state(task, attempt)
+    expires = now + timedelta(seconds=attempt["lease_seconds"])
+    _update_attempt(
+        conn, attempt, now, status=AttemptStatus.RUNNING.value, started_at=now, lease_expires_at=expires
+    )
+    task = apply_transition(
+        conn,
+        task,
+        TaskStatus.RUNNING,
+        event="started",
+        now=now,
+        actor=f"worker:{attempt['worker_id']}",
+        data={"attempt_id": attempt_id},
+    )
+    return _state(task, attempt, status=AttemptStatus.RUNNING, lease_expires_at=expires)
 
 
 def heartbeat(
@@ -726,21 +754,14 @@ def heartbeat(
         errors.AttemptNotFound: no such attempt in the namespace (404).
         errors.LeaseLost: wrong token, or the attempt is no longer live (409).
     """
-    task, attempt = _locked_attempt(conn, namespace_id, attempt_id)
+    task, attempt, now = _locked_attempt(conn, namespace_id, attempt_id)
     _check_token(attempt, lease_token)
-    now = db_now(conn)
-    if not _live(conn, task, attempt, now):
-        raise _lost(attempt)
+    if (lapsed := _lapsed(conn, task, attempt, now)) is not None:
+        raise _lost(attempt, lapsed)
     seconds = float(attempt["lease_seconds"] if lease_seconds is None else lease_seconds)
-    _update_attempt(
-        conn,
-        attempt,
-        now,
-        heartbeat_at=now,
-        lease_seconds=seconds,
-        lease_expires_at=now + timedelta(seconds=seconds),
-    )
-    return _state(conn, attempt_id)
+    expires = now + timedelta(seconds=seconds)
+    _update_attempt(conn, attempt, now, heartbeat_at=now, lease_seconds=seconds, lease_expires_at=expires)
+    return _state(task, attempt, lease_expires_at=expires)
 
 
 def _canonical(value: Any) -> str:
@@ -776,40 +797,30 @@ def complete_attempt(
         errors.LeaseLost: wrong token, or the attempt is no longer live (409). With the right
             token the report is kept on the attempt as late evidence; the task is unchanged.
     """
-    task, attempt = _locked_attempt(conn, namespace_id, attempt_id)
+    task, attempt, now = _locked_attempt(conn, namespace_id, attempt_id)
     _check_token(attempt, lease_token)
-    now = db_now(conn)
-    if attempt["status"] == AttemptStatus.SUCCEEDED.value and _canonical(attempt["result"]) == _canonical(
-        result
-    ):
-        return _state(conn, attempt_id)
-    if _live(conn, task, attempt, now):
-        if attempt["status"] == AttemptStatus.LEASED.value:
-            raise errors.InvalidTransition(
-                "start the attempt before completing it (LEASED cannot become SUCCEEDED)"
-            )
-        _update_attempt(
-            conn, attempt, now, status=AttemptStatus.SUCCEEDED.value, result=result, finished_at=now
+    status = attempt["status"]
+    if status == AttemptStatus.SUCCEEDED.value and _canonical(attempt["result"]) == _canonical(result):
+        return _state(task, attempt)
+    if (lapsed := _lapsed(conn, task, attempt, now)) is not None:
+        kept = _keep_late_report(conn, attempt, now, {"outcome": "succeeded", "result": result})
+        raise _lost(attempt, lapsed, kept=kept)
+    if status == AttemptStatus.LEASED.value:
+        raise errors.InvalidTransition(
+            "start the attempt before completing it (LEASED cannot become SUCCEEDED)"
         )
-        apply_transition(
-            conn,
-            task,
-            TaskStatus.SUCCEEDED,
-            event="completed",
-            now=now,
-            actor=f"worker:{attempt['worker_id']}",
-            data={"attempt_id": attempt_id},
-            values={"result": result, "error": None},
-        )
-        return _state(conn, attempt_id)
-    kept = _keep_late_report(conn, attempt, now, {"outcome": "succeeded", "result": result})
-    error = _lost(
-        conn.execute(sa.select(task_attempts).where(task_attempts.c.id == attempt_id)).mappings().one()
+    _update_attempt(conn, attempt, now, status=AttemptStatus.SUCCEEDED.value, result=result, finished_at=now)
+    task = apply_transition(
+        conn,
+        task,
+        TaskStatus.SUCCEEDED,
+        event="completed",
+        now=now,
+        actor=f"worker:{attempt['worker_id']}",
+        data={"attempt_id": attempt_id},
+        values={"result": result, "error": None},
     )
-    raise errors.LeaseLost(
-        f"{error.detail}; the result was {'kept as evidence' if kept else 'not kept: evidence was already recorded'}",
-        evidence_recorded=kept,
-    )
+    return _state(task, attempt, status=AttemptStatus.SUCCEEDED)
 
 
 def fail_attempt(
@@ -831,28 +842,21 @@ def fail_attempt(
         errors.LeaseLost: wrong token, or the attempt is no longer live (409). With the right
             token the report is kept on the attempt as late evidence; the task is unchanged.
     """
-    task, attempt = _locked_attempt(conn, namespace_id, attempt_id)
+    task, attempt, now = _locked_attempt(conn, namespace_id, attempt_id)
     _check_token(attempt, lease_token)
-    now = db_now(conn)
     reported = error.model_dump(mode="json")
     finished = (AttemptStatus.FAILED.value, AttemptStatus.CANCELLED.value)
     if attempt["status"] in finished and _canonical(attempt["error"]) == _canonical(reported):
-        return _state(conn, attempt_id)
-    if not _live(conn, task, attempt, now):
+        return _state(task, attempt)
+    if (lapsed := _lapsed(conn, task, attempt, now)) is not None:
         kept = _keep_late_report(conn, attempt, now, {"outcome": "failed", "error": reported})
-        lost = _lost(
-            conn.execute(sa.select(task_attempts).where(task_attempts.c.id == attempt_id)).mappings().one()
-        )
-        raise errors.LeaseLost(
-            f"{lost.detail}; the error was {'kept as evidence' if kept else 'not kept: evidence was already recorded'}",
-            evidence_recorded=kept,
-        )
+        raise _lost(attempt, lapsed, kept=kept)
     actor = f"worker:{attempt['worker_id']}"
     data = {"attempt_id": attempt_id, "error_type": error.type}
     if task["cancel_requested"]:
         status = AttemptStatus.CANCELLED if error.type == "cancelled" else AttemptStatus.FAILED
         _update_attempt(conn, attempt, now, status=status.value, error=reported, finished_at=now)
-        apply_transition(
+        task = apply_transition(
             conn,
             task,
             TaskStatus.CANCELLED,
@@ -863,47 +867,28 @@ def fail_attempt(
             data=data,
             values={"error": reported},
         )
-        return _state(conn, attempt_id)
+        return _state(task, attempt, status=status)
     _update_attempt(conn, attempt, now, status=AttemptStatus.FAILED.value, error=reported, finished_at=now)
     budget_left = int(task["attempt_count"]) < int(task["max_attempts"])
-    if error.retryable and budget_left:
-        available_at = now + _retry_delay(task)
-        if not _past_deadline(task, available_at):
-            apply_transition(
-                conn,
-                task,
-                TaskStatus.WAITING,
-                event="retry_scheduled",
-                now=now,
-                actor=actor,
-                data=data,
-                values={"available_at": available_at, "error": reported},
-            )
-            return _state(conn, attempt_id)
-        apply_transition(
-            conn,
-            task,
-            TaskStatus.FAILED,
-            event="deadline_exceeded",
-            now=now,
-            actor=actor,
-            data=data,
-            values={"error": _deadline_error(reported)},
+    available_at = now + _retry_delay(task)
+    if error.retryable and budget_left and not _past_deadline(task, available_at):
+        to, event, reason, values = (
+            TaskStatus.WAITING,
+            "retry_scheduled",
+            None,
+            {"available_at": available_at},
         )
-        return _state(conn, attempt_id)
-    reason = "attempts exhausted" if error.retryable else None
-    apply_transition(
-        conn,
-        task,
-        TaskStatus.FAILED,
-        event="failed",
-        now=now,
-        actor=actor,
-        reason=reason,
-        data=data,
-        values={"error": reported},
-    )
-    return _state(conn, attempt_id)
+    elif error.retryable and budget_left:
+        to, event, reason, values = TaskStatus.FAILED, "deadline_exceeded", None, {}
+        reported = _deadline_error(reported)
+    else:
+        to, event, values = TaskStatus.FAILED, "failed", {}
+        reason = "attempts exhausted" if error.retryable else None
+    task = apply_transition(
+        conn, task, to, event=event, now=now, actor=actor, reason=reason, data=data,
+        values={**values, "error": reported},
+    )  # fmt: skip
+    return _state(task, attempt, status=AttemptStatus.FAILED)
 
 
 # ----------------------------------------------------------------- operators
