@@ -1,0 +1,25 @@
+"""The worker process of ``bench.workers``: an echo handler, ``python -m bench.worker_process URL KEY NS QUEUE N``."""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+from orbit_client import OrbitClient, TaskContext, Worker
+
+
+def echo(ctx: TaskContext) -> Any:
+    return {"n": ctx.params["n"], "generation": ctx.generation}
+
+
+def main() -> None:
+    url, key, namespace, queue, concurrency = sys.argv[1:6]
+    with OrbitClient(url, api_key=key, timeout=60) as client:
+        Worker(
+            client, namespace, queue, {"bench.echo": echo}, concurrency=int(concurrency), lease_seconds=30,
+            poll_wait_seconds=1,
+        ).run()  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,204 @@
+"""Tasks completed per second by worker processes against real ``orbit-server`` processes.
+
+    python -m bench.workers [--database mariadb|sqlite] [--tasks 500] [--processes 4] [--concurrency 4]
+                            [--servers 2]
+
+Each round submits ``--tasks`` tasks (not timed), then starts worker processes (each with
+``--concurrency`` handler threads running a trivial handler) and times how long it takes until
+every task is ``SUCCEEDED``, read from the database. Rounds:
+
+1. 1 worker process on 1 server process (the baseline);
+2. ``--processes`` worker processes on 1 server;
+3. the same workers spread over ``--servers`` server processes sharing the database (leases are
+   coordinated by the database alone, so servers can be added).
+
+A task costs a share of a lease call plus a start and a complete call, each one short
+transaction. It prints tasks/s per round and the ratio to the baseline; these machines are
+noisy and every process shares their CPUs, so compare ratios, not absolute figures.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import httpx
+import sqlalchemy as sa
+
+from bench.submit import MYSQL_SERVER, cli
+
+_DONE = sa.text(
+    "SELECT COUNT(*) FROM tasks t JOIN queues q ON q.id = t.queue_id WHERE q.name = :q AND t.status = 'SUCCEEDED'"
+)
+
+
+def submit_tasks(base: str, key: str, queue: str, tasks: int) -> None:
+    run_id = uuid.uuid4().hex[:8]
+    with httpx.Client(base_url=base, headers={"Authorization": f"Bearer {key}"}, timeout=60) as http:
+
+        def submit(n: int) -> None:
+            response = http.post(
+                "/v1/namespaces/bench/tasks",
+                json={"queue": queue, "handler": "bench.echo", "params": {"n": n}},
+                headers={"Idempotency-Key": f"{run_id}-{n}"},
+            )
+            response.raise_for_status()
+
+        with ThreadPoolExecutor(8) as pool:
+            list(pool.map(submit, range(tasks)))
+
+
+def run_round(
+    bases: list[str], url: str, keys: dict[str, str], queue: str, tasks: int, processes: int, concurrency: int
+) -> float:
+    """Submit ``tasks`` tasks, run ``processes`` workers spread over the servers ``bases``; return tasks/s."""
+    submit_tasks(bases[0], keys["submit"], queue, tasks)
+    engine = sa.create_engine(url)
+    started = time.perf_counter()
+    workers = [
+        subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "bench.worker_process",
+                bases[i % len(bases)],
+                keys["work"],
+                "bench",
+                queue,
+                str(concurrency),
+            ],
+            stdout=subprocess.DEVNULL,
+        )
+        for i in range(processes)
+    ]
+    try:
+        deadline = time.monotonic() + 600
+        while True:
+            with engine.connect() as conn:
+                done = conn.execute(_DONE, {"q": queue}).scalar_one()
+            if done >= tasks:
+                break
+            if time.monotonic() > deadline:
+                raise SystemExit(f"only {done} of {tasks} tasks succeeded in 10 minutes")
+            time.sleep(0.05)
+        elapsed = time.perf_counter() - started
+    finally:
+        for worker in workers:
+            worker.send_signal(signal.SIGTERM)
+        for worker in workers:
+            worker.wait(timeout=60)
+        engine.dispose()
+    return tasks / elapsed
+
+
+def start_servers(url: str, count: int) -> tuple[list[subprocess.Popen[bytes]], list[str]]:
+    servers, bases = [], []
+    for _ in range(count):
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            port = sock.getsockname()[1]
+        bases.append(f"http://127.0.0.1:{port}")
+        servers.append(
+            subprocess.Popen(
+                [
+                    sys.executable,
+                    "-m",
+                    "orbit_server",
+                    "--log-level",
+                    "warning",
+                    "serve",
+                    "--database-url",
+                    url,
+                    "--port",
+                    str(port),
+                ],
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+            )
+        )
+    for base in bases:
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                if httpx.get(f"{base}/readyz").status_code == 200:
+                    break
+            except httpx.TransportError:
+                if time.monotonic() > deadline:
+                    raise SystemExit("server did not start") from None
+                time.sleep(0.1)
+    return servers, bases
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--database", choices=["mariadb", "sqlite"], default="mariadb")
+    parser.add_argument("--tasks", type=int, default=500)
+    parser.add_argument("--processes", type=int, default=4)
+    parser.add_argument("--concurrency", type=int, default=4)
+    parser.add_argument("--servers", type=int, default=2)
+    args = parser.parse_args()
+
+    tmp = Path(tempfile.mkdtemp(prefix="orbit-bench-"))
+    admin = None
+    if args.database == "mariadb":
+        name = f"orbit_bench_{uuid.uuid4().hex[:8]}"
+        admin = sa.create_engine(MYSQL_SERVER, isolation_level="AUTOCOMMIT")
+        with admin.connect() as conn:
+            conn.execute(sa.text(f"CREATE DATABASE `{name}` CHARACTER SET utf8mb4"))
+        url = sa.make_url(MYSQL_SERVER).set(database=name).render_as_string(hide_password=False)
+        cli("migrate", url=url)
+    else:
+        url = f"sqlite:///{tmp / 'bench.db'}"
+    cli("namespace", "create", "bench", url=url)
+    for queue in ("baseline", "scaled", "scaled-out"):
+        cli("queue", "create", "bench", queue, url=url)
+    keys = {role: cli("api-key", "create", "bench", "--role", role, url=url) for role in ("submit", "work")}
+    servers, bases = start_servers(url, max(1, args.servers))
+    try:
+        rounds = [
+            (
+                "1 worker, 1 server (base)",
+                run_round(bases[:1], url, keys, "baseline", args.tasks, 1, args.concurrency),
+            ),
+            (
+                f"{args.processes} workers, 1 server",
+                run_round(bases[:1], url, keys, "scaled", args.tasks, args.processes, args.concurrency),
+            ),
+        ]
+        if len(bases) > 1:
+            rounds.append(
+                (
+                    f"{args.processes} workers, {len(bases)} servers",
+                    run_round(bases, url, keys, "scaled-out", args.tasks, args.processes, args.concurrency),
+                )
+            )
+    finally:
+        for server in servers:
+            server.terminate()
+        for server in servers:
+            server.wait(timeout=30)
+        if admin is not None:
+            with admin.connect() as conn:
+                conn.execute(sa.text(f"DROP DATABASE IF EXISTS `{name}`"))
+            admin.dispose()
+    print(f"database={args.database} tasks/round={args.tasks} concurrency/process={args.concurrency}")
+    print(f"cpus={os.cpu_count()} (workers, servers and the database all share them)")
+    baseline = rounds[0][1]
+    print(f"{'round':<28}{'tasks/s':>10}{'ratio to baseline':>20}")
+    for label, rate in rounds:
+        print(f"{label:<28}{rate:>10.1f}{rate / baseline:>20.2f}")
+
+
+if __name__ == "__main__":
+    main()
