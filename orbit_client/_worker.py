@@ -205,7 +205,7 @@ _DOC_ARGS = """
         lease_seconds: lease asked for each task, in seconds; the worker heartbeats every
             third of it while the handler runs. Default 30.
         poll_wait_seconds: how long one lease call long-polls when nothing is due, in seconds;
-            also the longest :meth:`stop` waits for that call. Default 5.
+            also the longest :meth:`stop` waits for that call. Default 2.
         shutdown_timeout: after :meth:`stop`, how long ``run()`` waits for running handlers, in
             seconds; ``None`` (the default) waits for all of them. Handlers still running after it
             are left behind without heartbeats, so their leases lapse.
@@ -241,7 +241,7 @@ class Worker:
         *,
         concurrency: int = 1,
         lease_seconds: float = 30.0,
-        poll_wait_seconds: float = 5.0,
+        poll_wait_seconds: float = 2.0,
         shutdown_timeout: float | None = None,
         worker_id: str | None = None,
         install_signal_handlers: bool = True,
@@ -510,7 +510,7 @@ class AsyncWorker:
         *,
         concurrency: int = 1,
         lease_seconds: float = 30.0,
-        poll_wait_seconds: float = 5.0,
+        poll_wait_seconds: float = 2.0,
         shutdown_timeout: float | None = None,
         worker_id: str | None = None,
         install_signal_handlers: bool = True,
