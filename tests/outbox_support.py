@@ -236,7 +236,7 @@ class TcpProxy:
                     if not data:
                         return
                     (b if src is a else a).sendall(data)
-        except OSError:
+        except (OSError, ValueError):  # ValueError: down() closed a socket under select()
             return
         finally:
             for s in (a, b):
