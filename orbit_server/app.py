@@ -64,7 +64,8 @@ log = logging.getLogger("orbit_server.app")
 _REQUEST_ID_RE = re.compile(r"[A-Za-z0-9._:-]{1,128}")
 _HTTP_CODES = {404: "not_found", 405: "method_not_allowed", 413: "payload_too_large"}
 _PROBLEMS: dict[int | str, dict[str, Any]] = {
-    status: {"model": Problem, "content": {"application/problem+json": {}}} for status in (400, 401, 403, 404, 422)
+    status: {"model": Problem, "content": {"application/problem+json": {}}}
+    for status in (400, 401, 403, 404, 422)
 }
 
 NamespaceName = Annotated[str, Path(pattern=NAME_PATTERN, description="Namespace name.")]
@@ -110,6 +111,7 @@ class Wakeup:
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(event.wait(), timeout)
 
+
 _bearer = HTTPBearer(auto_error=False, description="An API key created with `orbit-server api-key create`.")
 
 
@@ -135,7 +137,9 @@ def problem_response(
 ) -> JSONResponse:
     body = Problem(title=title, status=status, detail=detail, code=code, request_id=request_id, **extra)
     return JSONResponse(
-        body.model_dump(mode="json", exclude_none=True), status_code=status, media_type="application/problem+json"
+        body.model_dump(mode="json", exclude_none=True),
+        status_code=status,
+        media_type="application/problem+json",
     )
 
 
@@ -249,7 +253,9 @@ def create_app(settings: ServerSettings | None = None, *, engine: Engine | None 
         wakeup.bind(asyncio.get_running_loop())
         sweeper = None
         if settings.sweep_interval_seconds > 0:
-            sweeper = asyncio.create_task(sweep_forever(settings.sweep_interval_seconds), name="orbit-expiry-sweep")
+            sweeper = asyncio.create_task(
+                sweep_forever(settings.sweep_interval_seconds), name="orbit-expiry-sweep"
+            )
         try:
             yield
         finally:
@@ -274,7 +280,9 @@ def create_app(settings: ServerSettings | None = None, *, engine: Engine | None 
 
     @app.exception_handler(errors.OrbitServerError)
     async def _domain_error(request: Request, exc: errors.OrbitServerError) -> JSONResponse:
-        response = problem_response(exc.status, exc.code, exc.title, exc.detail, _request_id(request), **exc.extra)
+        response = problem_response(
+            exc.status, exc.code, exc.title, exc.detail, _request_id(request), **exc.extra
+        )
         response.headers.update(exc.headers)
         return response
 
@@ -282,7 +290,8 @@ def create_app(settings: ServerSettings | None = None, *, engine: Engine | None 
     async def _validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
         # Report where and why, never the offending input (it may hold params).
         problems = [
-            {"loc": list(e.get("loc", ())), "msg": e.get("msg", ""), "type": e.get("type", "")} for e in exc.errors()
+            {"loc": list(e.get("loc", ())), "msg": e.get("msg", ""), "type": e.get("type", "")}
+            for e in exc.errors()
         ]
         detail = "; ".join(f"{'.'.join(map(str, p['loc']))}: {p['msg']}" for p in problems)
         return problem_response(
@@ -305,7 +314,9 @@ def create_app(settings: ServerSettings | None = None, *, engine: Engine | None 
         if caller.namespace != namespace:
             raise errors.NamespaceNotFound(f"namespace {namespace!r} does not exist")
         if not caller.can(action):
-            raise errors.Forbidden(f"a {caller.role!r} key cannot do this; it needs the {action!r} role or admin")
+            raise errors.Forbidden(
+                f"a {caller.role!r} key cannot do this; it needs the {action!r} role or admin"
+            )
 
     # ------------------------------------------------------------------ routes
 
@@ -331,8 +342,12 @@ def create_app(settings: ServerSettings | None = None, *, engine: Engine | None 
         status_code=201,
         response_model=Task,
         tags=["tasks"],
-        responses={**_PROBLEMS, 200: {"model": Task, "description": "Replay of an earlier submission"},
-                   409: _PROBLEMS[400], 413: _PROBLEMS[400]},  # fmt: skip
+        responses={
+            **_PROBLEMS,
+            200: {"model": Task, "description": "Replay of an earlier submission"},
+            409: _PROBLEMS[400],
+            413: _PROBLEMS[400],
+        },
     )
     def submit_task(
         namespace: NamespaceName,
@@ -369,7 +384,9 @@ def create_app(settings: ServerSettings | None = None, *, engine: Engine | None 
         response.headers["Location"] = f"/v1/namespaces/{namespace}/tasks/{task.id}"
         return task
 
-    @app.get("/v1/namespaces/{namespace}/tasks/{task_id}", response_model=Task, tags=["tasks"], responses=_PROBLEMS)
+    @app.get(
+        "/v1/namespaces/{namespace}/tasks/{task_id}", response_model=Task, tags=["tasks"], responses=_PROBLEMS
+    )
     def get_task(namespace: NamespaceName, task_id: str, caller: Caller) -> Task:
         """One task of the namespace; 404 ``task_not_found`` otherwise."""
         authorize(caller, namespace, "read")
@@ -398,7 +415,10 @@ def create_app(settings: ServerSettings | None = None, *, engine: Engine | None 
         return task
 
     @app.get(
-        "/v1/namespaces/{namespace}/queues/{queue}", response_model=Queue, tags=["queues"], responses=_PROBLEMS
+        "/v1/namespaces/{namespace}/queues/{queue}",
+        response_model=Queue,
+        tags=["queues"],
+        responses=_PROBLEMS,
     )
     def get_queue(
         namespace: NamespaceName, queue: Annotated[str, Path(pattern=NAME_PATTERN)], caller: Caller
@@ -430,7 +450,9 @@ def create_app(settings: ServerSettings | None = None, *, engine: Engine | None 
         """
         authorize(caller, namespace, "read")
         with the_engine.begin() as conn:
-            return store.list_tasks(conn, caller.namespace_id, status=status, queue=queue, limit=limit, cursor=cursor)
+            return store.list_tasks(
+                conn, caller.namespace_id, status=status, queue=queue, limit=limit, cursor=cursor
+            )
 
     @app.post(
         "/v1/namespaces/{namespace}/queues/{queue}/leases",
@@ -438,7 +460,9 @@ def create_app(settings: ServerSettings | None = None, *, engine: Engine | None 
         tags=["execution"],
         responses=_PROBLEMS,
     )
-    async def lease_tasks(namespace: NamespaceName, queue: QueueName, body: LeaseRequest, caller: Caller) -> Any:
+    async def lease_tasks(
+        namespace: NamespaceName, queue: QueueName, body: LeaseRequest, caller: Caller
+    ) -> Any:
         """Lease up to ``max_tasks`` due tasks for one worker (DESIGN §4).
 
         Each grant carries the task and a new attempt: id, ``generation`` (fencing number),
@@ -469,7 +493,9 @@ def create_app(settings: ServerSettings | None = None, *, engine: Engine | None 
     attempt_path = "/v1/namespaces/{namespace}/attempts/{attempt_id}"
 
     @app.post(f"{attempt_path}/start", response_model=AttemptState, tags=["execution"], responses=_CONFLICTS)
-    def start_attempt(namespace: NamespaceName, attempt_id: str, body: LeaseTokenRequest, caller: Caller) -> AttemptState:
+    def start_attempt(
+        namespace: NamespaceName, attempt_id: str, body: LeaseTokenRequest, caller: Caller
+    ) -> AttemptState:
         """Confirm that the handler starts: ``LEASED → RUNNING``, lease renewed.
 
         409 ``lease_lost`` for a wrong token or an attempt that no longer holds the lease.
@@ -480,8 +506,12 @@ def create_app(settings: ServerSettings | None = None, *, engine: Engine | None 
             the_engine, execution.start_attempt, caller.namespace_id, attempt_id, body.lease_token
         )
 
-    @app.post(f"{attempt_path}/heartbeat", response_model=AttemptState, tags=["execution"], responses=_CONFLICTS)
-    def heartbeat(namespace: NamespaceName, attempt_id: str, body: HeartbeatRequest, caller: Caller) -> AttemptState:
+    @app.post(
+        f"{attempt_path}/heartbeat", response_model=AttemptState, tags=["execution"], responses=_CONFLICTS
+    )
+    def heartbeat(
+        namespace: NamespaceName, attempt_id: str, body: HeartbeatRequest, caller: Caller
+    ) -> AttemptState:
         """Renew the lease; the answer says the new expiry and whether cancellation was requested.
 
         409 ``lease_lost`` for a wrong token or an attempt that no longer holds the lease.
@@ -497,7 +527,9 @@ def create_app(settings: ServerSettings | None = None, *, engine: Engine | None 
             lease_seconds=body.lease_seconds,
         )
 
-    @app.post(f"{attempt_path}/complete", response_model=AttemptState, tags=["execution"], responses=_CONFLICTS)
+    @app.post(
+        f"{attempt_path}/complete", response_model=AttemptState, tags=["execution"], responses=_CONFLICTS
+    )
     def complete_attempt(
         namespace: NamespaceName, attempt_id: str, body: CompleteRequest, caller: Caller
     ) -> AttemptState:
@@ -509,11 +541,18 @@ def create_app(settings: ServerSettings | None = None, *, engine: Engine | None 
         """
         authorize(caller, namespace, "work")
         return execution.transact(
-            the_engine, execution.complete_attempt, caller.namespace_id, attempt_id, body.lease_token, body.result
+            the_engine,
+            execution.complete_attempt,
+            caller.namespace_id,
+            attempt_id,
+            body.lease_token,
+            body.result,
         )
 
     @app.post(f"{attempt_path}/fail", response_model=AttemptState, tags=["execution"], responses=_CONFLICTS)
-    def fail_attempt(namespace: NamespaceName, attempt_id: str, body: FailRequest, caller: Caller) -> AttemptState:
+    def fail_attempt(
+        namespace: NamespaceName, attempt_id: str, body: FailRequest, caller: Caller
+    ) -> AttemptState:
         """Report a failure: the task waits for a retry, fails, or (after a cancel request) is cancelled.
 
         409 ``lease_lost`` as for ``complete``. The same body again answers 200. Requires ``work``.
@@ -563,7 +602,9 @@ def create_app(settings: ServerSettings | None = None, *, engine: Engine | None 
             on_behalf_of=body.actor,
         )
 
-    @app.post(f"{task_path}/retry", response_model=Task, status_code=201, tags=["tasks"], responses=_CONFLICTS)
+    @app.post(
+        f"{task_path}/retry", response_model=Task, status_code=201, tags=["tasks"], responses=_CONFLICTS
+    )
     def retry_task(
         namespace: NamespaceName, task_id: str, body: RetryRequest, caller: Caller, response: Response
     ) -> Task:

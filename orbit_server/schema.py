@@ -33,7 +33,7 @@ Timestamp = sa.DateTime().with_variant(mysql.DATETIME(fsp=6), "mysql", "mariadb"
 BigId = sa.BigInteger().with_variant(sa.Integer(), "sqlite")
 
 
-def Key(length: int) -> sa.types.TypeEngine[str]:  # noqa: N802 - reads like a type
+def Key(length: int) -> sa.types.TypeEngine[str]:  # capitalised: it reads like a type
     """An ASCII string compared byte for byte (``ascii_bin`` on MySQL/MariaDB)."""
     return sa.String(length).with_variant(
         mysql.VARCHAR(length, charset="ascii", collation="ascii_bin"), "mysql", "mariadb"

@@ -26,13 +26,17 @@ class ServerSettings(BaseSettings):
     max_body_bytes: int = Field(
         default=256 * 1024, ge=1024, description="Largest request body accepted, in bytes (413 above it)."
     )
-    default_max_attempts: int = Field(default=3, ge=1, le=1000, description="max_attempts of a task that gives none.")
+    default_max_attempts: int = Field(
+        default=3, ge=1, le=1000, description="max_attempts of a task that gives none."
+    )
     submission_key_ttl_seconds: int = Field(
         default=7 * 24 * 3600,
         ge=3600,
         description="How long an idempotency key is remembered, in seconds (default 7 days).",
     )
-    db_pool_size: int = Field(default=20, ge=1, description="Database connections kept open (as many may overflow).")
+    db_pool_size: int = Field(
+        default=20, ge=1, description="Database connections kept open (as many may overflow)."
+    )
     sweep_interval_seconds: float = Field(
         default=5.0,
         ge=0,

@@ -191,9 +191,11 @@ def task_from_row(row: RowMapping) -> Task:
 
 def get_task(conn: Connection, namespace_id: int, task_id: str) -> Task | None:
     """The task ``task_id`` of one namespace, or ``None``."""
-    row = conn.execute(
-        _task_select().where(tasks.c.id == task_id, tasks.c.namespace_id == namespace_id)
-    ).mappings().first()
+    row = (
+        conn.execute(_task_select().where(tasks.c.id == task_id, tasks.c.namespace_id == namespace_id))
+        .mappings()
+        .first()
+    )
     return task_from_row(row) if row else None
 
 
@@ -253,20 +255,26 @@ def list_tasks(
         )
     rows = conn.execute(query.order_by(tasks.c.created_at, tasks.c.id).limit(limit + 1)).mappings().all()
     items = [task_from_row(row) for row in rows[:limit]]
-    next_cursor = _encode_cursor(rows[limit - 1]["created_at"], rows[limit - 1]["id"]) if len(rows) > limit else None
+    next_cursor = (
+        _encode_cursor(rows[limit - 1]["created_at"], rows[limit - 1]["id"]) if len(rows) > limit else None
+    )
     return TaskPage(items=items, next_cursor=next_cursor)
 
 
 def find_submission(conn: Connection, namespace_id: int, idempotency_key: str) -> Task | None:
     """The task an idempotency key created in a namespace, or ``None`` (DESIGN §3)."""
-    row = conn.execute(
-        _task_select()
-        .join(submission_keys, submission_keys.c.task_id == tasks.c.id)
-        .where(
-            submission_keys.c.namespace_id == namespace_id,
-            submission_keys.c.idempotency_key == idempotency_key,
+    row = (
+        conn.execute(
+            _task_select()
+            .join(submission_keys, submission_keys.c.task_id == tasks.c.id)
+            .where(
+                submission_keys.c.namespace_id == namespace_id,
+                submission_keys.c.idempotency_key == idempotency_key,
+            )
         )
-    ).mappings().first()
+        .mappings()
+        .first()
+    )
     return task_from_row(row) if row else None
 
 
@@ -282,7 +290,9 @@ def get_queue(conn: Connection, namespace: str, namespace_id: int, name: str) ->
     counts = {
         TaskStatus(status): int(n)
         for status, n in conn.execute(
-            sa.select(tasks.c.status, sa.func.count()).where(tasks.c.queue_id == row.id).group_by(tasks.c.status)
+            sa.select(tasks.c.status, sa.func.count())
+            .where(tasks.c.queue_id == row.id)
+            .group_by(tasks.c.status)
         )
     }
     return Queue(namespace=namespace, name=name, created_at=to_utc(row.created_at), counts=counts)
@@ -299,7 +309,11 @@ def request_digest(submission: TaskSubmission) -> str:
     for the same task.
     """
     text = json.dumps(
-        submission.canonical_meaning(), sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False
+        submission.canonical_meaning(),
+        sort_keys=True,
+        separators=(",", ":"),
+        ensure_ascii=False,
+        allow_nan=False,
     )
     return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
@@ -394,7 +408,9 @@ def submit_task(
                         retry_safe=bool(options and options.retry_safe),
                         backoff_base_seconds=options.backoff_base_seconds if options else None,
                         backoff_cap_seconds=options.backoff_cap_seconds if options else None,
-                        available_at=to_naive_utc(options.available_at) if options and options.available_at else now,
+                        available_at=to_naive_utc(options.available_at)
+                        if options and options.available_at
+                        else now,
                         deadline=to_naive_utc(options.deadline) if options else None,
                         cancel_requested=False,
                         created_at=now,
@@ -429,4 +445,6 @@ def submit_task(
             if not is_lock_conflict(exc):
                 raise
             log.debug("lock conflict while accepting a submission; retrying")
-    raise errors.RequestInProgress("the submission kept meeting concurrent requests with the same key; retry shortly")
+    raise errors.RequestInProgress(
+        "the submission kept meeting concurrent requests with the same key; retry shortly"
+    )
