@@ -41,6 +41,7 @@ def _config(tables: OutboxTables) -> Config:
     cfg.set_main_option("script_location", str(migrations_dir()))
     cfg.attributes["outbox_table"] = tables.name
     cfg.attributes["outbox_events_table"] = tables.events_name
+    cfg.attributes["inbox_table"] = tables.inbox_name
     return cfg
 
 

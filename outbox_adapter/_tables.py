@@ -1,7 +1,7 @@
-"""The outbox tables, as SQLAlchemy Core, with configurable names.
+"""The outbox and inbox tables, as SQLAlchemy Core, with configurable names.
 
-``OutboxTables()`` builds ``orbit_outbox`` and ``orbit_outbox_events`` on a
-``MetaData`` of their own (what ``orbit-outbox migrate`` creates); an application
+``OutboxTables()`` builds ``orbit_outbox``, ``orbit_outbox_events`` and ``orbit_inbox``
+on a ``MetaData`` of their own (what ``orbit-outbox migrate`` creates); an application
 with its own Alembic history passes its ``MetaData`` instead, and autogenerate
 then sees the tables beside its own (DESIGN §2, §5).
 
@@ -19,7 +19,7 @@ from sqlalchemy.dialects import mysql
 
 from outbox_adapter._exceptions import OutboxUsageError
 
-__all__ = ["DEFAULT_TABLE_NAME", "OutboxState", "OutboxTables"]
+__all__ = ["DEFAULT_TABLE_NAME", "InboxOutcome", "OutboxState", "OutboxTables", "default_inbox_name"]
 
 #: Name of the outbox table unless configured otherwise.
 DEFAULT_TABLE_NAME = "orbit_outbox"
@@ -62,6 +62,27 @@ class OutboxState(enum.StrEnum):
     NEEDS_RECONCILE = "NEEDS_RECONCILE"
 
 
+class InboxOutcome(enum.StrEnum):
+    """What became of a result event recorded in the inbox (DESIGN §5 "Inbox").
+
+    ``APPLIED``: the handler ran and its changes committed with the inbox row.
+    ``FAILED``: the handler kept failing until the consumer's ``max_deliveries``; the
+    event was recorded (with its payload and the last error) and acked without its
+    business change, for a person to look at (see :class:`~outbox_adapter.ResultConsumer`).
+    """
+
+    APPLIED = "APPLIED"
+    FAILED = "FAILED"
+
+
+def default_inbox_name(outbox_name: str) -> str:
+    """The inbox table's name when none is given: ``orbit_outbox`` → ``orbit_inbox``,
+    ``shop_outbox`` → ``shop_inbox``, any other ``name`` → ``f"{name}_inbox"``."""
+    if outbox_name.endswith("outbox"):
+        return outbox_name[: -len("outbox")] + "inbox"
+    return f"{outbox_name}_inbox"
+
+
 class OutboxTables:
     """The outbox table and its audit table, on ``metadata``.
 
@@ -70,12 +91,21 @@ class OutboxTables:
             Pass the application's own to manage the tables with its Alembic history.
         name: the outbox table's name, default ``"orbit_outbox"``.
         events_name: the audit table's name; ``None`` means ``f"{name}_events"``.
+        inbox_name: the inbox table's name; ``None`` means ``default_inbox_name(name)``
+            (``orbit_inbox`` for the default outbox name).
 
     Attributes:
-        metadata: the ``MetaData`` holding both tables.
+        metadata: the ``MetaData`` holding the three tables.
         outbox: one row per intended Orbit call (DESIGN §5).
         events: one row per state change of an outbox row: ``outbox_id``, ``from_state``,
             ``to_state``, ``reason``, ``actor``, ``orbit_task_id``, ``at`` (UTC).
+        inbox: one row per result event a :class:`~outbox_adapter.ResultConsumer` recorded,
+            unique on ``(subscription, event_id)`` (DESIGN §5 "Inbox"; seed 001 §4: source event
+            and consumer unique): ``event_id``, ``subscription``, ``namespace``, ``task_id``,
+            ``status`` (the task's terminal status in the event), ``outcome`` (an
+            :class:`InboxOutcome`), ``delivery_count`` (deliveries of the event when recorded),
+            ``error`` and ``event`` (the event as JSON; ``FAILED`` rows only), ``received_at``
+            and ``processed_at`` (UTC, database clock).
 
     Raises:
         OutboxUsageError: a name is not 1-48 letters, digits or ``_`` starting with a
@@ -88,20 +118,28 @@ class OutboxTables:
         *,
         name: str = DEFAULT_TABLE_NAME,
         events_name: str | None = None,
+        inbox_name: str | None = None,
     ) -> None:
         events_name = events_name or f"{name}_events"
-        for label, value in (("name", name), ("events_name", events_name)):
+        inbox_name = inbox_name or (default_inbox_name(name) if isinstance(name, str) else name)
+        for label, value in (("name", name), ("events_name", events_name), ("inbox_name", inbox_name)):
             if not isinstance(value, str) or not _NAME_RE.fullmatch(value):
                 raise OutboxUsageError(
                     f"{label} {value!r} is not a usable table name: use 1-48 letters, digits or _, "
                     "starting with a letter or _"
                 )
         self.metadata = metadata if metadata is not None else sa.MetaData()
-        for value in (name, events_name):
+        if len({name, events_name, inbox_name}) < 3:
+            raise OutboxUsageError(
+                f"the outbox, events and inbox tables need three different names, not {name!r}, "
+                f"{events_name!r} and {inbox_name!r}"
+            )
+        for value in (name, events_name, inbox_name):
             if value in self.metadata.tables:
                 raise OutboxUsageError(f"table {value!r} is already defined on this MetaData")
         self.name = name
         self.events_name = events_name
+        self.inbox_name = inbox_name
         self.outbox = sa.Table(
             name,
             self.metadata,
@@ -154,6 +192,26 @@ class OutboxTables:
             sa.Column("at", _Timestamp, nullable=False),
             sa.Index(f"ix_{events_name}_outbox_id", "outbox_id", "id"),
         )
+        self.inbox = sa.Table(
+            inbox_name,
+            self.metadata,
+            sa.Column("id", _BigId, primary_key=True, autoincrement=True),
+            sa.Column("event_id", _ascii(64), nullable=False),
+            sa.Column("subscription", _ascii(64), nullable=False),
+            sa.Column("namespace", _ascii(64), nullable=False),
+            sa.Column("task_id", _ascii(64), nullable=False),
+            sa.Column("status", _ascii(20), nullable=False),
+            sa.Column("outcome", _ascii(20), nullable=False),
+            sa.Column("delivery_count", sa.Integer, nullable=False),
+            sa.Column("error", sa.Text, nullable=True),
+            sa.Column("event", sa.JSON(none_as_null=True), nullable=True),
+            sa.Column("received_at", _Timestamp, nullable=False),
+            sa.Column("processed_at", _Timestamp, nullable=True),
+            # The dedup: an event is applied once per subscription (DESIGN §5; seed 001 §4).
+            sa.UniqueConstraint("subscription", "event_id", name=f"uq_{inbox_name}_event"),
+            sa.Index(f"ix_{inbox_name}_task_id", "task_id"),
+            sa.Index(f"ix_{inbox_name}_outcome", "outcome", "id"),
+        )
 
     def __repr__(self) -> str:
-        return f"OutboxTables(name={self.name!r}, events_name={self.events_name!r})"
+        return f"OutboxTables(name={self.name!r}, events_name={self.events_name!r}, inbox_name={self.inbox_name!r})"

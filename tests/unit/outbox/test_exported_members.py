@@ -18,11 +18,13 @@ def test_all_is_exactly_the_public_names() -> None:
 
 def test_public_names_show_the_package() -> None:
     assert outbox_adapter.Relay.__module__ == "outbox_adapter"
+    assert outbox_adapter.ResultConsumer.__module__ == "outbox_adapter"
     assert outbox_adapter.OutboxError.__module__ == "outbox_adapter"
-    assert (
-        repr(outbox_adapter.OutboxTables())
-        == "OutboxTables(name='orbit_outbox', events_name='orbit_outbox_events')"
+    assert repr(outbox_adapter.OutboxTables()) == (
+        "OutboxTables(name='orbit_outbox', events_name='orbit_outbox_events', inbox_name='orbit_inbox')"
     )
+    assert outbox_adapter.OutboxTables(name="shop_outbox").inbox_name == "shop_inbox"
+    assert outbox_adapter.OutboxTables(name="ob_1").inbox_name == "ob_1_inbox"
 
 
 def test_one_exception_root() -> None:
