@@ -9,10 +9,15 @@ and let a relay deliver it exactly once per key (DESIGN §5, §6.1 of the reliab
 
     # elsewhere, any number of processes:  orbit-outbox relay --database-url ... --orbit-url ... --api-key ...
 
+Results come back the other way through the inbox: :class:`ResultConsumer` applies each
+result event of a subscription once, in the transaction that records it in ``orbit_inbox``
+(``orbit-outbox consume --subscription NAME --handler module:function``).
+
 Everything public is re-exported here; the ``_modules`` behind it are private. The
 package never imports ``orbit_server`` (DESIGN §1).
 """
 
+from outbox_adapter._consumer import DEFAULT_MAX_DELIVERIES, ResultConsumer
 from outbox_adapter._enqueue import DEFAULT_MAX_PARAMS_BYTES, enqueue, enqueue_async
 from outbox_adapter._exceptions import (
     InvalidStateError,
@@ -27,7 +32,9 @@ from outbox_adapter._exceptions import (
 from outbox_adapter._manager import DEFAULT_KEY_WINDOW_SECONDS, Outbox
 from outbox_adapter._migrate import head_revision
 from outbox_adapter._models import (
+    ConsumerStats,
     DeliveredRow,
+    InboxRow,
     OutboxEntry,
     OutboxEvent,
     OutboxRow,
@@ -38,15 +45,19 @@ from outbox_adapter._models import (
 from outbox_adapter._outcomes import Backoff
 from outbox_adapter._relay import DEFAULT_MAX_ATTEMPTS, Relay
 from outbox_adapter._settings import OutboxSettings
-from outbox_adapter._tables import DEFAULT_TABLE_NAME, OutboxState, OutboxTables
+from outbox_adapter._tables import DEFAULT_TABLE_NAME, InboxOutcome, OutboxState, OutboxTables
 
 __all__ = [
     "DEFAULT_KEY_WINDOW_SECONDS",
     "DEFAULT_MAX_ATTEMPTS",
+    "DEFAULT_MAX_DELIVERIES",
     "DEFAULT_MAX_PARAMS_BYTES",
     "DEFAULT_TABLE_NAME",
     "Backoff",
+    "ConsumerStats",
     "DeliveredRow",
+    "InboxOutcome",
+    "InboxRow",
     "InvalidStateError",
     "Outbox",
     "OutboxDatabaseError",
@@ -65,6 +76,7 @@ __all__ = [
     "ReconcileDecision",
     "Relay",
     "RelayStats",
+    "ResultConsumer",
     "RowNotFoundError",
     "enqueue",
     "enqueue_async",
@@ -74,7 +86,10 @@ __all__ = [
 # Errors and classes show as ``outbox_adapter.X`` in tracebacks and reprs, as in httpx.
 for _public in (
     Backoff,
+    ConsumerStats,
     DeliveredRow,
+    InboxOutcome,
+    InboxRow,
     InvalidStateError,
     Outbox,
     OutboxDatabaseError,
@@ -92,6 +107,7 @@ for _public in (
     ReconcileDecision,
     Relay,
     RelayStats,
+    ResultConsumer,
     RowNotFoundError,
 ):
     _public.__module__ = "outbox_adapter"

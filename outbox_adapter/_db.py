@@ -162,16 +162,18 @@ def _begin_immediate(engine: Engine) -> None:
 
 
 @contextmanager
-def short_transaction(engine: Engine) -> Iterator[Connection]:
+def short_transaction(engine: Engine, *, read_committed: bool = True) -> Iterator[Connection]:
     """One short read-write transaction of the relay or an operator command; commits on success.
 
     On SQLite it holds the write lock from its first statement (``BEGIN IMMEDIATE``,
     unless the engine's own ``begin`` hook already opened the transaction); on
-    MySQL/MariaDB and PostgreSQL this connection runs at ``READ COMMITTED``.
-    SQLAlchemy errors pass through untranslated: callers use :func:`translate_db_error`.
+    MySQL/MariaDB and PostgreSQL this connection runs at ``READ COMMITTED``, unless
+    ``read_committed`` is ``False`` (the result consumer's business transaction keeps the
+    engine's own isolation level). SQLAlchemy errors pass through untranslated: callers
+    use :func:`translate_db_error`.
     """
     with engine.connect() as conn:
-        if conn.dialect.name in ("mysql", "postgresql"):
+        if read_committed and conn.dialect.name in ("mysql", "postgresql"):
             conn.execution_options(isolation_level="READ COMMITTED")
         with conn.begin():
             if conn.dialect.name == "sqlite":

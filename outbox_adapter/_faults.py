@@ -1,7 +1,8 @@
-"""Fault hooks for the acceptance tests: make a real relay process stop at a chosen point.
+"""Fault hooks for the acceptance tests: make a real relay or consumer process stop at a chosen point.
 
-**Test-only.** Read once, when a :class:`~outbox_adapter.Relay` is built, from the
-environment variable ``ORBIT_OUTBOX_FAULT`` (unset in production: no hook runs):
+**Test-only.** Read once, when a :class:`~outbox_adapter.Relay` or
+:class:`~outbox_adapter.ResultConsumer` is built, from the environment variable
+``ORBIT_OUTBOX_FAULT`` (unset in production: no hook runs):
 
 - ``pause-after-send``: after a send returns, and *before* its outcome is recorded,
   write ``ORBIT_OUTBOX_FAULT paused-after-send row_id=N`` to stderr and block that send
@@ -10,6 +11,9 @@ environment variable ``ORBIT_OUTBOX_FAULT`` (unset in production: no hook runs):
 - ``delay-before-send=SECONDS``: wait that long before each send, after writing
   ``ORBIT_OUTBOX_FAULT sending row_id=N`` to stderr (a slow network, to catch a relay
   with a send in flight, e.g. for the SIGTERM test).
+- ``pause-after-commit`` (consumer): after a result event's transaction commits and
+  *before* its delivery is acked, write ``ORBIT_OUTBOX_FAULT paused-after-commit
+  event_id=E`` to stderr and block for ever: the crash "between commit and ack".
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ class Faults:
 
     pause_after_send: bool = False
     delay_before_send: float = 0.0
+    pause_after_commit: bool = False
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> Faults | None:
@@ -45,10 +50,12 @@ class Faults:
             return None
         if value == "pause-after-send":
             return cls(pause_after_send=True)
+        if value == "pause-after-commit":
+            return cls(pause_after_commit=True)
         if value.startswith("delay-before-send="):
             return cls(delay_before_send=float(value.split("=", 1)[1]))
         raise ValueError(
-            f"{ENV_VAR}={value!r} is not a known fault hook (pause-after-send, delay-before-send=S)"
+            f"{ENV_VAR}={value!r} is not a known fault hook (pause-after-send, delay-before-send=S, pause-after-commit)"
         )
 
     def before_send(self, row_id: int) -> None:
@@ -59,6 +66,11 @@ class Faults:
     def after_send(self, row_id: int) -> None:
         if self.pause_after_send:
             _say(f"paused-after-send row_id={row_id}")
+            threading.Event().wait()  # until the process is killed
+
+    def after_commit(self, event_id: str) -> None:
+        if self.pause_after_commit:
+            _say(f"paused-after-commit event_id={event_id}")
             threading.Event().wait()  # until the process is killed
 
 

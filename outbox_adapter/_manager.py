@@ -22,8 +22,15 @@ from outbox_adapter import _migrate
 from outbox_adapter import _queries as q
 from outbox_adapter._db import create_engine, db_now, describe_url, short_transaction, translate_db_error
 from outbox_adapter._exceptions import InvalidStateError, OutboxUsageError, RowNotFoundError
-from outbox_adapter._models import DeliveredRow, OutboxEvent, OutboxRow, OutboxStatus, ReconcileDecision
-from outbox_adapter._tables import OutboxState, OutboxTables
+from outbox_adapter._models import (
+    DeliveredRow,
+    InboxRow,
+    OutboxEvent,
+    OutboxRow,
+    OutboxStatus,
+    ReconcileDecision,
+)
+from outbox_adapter._tables import InboxOutcome, OutboxState, OutboxTables
 
 __all__ = ["DEFAULT_KEY_WINDOW_SECONDS", "Outbox"]
 
@@ -36,7 +43,7 @@ DeliveredHook = Callable[[Connection, DeliveredRow], None]
 
 
 class Outbox:
-    """The outbox tables of one business database, with the operator operations of DESIGN §5.
+    """The outbox (and inbox) tables of one business database, with the operator operations of DESIGN §5.
 
     Give exactly one of ``engine`` and ``database_url``.
 
@@ -162,6 +169,39 @@ class Outbox:
         """
         with self.transaction(f"read the events of row {row_id}", row_id=row_id) as conn:
             return q.list_events(conn, self.tables, row_id)
+
+    def inbox_rows(
+        self,
+        *,
+        outcome: str | None = None,
+        subscription: str | None = None,
+        limit: int = 50,
+        after_id: int = 0,
+    ) -> list[InboxRow]:
+        """Inbox rows with ``id > after_id``, by id, at most ``limit``; only those of ``outcome``
+        (``"APPLIED"`` or ``"FAILED"``) and ``subscription`` when given (``None``: any).
+
+        Raises:
+            OutboxUsageError: ``outcome`` is not an :class:`InboxOutcome` or ``limit`` < 1.
+            OutboxDatabaseError: the database failed; :class:`OutboxSchemaError` if not migrated.
+        """
+        if outcome is not None and outcome not in InboxOutcome.__members__:
+            raise OutboxUsageError(f"outcome must be one of {', '.join(InboxOutcome)}, not {outcome!r}")
+        if limit < 1:
+            raise OutboxUsageError("limit must be at least 1")
+        with self.transaction("list inbox rows") as conn:
+            return q.list_inbox(
+                conn, self.tables, outcome=outcome, subscription=subscription, limit=limit, after_id=after_id
+            )
+
+    def inbox_row(self, subscription: str, event_id: str) -> InboxRow | None:
+        """The inbox row of result event ``event_id`` for ``subscription``, or ``None`` if it was never recorded.
+
+        Raises:
+            OutboxDatabaseError: the database failed; :class:`OutboxSchemaError` if not migrated.
+        """
+        with self.transaction(f"read the inbox row of event {event_id}") as conn:
+            return q.get_inbox_row(conn, self.tables, subscription=subscription, event_id=event_id)
 
     # --- operator actions ----------------------------------------------------------------------------
 

@@ -12,7 +12,9 @@ from datetime import datetime
 from typing import Any
 
 __all__ = [
+    "ConsumerStats",
     "DeliveredRow",
+    "InboxRow",
     "OutboxEntry",
     "OutboxEvent",
     "OutboxRow",
@@ -195,3 +197,66 @@ class RelayStats(_AsDict):
     needs_reconcile: int = 0
     released: int = 0
     lost_leases: int = 0
+
+
+@dataclass(frozen=True, kw_only=True)
+class InboxRow(_AsDict):
+    """One result event recorded in the inbox (DESIGN §5 "Inbox"). Times are UTC, from the database clock.
+
+    Attributes:
+        event_id: the result event's id (unique per ``subscription``).
+        subscription: the subscription it was delivered through.
+        namespace, task_id: the task the event is about.
+        status: the task's status in the event (``SUCCEEDED``, ``FAILED``, ``CANCELLED``,
+            ``NEEDS_REVIEW``).
+        outcome: ``APPLIED`` (the handler's changes committed with this row) or ``FAILED``
+            (recorded without them after ``max_deliveries``; see :class:`ResultConsumer`).
+        delivery_count: how many times the server had delivered the event when this row
+            was written (1 for a first delivery).
+        error: the handler's last error (``FAILED`` rows), else ``None``.
+        event: the event as JSON, kept on ``FAILED`` rows so a person can act on it; else ``None``.
+        received_at: when the transaction that wrote the row inserted it.
+        processed_at: when the handler returned (``APPLIED``) or the failure was recorded.
+    """
+
+    id: int
+    event_id: str
+    subscription: str
+    namespace: str
+    task_id: str
+    status: str
+    outcome: str
+    delivery_count: int
+    error: str | None
+    received_at: datetime
+    processed_at: datetime | None
+    event: dict[str, Any] | None = field(default=None, repr=False)
+
+
+@dataclass(kw_only=True)
+class ConsumerStats(_AsDict):
+    """Counters of one :meth:`ResultConsumer.run`; every field counts deliveries.
+
+    Attributes:
+        leased: deliveries leased from the server.
+        applied: events whose handler ran and committed with their inbox row.
+        duplicates: deliveries of events already in the inbox (nothing changed; acked).
+        failed: deliveries whose handler raised: rolled back, not acked; the server delivers
+            them again after their lease.
+        parked: events recorded ``FAILED`` after ``max_deliveries`` and acked without their
+            business change.
+        acked: deliveries acked (applied, duplicate or parked).
+        ack_failures: acks that failed after the commit; those deliveries come back after
+            their lease and are acked as duplicates.
+        unprocessed: leased deliveries left untouched (stop, or the business database
+            went away mid-batch); they come back after their lease.
+    """
+
+    leased: int = 0
+    applied: int = 0
+    duplicates: int = 0
+    failed: int = 0
+    parked: int = 0
+    acked: int = 0
+    ack_failures: int = 0
+    unprocessed: int = 0

@@ -11,6 +11,11 @@ only ``state = 'PENDING' AND available_at <= now``, which the index
 ``(state, available_at, id)`` serves in order. Every later write of a claimed row is a
 conditional update on ``(id, lease_token)`` with a live lease, and its row count is
 checked: a relay whose lease expired or was taken over records nothing.
+
+Inbox (DESIGN §5): the result consumer's business transaction first looks for the event
+(:func:`inbox_contains`), then inserts its row (:func:`insert_inbox_row`), whose unique
+``(subscription, event_id)`` makes a concurrent duplicate wait for, then fail on, the
+first one's commit.
 """
 
 from __future__ import annotations
@@ -25,8 +30,8 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection, RowMapping
 
 from outbox_adapter._db import db_now, now_sql, to_aware_utc
-from outbox_adapter._models import OutboxEvent, OutboxRow, OutboxStatus
-from outbox_adapter._tables import OutboxState, OutboxTables
+from outbox_adapter._models import InboxRow, OutboxEvent, OutboxRow, OutboxStatus
+from outbox_adapter._tables import InboxOutcome, OutboxState, OutboxTables
 
 __all__ = [
     "Claim",
@@ -34,10 +39,15 @@ __all__ = [
     "claim_batch",
     "count_by_state",
     "event_values",
+    "get_inbox_row",
     "get_row",
+    "inbox_contains",
+    "insert_inbox_row",
     "insert_row",
     "list_events",
+    "list_inbox",
     "list_rows",
+    "mark_inbox_processed",
     "purge_delivered_batch",
     "record_dead",
     "record_delivered",
@@ -526,3 +536,106 @@ def purge_delivered_batch(conn: Connection, t: OutboxTables, *, cutoff: datetime
 def ids_of(rows: Iterable[OutboxRow]) -> list[int]:
     """The ids of ``rows``, in order."""
     return [r.id for r in rows]
+
+
+# --- inbox -------------------------------------------------------------------------------------------
+
+
+def inbox_contains(conn: Connection, t: OutboxTables, *, subscription: str, event_id: str) -> bool:
+    """Whether ``event_id`` is already in the inbox for ``subscription`` (applied or recorded ``FAILED``)."""
+    i = t.inbox
+    stmt = sa.select(i.c.id).where(i.c.subscription == subscription, i.c.event_id == event_id)
+    return conn.execute(stmt).first() is not None
+
+
+def insert_inbox_row(
+    conn: Connection,
+    t: OutboxTables,
+    *,
+    event_id: str,
+    subscription: str,
+    namespace: str,
+    task_id: str,
+    status: str,
+    outcome: InboxOutcome,
+    delivery_count: int,
+    error: str | None = None,
+    event: Mapping[str, Any] | None = None,
+    processed: bool = False,
+) -> int:
+    """Insert the inbox row of one event; ``received_at`` (and with ``processed``, ``processed_at``)
+    from the database clock. Returns its id.
+
+    Raises:
+        sqlalchemy.exc.IntegrityError: the event is already there for this subscription
+            (on PostgreSQL the transaction is then aborted: the caller rolls back).
+    """
+    now = now_sql(conn.dialect.name)
+    result = conn.execute(
+        t.inbox.insert().values(
+            event_id=event_id,
+            subscription=subscription,
+            namespace=namespace,
+            task_id=task_id,
+            status=status,
+            outcome=outcome.value,
+            delivery_count=delivery_count,
+            error=_clip(error),
+            event=dict(event) if event is not None else None,
+            received_at=now,
+            processed_at=now if processed else None,
+        )
+    )
+    key = result.inserted_primary_key
+    assert key is not None and key[0] is not None
+    return int(key[0])
+
+
+def mark_inbox_processed(conn: Connection, t: OutboxTables, row_id: int) -> None:
+    """Set ``processed_at`` of inbox row ``row_id`` to the database's now (the handler returned)."""
+    i = t.inbox
+    conn.execute(sa.update(i).where(i.c.id == row_id).values(processed_at=now_sql(conn.dialect.name)))
+
+
+def _inbox_row(m: RowMapping) -> InboxRow:
+    return InboxRow(
+        id=m["id"],
+        event_id=m["event_id"],
+        subscription=m["subscription"],
+        namespace=m["namespace"],
+        task_id=m["task_id"],
+        status=m["status"],
+        outcome=m["outcome"],
+        delivery_count=m["delivery_count"],
+        error=m["error"],
+        event=m["event"],
+        received_at=_aware(m["received_at"]),
+        processed_at=to_aware_utc(m["processed_at"]),
+    )
+
+
+def get_inbox_row(conn: Connection, t: OutboxTables, *, subscription: str, event_id: str) -> InboxRow | None:
+    """The inbox row of ``event_id`` for ``subscription``, or ``None``."""
+    i = t.inbox
+    stmt = sa.select(i).where(i.c.subscription == subscription, i.c.event_id == event_id)
+    found = conn.execute(stmt).mappings().first()
+    return _inbox_row(found) if found is not None else None
+
+
+def list_inbox(
+    conn: Connection,
+    t: OutboxTables,
+    *,
+    outcome: str | None,
+    subscription: str | None = None,
+    limit: int,
+    after_id: int = 0,
+) -> list[InboxRow]:
+    """Inbox rows with ``id > after_id`` (of ``outcome`` / ``subscription`` when given), by id, at most ``limit``."""
+    i = t.inbox
+    stmt = sa.select(i).where(i.c.id > after_id).order_by(i.c.id).limit(limit)
+    if outcome is not None:
+        stmt = stmt.where(i.c.outcome == outcome)
+    if subscription is not None:
+        stmt = stmt.where(i.c.subscription == subscription)
+    return [_inbox_row(m) for m in conn.execute(stmt).mappings()]

@@ -1,7 +1,8 @@
-"""``orbit-outbox``: migrate, relay, inspect and repair the outbox of a business database.
+"""``orbit-outbox``: migrate, relay, inspect and repair the outbox of a business database,
+and consume result events into its inbox.
 
 Every option can also be set through the environment variable shown in ``--help``
-(``ORBIT_OUTBOX_DATABASE_URL``, ``ORBIT_URL``, ``ORBIT_API_KEY``, ...). On a terminal
+(``ORBIT_OUTBOX_DATABASE_URL``, ``ORBIT_URL``, ``ORBIT_API_KEY``, ``ORBIT_NAMESPACE``, ...). On a terminal
 the output is rich tables; ``--json`` prints JSON for scripts.
 
 Exit codes:
@@ -9,20 +10,23 @@ Exit codes:
 - ``0``: done.
 - ``1``: refused: no such row, or its state does not allow the command; for ``reconcile``,
   some rows need a person (``mismatch``, ``too_old``).
-- ``2``: bad usage (an unknown option, a malformed value or URL).
+- ``2``: bad usage (an unknown option, a malformed value or URL, a ``--handler`` that cannot be imported).
 - ``3``: the business database is unreachable, failed, or has no outbox tables (run ``migrate``).
-- ``4``: the Orbit server is unreachable or refused the request (``reconcile`` lookups).
+- ``4``: the Orbit server is unreachable or refused the request (``reconcile`` lookups, ``consume``
+  leases).
 """
 
 from __future__ import annotations
 
 import getpass
+import importlib
 import json
+import os
 import re
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Any, NoReturn, TypeVar
+from typing import Any, NoReturn, TypeVar, cast
 
 import click
 from pydantic import ValidationError
@@ -31,6 +35,7 @@ from rich.progress import Progress, SpinnerColumn, TextColumn
 from rich.table import Table
 
 from orbit_client import OrbitClient, OrbitError, RetryPolicy
+from outbox_adapter._consumer import DEFAULT_MAX_DELIVERIES, DeliveryClient, ResultConsumer, ResultHandler
 from outbox_adapter._db import describe_url
 from outbox_adapter._exceptions import OutboxDatabaseError, OutboxRowError, OutboxUsageError
 from outbox_adapter._logging import configure_logging
@@ -40,7 +45,7 @@ from outbox_adapter._relay import Relay
 from outbox_adapter._settings import OutboxSettings
 from outbox_adapter._tables import OutboxState, OutboxTables
 
-__all__ = ["main", "parse_duration"]
+__all__ = ["load_handler", "main", "parse_duration"]
 
 EXIT_REFUSED, EXIT_USAGE, EXIT_DATABASE, EXIT_ORBIT = 1, 2, 3, 4
 F = TypeVar("F", bound=Callable[..., Any])
@@ -166,10 +171,23 @@ def _actor(actor: str | None) -> str:
         return "operator:unknown"
 
 
+def _inbox_table_option(func: F) -> F:
+    return click.option(
+        "--inbox-table",
+        envvar="ORBIT_INBOX_TABLE",
+        show_envvar=True,
+        default=None,
+        help="Name of the inbox table. Default: the outbox table's name with 'outbox' replaced by 'inbox' "
+        "(orbit_inbox), else <table>_inbox.",
+    )(func)
+
+
 @contextmanager
-def _outbox(database_url: str, table: str) -> Iterator[Outbox]:
+def _outbox(database_url: str, table: str, inbox_table: str | None = None) -> Iterator[Outbox]:
     with _errors():
-        outbox = Outbox(database_url=database_url, tables=OutboxTables(name=table), pool_size=2)
+        outbox = Outbox(
+            database_url=database_url, tables=OutboxTables(name=table, inbox_name=inbox_table), pool_size=2
+        )
     try:
         with _errors():
             yield outbox
@@ -247,7 +265,8 @@ def _row_dict(row: OutboxRow, *, with_params: bool) -> dict[str, Any]:
 )
 @click.version_option("0.1.0", prog_name="orbit-outbox")
 def main(log_level: str, log_format: str) -> None:
-    """Transactional outbox for Orbit: rows written with the business change, delivered by a relay.
+    """Transactional outbox for Orbit: rows written with the business change, delivered by a relay;
+    result events consumed into an inbox, applied once each.
 
     Exit codes: 0 done, 1 refused (no such row, wrong state, rows needing a person),
     2 bad usage, 3 business database unreachable or not migrated, 4 Orbit server
@@ -258,9 +277,10 @@ def main(log_level: str, log_format: str) -> None:
 
 @main.command()
 @_database_options
-def migrate(database_url: str, table: str) -> None:
-    """Create or upgrade the outbox tables (Alembic, version table <table>_alembic_version)."""
-    with _outbox(database_url, table) as outbox:
+@_inbox_table_option
+def migrate(database_url: str, table: str, inbox_table: str | None) -> None:
+    """Create or upgrade the outbox and inbox tables (Alembic, version table <table>_alembic_version)."""
+    with _outbox(database_url, table, inbox_table) as outbox:
         revision = outbox.migrate()
     err.print(f"outbox tables in {describe_url(database_url)} at revision {revision}", highlight=False)
 
@@ -361,6 +381,177 @@ def relay(as_json: bool, once: bool, **options: Any) -> None:
         err.print(
             f"delivered {stats.delivered} ({stats.replayed} replayed), retried {stats.retried}, dead {stats.dead}, "
             f"needs reconcile {stats.needs_reconcile}, lost leases {stats.lost_leases}",
+            highlight=False,
+        )
+
+
+def load_handler(spec: str) -> ResultHandler:
+    """Import ``module:function`` (``package.module:object.attr`` works too) and return the callable.
+
+    Raises:
+        OutboxUsageError: ``spec`` is malformed, the module cannot be imported, it has no such
+            attribute, or the attribute is not callable; the message names the fix.
+    """
+    module_name, sep, attr = spec.partition(":")
+    if not sep or not module_name or not attr:
+        raise OutboxUsageError(
+            f"--handler {spec!r} must be module:function, e.g. --handler shop.results:apply_result"
+        )
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise OutboxUsageError(
+            f"--handler {spec!r}: cannot import module {module_name!r} ({type(exc).__name__}: {exc}); run from "
+            "the directory that contains it, pass --app-dir, or add it to PYTHONPATH"
+        ) from None
+    target: Any = module
+    for part in attr.split("."):
+        try:
+            target = getattr(target, part)
+        except AttributeError:
+            raise OutboxUsageError(
+                f"--handler {spec!r}: module {module_name!r} has no attribute {attr!r}; check the name after "
+                "the colon"
+            ) from None
+    if not callable(target):
+        raise OutboxUsageError(
+            f"--handler {spec!r} is a {type(target).__name__}, not a function; it must be callable as "
+            "handler(conn, event)"
+        )
+    handler: ResultHandler = target
+    return handler
+
+
+@main.command()
+@_database_options
+@_inbox_table_option
+@_orbit_options
+@click.option(
+    "--namespace",
+    envvar="ORBIT_NAMESPACE",
+    show_envvar=True,
+    required=True,
+    help="Orbit namespace of the subscription (the API key's namespace).",
+)
+@click.option(
+    "--subscription",
+    envvar="ORBIT_INBOX_SUBSCRIPTION",
+    show_envvar=True,
+    required=True,
+    help="Name of the subscription whose result events to consume (create it first, admin role).",
+)
+@click.option(
+    "--handler",
+    "handler_spec",
+    envvar="ORBIT_INBOX_HANDLER",
+    show_envvar=True,
+    required=True,
+    metavar="MODULE:FUNCTION",
+    help="handler(conn, event), called in the transaction that records the event in the inbox.",
+)
+@click.option(
+    "--app-dir",
+    envvar="ORBIT_INBOX_APP_DIR",
+    show_envvar=True,
+    default=".",
+    show_default=True,
+    type=click.Path(file_okay=False),
+    help="Directory put first on sys.path before importing --handler.",
+)
+@click.option("--once", is_flag=True, help="Handle what is due now, then exit 0.")
+@click.option(
+    "--batch-size",
+    envvar="ORBIT_INBOX_BATCH_SIZE",
+    show_envvar=True,
+    default=10,
+    show_default=True,
+    type=click.IntRange(1, 1000),
+    help="Deliveries leased at once (handled one after another).",
+)
+@click.option(
+    "--lease-seconds",
+    envvar="ORBIT_INBOX_LEASE_SECONDS",
+    show_envvar=True,
+    default=30.0,
+    show_default=True,
+    type=click.FloatRange(min=0, min_open=True),
+    help="Seconds before an unacked delivery is delivered again; must cover a whole batch.",
+)
+@click.option(
+    "--poll-interval",
+    envvar="ORBIT_INBOX_POLL_INTERVAL",
+    show_envvar=True,
+    default=1.0,
+    show_default=True,
+    type=click.FloatRange(min=0, min_open=True),
+    help="Seconds to wait after a lease returned less than a full batch.",
+)
+@click.option(
+    "--max-deliveries",
+    envvar="ORBIT_INBOX_MAX_DELIVERIES",
+    show_envvar=True,
+    default=DEFAULT_MAX_DELIVERIES,
+    show_default=True,
+    type=click.IntRange(min=0),
+    help="Deliveries after which an event whose handler still fails is recorded FAILED and acked (0: never).",
+)
+@_json_option
+def consume(
+    database_url: str,
+    table: str,
+    inbox_table: str | None,
+    orbit_url: str,
+    api_key: str,
+    request_timeout: float,
+    namespace: str,
+    subscription: str,
+    handler_spec: str,
+    app_dir: str,
+    once: bool,
+    batch_size: int,
+    lease_seconds: float,
+    poll_interval: float,
+    max_deliveries: int,
+    as_json: bool,
+) -> None:
+    """Apply the result events of a subscription to the business database, once each (inbox),
+    until SIGTERM (or, with --once, until nothing is due). Acks only after the commit."""
+    path = os.path.abspath(app_dir)
+    if path not in sys.path:
+        sys.path.insert(0, path)
+    with _errors():
+        handler = load_handler(handler_spec)
+        client = OrbitClient(
+            orbit_url, api_key=api_key, timeout=request_timeout, retry=RetryPolicy(max_attempts=3)
+        )
+    try:
+        with _errors():
+            consumer = ResultConsumer(
+                database_url,
+                cast(DeliveryClient, client),  # until orbit_client ships the subscription calls
+                namespace,
+                subscription,
+                handler,
+                tables=OutboxTables(name=table, inbox_name=inbox_table),
+                batch_size=batch_size,
+                lease_seconds=lease_seconds,
+                poll_interval=poll_interval,
+                max_deliveries=max_deliveries or None,
+                install_signal_handlers=True,
+            )
+        try:
+            with _errors():
+                stats = consumer.run(once=once)
+        finally:
+            consumer.close()
+    finally:
+        client.close()
+    if as_json:
+        _print_json(stats.to_dict())
+    elif once:
+        err.print(
+            f"applied {stats.applied}, duplicates {stats.duplicates}, failed {stats.failed}, parked {stats.parked}, "
+            f"acked {stats.acked}, ack failures {stats.ack_failures}",
             highlight=False,
         )
 

@@ -1,0 +1,421 @@
+"""The result consumer on a SQLite file with an in-memory fake subscription (DESIGN §5 "Inbox"):
+duplicates, handler failures, lost acks, poison events, outages and shutdown. Fast and deterministic."""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import sqlite3
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import pytest
+import sqlalchemy as sa
+from click.testing import CliRunner
+from sqlalchemy.engine import Connection
+
+from orbit_client import NotFoundError, OrbitConnectError, OrbitError, TaskStatus
+from outbox_adapter import (
+    Backoff,
+    InboxOutcome,
+    Outbox,
+    OutboxDatabaseError,
+    OutboxSchemaError,
+    OutboxTables,
+    OutboxUsageError,
+    ResultConsumer,
+    enqueue,
+)
+from outbox_adapter.cli import load_handler, main
+
+NS, SUB = "shop", "orders-results"
+business = sa.MetaData()
+orders = sa.Table(
+    "orders",
+    business,
+    sa.Column("id", sa.Integer, primary_key=True),
+    sa.Column("status", sa.String(20), nullable=False),
+    sa.Column("applied", sa.Integer, nullable=False, server_default="0"),
+)
+
+
+@dataclass(frozen=True)
+class Event:
+    """Stands in for ``orbit_client.ResultEvent`` (same fields)."""
+
+    id: str
+    task_id: str
+    status: TaskStatus
+    result: Any = None
+    error: Any = None
+    namespace: str = NS
+    queue: str = "fulfilment"
+    handler: str = "orders.fulfil"
+    occurred_at: datetime = datetime(2030, 1, 1, tzinfo=UTC)
+
+
+@dataclass(frozen=True)
+class Delivery:
+    """Stands in for ``orbit_client.Delivery``."""
+
+    id: str
+    subscription: str
+    delivery_count: int
+    lease_expires_at: datetime
+    event: Event
+
+
+@dataclass
+class _Slot:
+    event: Event
+    count: int = 0
+    leased: bool = False
+    acked: bool = False
+
+
+@dataclass
+class FakeSubscription:
+    """``lease_deliveries`` / ``ack_delivery`` as the server's contract says: an unacked delivery is
+    delivered again (``delivery_count`` + 1) once its lease expired (:meth:`expire_leases`, or at
+    every lease with ``instant_expiry``)."""
+
+    instant_expiry: bool = False
+    slots: dict[str, _Slot] = field(default_factory=dict)
+    lease_errors: list[OrbitError] = field(default_factory=list)
+    ack_errors: list[OrbitError] = field(default_factory=list)
+    acks: list[str] = field(default_factory=list)
+    leases: int = 0
+    acked_event: threading.Event = field(default_factory=threading.Event)
+
+    def publish(self, event: Event, delivery_id: str | None = None) -> str:
+        delivery_id = delivery_id or f"d-{event.id}"
+        self.slots[delivery_id] = _Slot(event)
+        return delivery_id
+
+    def expire_leases(self) -> None:
+        for slot in self.slots.values():
+            slot.leased = False
+
+    def lease_deliveries(
+        self, namespace: str, subscription: str, *, max: int = 10, lease_seconds: float = 30.0
+    ) -> list[Delivery]:
+        assert (namespace, subscription) == (NS, SUB)
+        self.leases += 1
+        if self.lease_errors:
+            raise self.lease_errors.pop(0)
+        if self.instant_expiry:
+            self.expire_leases()
+        out = []
+        for delivery_id, slot in self.slots.items():
+            if len(out) == max:
+                break
+            if slot.acked or slot.leased:
+                continue
+            slot.count += 1
+            slot.leased = True
+            out.append(
+                Delivery(delivery_id, subscription, slot.count, datetime(2030, 1, 1, tzinfo=UTC), slot.event)
+            )
+        return out
+
+    def ack_delivery(self, namespace: str, subscription: str, delivery_id: str) -> None:
+        if self.ack_errors:
+            raise self.ack_errors.pop(0)
+        self.slots[delivery_id].acked = True
+        self.acks.append(delivery_id)
+        self.acked_event.set()
+
+
+def connect_error() -> OrbitConnectError:
+    return OrbitConnectError("connection refused", method="POST", url="http://orbit/lease")
+
+
+def succeeded(event_id: str, order_id: int) -> Event:
+    return Event(event_id, f"task-{order_id}", TaskStatus.SUCCEEDED, result={"order_id": order_id})
+
+
+def apply_result(conn: Connection, event: Event) -> None:
+    """The business handler: mark the order, count the application, enqueue a follow-up."""
+    order_id = event.result["order_id"]
+    conn.execute(
+        sa.update(orders)
+        .where(orders.c.id == order_id)
+        .values(status="COMPLETED", applied=orders.c.applied + 1)
+    )
+    enqueue(
+        conn,
+        namespace=NS,
+        queue="mail",
+        handler="orders.notify",
+        params={"order_id": order_id},
+        idempotency_key=None,
+    )
+
+
+@pytest.fixture
+def engine(tmp_path: Path) -> Iterator[sa.Engine]:
+    engine = sa.create_engine(f"sqlite:///{tmp_path / 'biz.db'}")
+    Outbox(engine).migrate()
+    business.create_all(engine)
+    with engine.begin() as conn:
+        conn.execute(orders.insert(), [{"id": i, "status": "PENDING"} for i in (1, 2, 3)])
+    yield engine
+    engine.dispose()
+
+
+def consumer(
+    engine: sa.Engine, fake: FakeSubscription, handler: Any = apply_result, **options: Any
+) -> ResultConsumer:
+    options.setdefault("poll_interval", 0.01)
+    options.setdefault("orbit_backoff", Backoff.no_wait())
+    options.setdefault("db_backoff", Backoff.no_wait())
+    return ResultConsumer(engine, fake, NS, SUB, handler, **options)
+
+
+def state(engine: sa.Engine) -> dict[str, Any]:
+    """The business outcome: orders, follow-up outbox rows, inbox rows."""
+    tables = OutboxTables()
+    with engine.connect() as conn:
+        return {
+            "orders": {r.id: (r.status, r.applied) for r in conn.execute(sa.select(orders))},
+            "follow_ups": [r.params for r in conn.execute(sa.select(tables.outbox))],
+            "inbox": [
+                (r.event_id, r.outcome, r.delivery_count)
+                for r in conn.execute(sa.select(tables.inbox).order_by("id"))
+            ],
+        }
+
+
+def test_a_result_delivered_twice_applies_once_and_enqueues_its_follow_ups_once(engine: sa.Engine) -> None:
+    fake = FakeSubscription()
+    fake.publish(succeeded("e1", 1))
+    fake.ack_errors.append(connect_error())  # committed, then the ack is lost
+    first = consumer(engine, fake).run_once()
+    assert (first.applied, first.acked, first.ack_failures) == (1, 0, 1)
+    fake.expire_leases()  # the server delivers it again after its lease
+    second = consumer(engine, fake).run_once()
+    assert (second.applied, second.duplicates, second.acked) == (0, 1, 1)
+    # The same event through a second delivery (another consumer's lease expired, a server retry...).
+    fake.publish(succeeded("e1", 1), delivery_id="d-e1-again")
+    third = consumer(engine, fake).run_once()
+    assert (third.applied, third.duplicates, third.acked) == (0, 1, 1)
+    after = state(engine)
+    assert after["orders"][1] == ("COMPLETED", 1)
+    assert after["follow_ups"] == [{"order_id": 1}]
+    assert after["inbox"] == [("e1", "APPLIED", 1)]
+    assert fake.acks == ["d-e1", "d-e1-again"]
+    row = Outbox(engine).inbox_row(SUB, "e1")
+    assert row is not None and row.task_id == "task-1" and row.status == "SUCCEEDED" and row.event is None
+    assert row.processed_at is not None and row.processed_at >= row.received_at
+
+
+def test_a_failing_handler_rolls_back_everything_and_the_delivery_is_not_acked(
+    engine: sa.Engine, caplog: pytest.LogCaptureFixture
+) -> None:
+    fake = FakeSubscription()
+    fake.publish(succeeded("e1", 1))
+    fake.publish(succeeded("e2", 2))
+    broken = {"e1"}
+
+    def handler(conn: Connection, event: Event) -> None:
+        apply_result(conn, event)  # writes, then fails: all of it must roll back
+        if event.id in broken:
+            raise RuntimeError("provider says no")
+
+    with caplog.at_level(logging.ERROR, logger="outbox_adapter.inbox"):
+        stats = consumer(engine, fake, handler).run_once()
+    assert (stats.applied, stats.failed, stats.acked) == (1, 1, 1)
+    assert fake.acks == ["d-e2"]
+    after = state(engine)
+    assert after["orders"][1] == ("PENDING", 0) and after["orders"][2] == ("COMPLETED", 1)
+    assert after["follow_ups"] == [{"order_id": 2}] and after["inbox"] == [("e2", "APPLIED", 1)]
+    failure = next(r for r in caplog.records if getattr(r, "event", None) == "handler_failed")
+    assert failure.event_id == "e1" and "e1" in failure.getMessage()  # type: ignore[attr-defined]
+
+    broken.clear()  # fixed; the server delivers it again after its lease
+    fake.expire_leases()
+    again = consumer(engine, fake, handler).run_once()
+    assert (again.applied, again.acked) == (1, 1)
+    assert state(engine)["inbox"] == [("e2", "APPLIED", 1), ("e1", "APPLIED", 2)]
+
+
+def test_a_poison_event_is_parked_as_failed_and_acked_after_max_deliveries(engine: sa.Engine) -> None:
+    fake = FakeSubscription()
+    fake.publish(Event("e9", "task-9", TaskStatus.FAILED, error={"code": "boom"}))
+
+    def handler(conn: Connection, event: Event) -> None:
+        raise KeyError("no order for this task")
+
+    for _ in range(2):
+        stats = consumer(engine, fake, handler, max_deliveries=3).run_once()
+        assert (stats.failed, stats.parked, stats.acked) == (1, 0, 0)
+        fake.expire_leases()
+    stats = consumer(engine, fake, handler, max_deliveries=3).run_once()
+    assert (stats.failed, stats.parked, stats.acked) == (1, 1, 1)
+    assert fake.acks == ["d-e9"]
+    [row] = Outbox(engine).inbox_rows(outcome="FAILED")
+    assert (row.event_id, row.outcome, row.delivery_count, row.status) == (
+        "e9",
+        InboxOutcome.FAILED,
+        3,
+        "FAILED",
+    )
+    assert row.error is not None and "KeyError" in row.error and "delivery 3" in row.error
+    assert (
+        row.event is not None and row.event["error"] == {"code": "boom"} and row.event["task_id"] == "task-9"
+    )
+    assert state(engine)["follow_ups"] == []
+    fake.publish(Event("e9", "task-9", TaskStatus.FAILED), delivery_id="d-e9-again")  # parked = in the inbox
+    assert consumer(engine, fake, handler, max_deliveries=3).run_once().duplicates == 1
+
+
+def test_without_max_deliveries_a_failing_event_is_never_parked(engine: sa.Engine) -> None:
+    fake = FakeSubscription()
+    fake.publish(succeeded("e1", 1))
+
+    def handler(conn: Connection, event: Event) -> None:
+        raise RuntimeError("still broken")
+
+    for _ in range(12):
+        stats = consumer(engine, fake, handler, max_deliveries=None).run_once()
+        assert (stats.failed, stats.parked, stats.acked) == (1, 0, 0)
+        fake.expire_leases()
+    assert fake.slots["d-e1"].count == 12 and state(engine)["inbox"] == []
+
+
+def test_once_ends_even_when_a_failed_delivery_comes_straight_back(engine: sa.Engine) -> None:
+    fake = FakeSubscription(instant_expiry=True)  # a lease shorter than the handler
+    fake.publish(succeeded("e1", 1))
+
+    def handler(conn: Connection, event: Event) -> None:
+        raise RuntimeError("still broken")
+
+    stats = consumer(engine, fake, handler).run_once()
+    assert (stats.leased, stats.failed, stats.unprocessed) == (2, 1, 1)
+
+
+def test_a_transient_database_error_in_the_handler_is_an_outage_not_a_handler_failure(
+    engine: sa.Engine,
+) -> None:
+    fake = FakeSubscription(instant_expiry=True)
+    fake.publish(succeeded("e1", 1))
+    calls = []
+
+    def handler(conn: Connection, event: Event) -> None:
+        calls.append(event.id)
+        if len(calls) == 1:
+            raise sa.exc.OperationalError("UPDATE orders", {}, sqlite3.OperationalError("database is locked"))
+        apply_result(conn, event)
+
+    with pytest.raises(OutboxDatabaseError) as raised:  # --once: any database failure ends the run
+        consumer(engine, fake, handler, max_deliveries=1).run_once()
+    assert raised.value.retryable and state(engine)["inbox"] == []
+
+    calls.clear()
+    running = consumer(engine, fake, handler, max_deliveries=1)  # would park at once on a handler failure
+    thread = threading.Thread(target=running.run)
+    thread.start()
+    assert fake.acked_event.wait(10)
+    running.stop()
+    thread.join(10)
+    assert calls == ["e1", "e1"] and state(engine)["inbox"] == [("e1", "APPLIED", 3)]  # 3rd delivery overall
+
+
+def test_the_consumer_waits_out_an_orbit_outage_and_refuses_for_good_errors(engine: sa.Engine) -> None:
+    fake = FakeSubscription()
+    fake.publish(succeeded("e1", 1))
+    fake.lease_errors[:] = [connect_error(), connect_error()]
+    with pytest.raises(OrbitConnectError):
+        consumer(engine, fake).run_once()  # --once: a failed lease ends the run
+    running = consumer(engine, fake)
+    thread = threading.Thread(target=running.run)
+    thread.start()
+    assert fake.acked_event.wait(10)
+    running.stop()
+    thread.join(10)
+    assert fake.leases >= 3 and fake.acks == ["d-e1"]
+
+    fake.lease_errors.append(NotFoundError("no such subscription", status_code=404, code="not_found"))
+    with pytest.raises(NotFoundError):
+        consumer(engine, fake).run()  # 404 will not heal by waiting
+
+
+def test_a_missing_inbox_table_names_the_fix(tmp_path: Path) -> None:
+    engine = sa.create_engine(f"sqlite:///{tmp_path / 'empty.db'}")
+    fake = FakeSubscription()
+    fake.publish(succeeded("e1", 1))
+    with pytest.raises(OutboxSchemaError, match="orbit-outbox migrate"):
+        consumer(engine, fake).run()
+    assert fake.acks == []
+    engine.dispose()
+
+
+def test_sigterm_finishes_the_delivery_in_hand_and_leaves_the_rest_to_its_lease(engine: sa.Engine) -> None:
+    fake = FakeSubscription()
+    for i in (1, 2, 3):
+        fake.publish(succeeded(f"e{i}", i))
+
+    def handler(conn: Connection, event: Event) -> None:
+        apply_result(conn, event)
+        if event.id == "e1":
+            os.kill(os.getpid(), signal.SIGTERM)  # arrives while e1's transaction is open
+
+    before = signal.getsignal(signal.SIGTERM)
+    stats = consumer(engine, fake, handler, install_signal_handlers=True).run()
+    assert signal.getsignal(signal.SIGTERM) == before
+    assert (stats.leased, stats.applied, stats.acked, stats.unprocessed) == (3, 1, 1, 2)
+    assert fake.acks == ["d-e1"] and state(engine)["inbox"] == [("e1", "APPLIED", 1)]
+
+
+def test_settings_are_checked() -> None:
+    fake = FakeSubscription()
+    bad: list[dict[str, Any]] = [
+        {"namespace": "no spaces"},
+        {"subscription": ""},
+        {"handler": "not callable"},
+        {"batch_size": 0},
+        {"lease_seconds": 0},
+        {"max_deliveries": 0},
+    ]
+    for change in bad:
+        args: dict[str, Any] = {"namespace": NS, "subscription": SUB, "handler": apply_result, **change}
+        with pytest.raises(OutboxUsageError):
+            ResultConsumer(
+                "sqlite:///x.db",
+                fake,
+                args.pop("namespace"),
+                args.pop("subscription"),
+                args.pop("handler"),
+                **args,
+            )
+
+
+def test_the_handler_option_is_imported_with_errors_that_name_the_fix() -> None:
+    assert load_handler("tests.unit.outbox.test_consumer_unit:apply_result") is apply_result
+    assert load_handler("os.path:join") is os.path.join
+    for spec, message in [
+        ("apply_result", "must be module:function"),
+        ("no_such_module_xyz:f", "cannot import module 'no_such_module_xyz'"),
+        ("os.path:no_such_function", "has no attribute 'no_such_function'"),
+        ("os:sep", "not a function"),
+    ]:
+        with pytest.raises(OutboxUsageError, match=message):
+            load_handler(spec)
+    result = CliRunner().invoke(
+        main,
+        ["consume", "--database-url", "sqlite:///x.db", "--orbit-url", "http://127.0.0.1:9", "--api-key", "k",
+         "--namespace", NS, "--subscription", SUB, "--handler", "no_such_module_xyz:f"],
+    )  # fmt: skip
+    assert result.exit_code == 2 and "PYTHONPATH" in result.stderr
+    missing = CliRunner().invoke(
+        main,
+        ["consume", "--database-url", "sqlite:///x.db", "--orbit-url", "http://127.0.0.1:9", "--api-key", "k",
+         "--subscription", SUB, "--handler", "os.path:join"],
+        env={"ORBIT_NAMESPACE": ""},
+    )  # fmt: skip
+    assert missing.exit_code == 2 and "ORBIT_NAMESPACE" in missing.output + missing.stderr
