@@ -9,8 +9,6 @@ import signal
 import sqlite3
 import threading
 from collections.abc import Iterator
-from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +17,7 @@ import sqlalchemy as sa
 from click.testing import CliRunner
 from sqlalchemy.engine import Connection
 
-from orbit_client import NotFoundError, OrbitConnectError, OrbitError, TaskStatus
+from orbit_client import NotFoundError, OrbitConnectError, TaskStatus
 from outbox_adapter import (
     Backoff,
     InboxOutcome,
@@ -32,8 +30,8 @@ from outbox_adapter import (
     enqueue,
 )
 from outbox_adapter.cli import load_handler, main
+from tests.inbox_support import NS, SUB, Event, FakeSubscription, connect_error
 
-NS, SUB = "shop", "orders-results"
 business = sa.MetaData()
 orders = sa.Table(
     "orders",
@@ -42,97 +40,6 @@ orders = sa.Table(
     sa.Column("status", sa.String(20), nullable=False),
     sa.Column("applied", sa.Integer, nullable=False, server_default="0"),
 )
-
-
-@dataclass(frozen=True)
-class Event:
-    """Stands in for ``orbit_client.ResultEvent`` (same fields)."""
-
-    id: str
-    task_id: str
-    status: TaskStatus
-    result: Any = None
-    error: Any = None
-    namespace: str = NS
-    queue: str = "fulfilment"
-    handler: str = "orders.fulfil"
-    occurred_at: datetime = datetime(2030, 1, 1, tzinfo=UTC)
-
-
-@dataclass(frozen=True)
-class Delivery:
-    """Stands in for ``orbit_client.Delivery``."""
-
-    id: str
-    subscription: str
-    delivery_count: int
-    lease_expires_at: datetime
-    event: Event
-
-
-@dataclass
-class _Slot:
-    event: Event
-    count: int = 0
-    leased: bool = False
-    acked: bool = False
-
-
-@dataclass
-class FakeSubscription:
-    """``lease_deliveries`` / ``ack_delivery`` as the server's contract says: an unacked delivery is
-    delivered again (``delivery_count`` + 1) once its lease expired (:meth:`expire_leases`, or at
-    every lease with ``instant_expiry``)."""
-
-    instant_expiry: bool = False
-    slots: dict[str, _Slot] = field(default_factory=dict)
-    lease_errors: list[OrbitError] = field(default_factory=list)
-    ack_errors: list[OrbitError] = field(default_factory=list)
-    acks: list[str] = field(default_factory=list)
-    leases: int = 0
-    acked_event: threading.Event = field(default_factory=threading.Event)
-
-    def publish(self, event: Event, delivery_id: str | None = None) -> str:
-        delivery_id = delivery_id or f"d-{event.id}"
-        self.slots[delivery_id] = _Slot(event)
-        return delivery_id
-
-    def expire_leases(self) -> None:
-        for slot in self.slots.values():
-            slot.leased = False
-
-    def lease_deliveries(
-        self, namespace: str, subscription: str, *, max: int = 10, lease_seconds: float = 30.0
-    ) -> list[Delivery]:
-        assert (namespace, subscription) == (NS, SUB)
-        self.leases += 1
-        if self.lease_errors:
-            raise self.lease_errors.pop(0)
-        if self.instant_expiry:
-            self.expire_leases()
-        out = []
-        for delivery_id, slot in self.slots.items():
-            if len(out) == max:
-                break
-            if slot.acked or slot.leased:
-                continue
-            slot.count += 1
-            slot.leased = True
-            out.append(
-                Delivery(delivery_id, subscription, slot.count, datetime(2030, 1, 1, tzinfo=UTC), slot.event)
-            )
-        return out
-
-    def ack_delivery(self, namespace: str, subscription: str, delivery_id: str) -> None:
-        if self.ack_errors:
-            raise self.ack_errors.pop(0)
-        self.slots[delivery_id].acked = True
-        self.acks.append(delivery_id)
-        self.acked_event.set()
-
-
-def connect_error() -> OrbitConnectError:
-    return OrbitConnectError("connection refused", method="POST", url="http://orbit/lease")
 
 
 def succeeded(event_id: str, order_id: int) -> Event:
