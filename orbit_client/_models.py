@@ -35,6 +35,9 @@ __all__ = [
     "AttemptStatus",
     "CancelRequest",
     "CompleteRequest",
+    "Delivery",
+    "DeliveryAck",
+    "DeliveryLeaseRequest",
     "FailRequest",
     "HeartbeatRequest",
     "LeaseGrant",
@@ -42,10 +45,13 @@ __all__ = [
     "LeaseTokenRequest",
     "Problem",
     "Queue",
+    "ResultEvent",
     "RetryRequest",
     "ReviewRequest",
     "SubmitOptions",
     "SubmitResult",
+    "Subscription",
+    "SubscriptionRequest",
     "Task",
     "TaskEvent",
     "TaskPage",
@@ -489,3 +495,115 @@ class TaskPage(_Wire):
 
     items: list[Task]
     next_cursor: str | None = None
+
+
+# --------------------------------------------------------------------------------------------------
+# Result events: subscriptions and deliveries (DESIGN §4 "Result events", §6.2 of the reliability model)
+
+
+class SubscriptionRequest(_Wire):
+    """Body of ``POST /v1/namespaces/{ns}/subscriptions`` (admin role).
+
+    Attributes:
+        name: the subscription's name, unique in the namespace (the pattern of queue names).
+        queues: the queues whose result events it receives (1-100 names, order and repeats
+            ignored); ``None`` means every queue of the namespace, including later ones.
+    """
+
+    name: str = Field(pattern=NAME_PATTERN)
+    queues: list[Annotated[str, Field(pattern=NAME_PATTERN)]] | None = Field(
+        default=None, min_length=1, max_length=100
+    )
+
+
+class Subscription(_Wire):
+    """A named, durable stream of a namespace's result events.
+
+    Attributes:
+        namespace: the namespace it belongs to.
+        name: its name, unique in the namespace.
+        queues: the queue names it is filtered on (sorted); ``None`` means every queue.
+        created_at: when it was created (UTC, database clock). It receives exactly the
+            result events that occurred at or after this time, never earlier ones.
+    """
+
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+    namespace: str
+    name: str
+    queues: list[str] | None = None
+    created_at: UTCDateTime
+
+
+class ResultEvent(_Wire):
+    """A task reached ``SUCCEEDED``, ``FAILED``, ``CANCELLED`` or ``NEEDS_REVIEW``.
+
+    Written in the same transaction as that transition, so it exists exactly when the
+    transition committed. A task that goes ``NEEDS_REVIEW`` and is then reviewed has two
+    events. Receivers dedupe by ``id`` (DESIGN §5 "Inbox").
+
+    Attributes:
+        id: the event's id (a UUID), the same in every delivery of the event.
+        task_id, namespace, queue, handler: which task.
+        status: the state the task reached.
+        result: the task's result (``SUCCEEDED``), else usually ``None``.
+        error: the task's error (``FAILED``, ``NEEDS_REVIEW``, sometimes ``CANCELLED``), else ``None``.
+        occurred_at: when the transition happened (UTC, database clock).
+    """
+
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+    id: str
+    task_id: str
+    namespace: str
+    queue: str
+    handler: str
+    status: TaskStatus
+    result: JsonValue = None
+    error: JsonValue = None
+    occurred_at: UTCDateTime
+
+
+class DeliveryLeaseRequest(_Wire):
+    """Body of ``POST .../subscriptions/{name}/deliveries/lease`` (work or admin role).
+
+    Attributes:
+        max: most deliveries handed out by this call, 1-500. Default 10.
+        lease_seconds: how long they stay leased, in seconds (0.1-3600, database clock);
+            a delivery not acked by then is handed out again. Default 30.
+    """
+
+    max: int = Field(default=10, ge=1, le=500)
+    lease_seconds: LeaseSeconds = 30.0
+
+
+class Delivery(_Wire):
+    """One result event handed to one subscription's consumer, until acked.
+
+    Attributes:
+        id: the delivery's id; ack it with ``POST .../deliveries/{id}/ack``.
+        subscription: the subscription's name.
+        delivery_count: how many times it has been leased, this lease included (1 the first
+            time; more means an earlier lease lapsed without an ack).
+        lease_expires_at: when this lease lapses (UTC, database clock); after that, an
+            unacked delivery is handed out again.
+        event: the result event.
+    """
+
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+    id: str
+    subscription: str
+    delivery_count: int
+    lease_expires_at: UTCDateTime
+    event: ResultEvent
+
+
+class DeliveryAck(_Wire):
+    """The answer to ``POST .../deliveries/{id}/ack``: when the delivery was (first) acked (UTC)."""
+
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+    id: str
+    subscription: str
+    acked_at: UTCDateTime
