@@ -6,6 +6,7 @@ from __future__ import annotations
 __all__ = [
     "AttemptNotFound",
     "ConcurrentUpdate",
+    "DeliveryNotFound",
     "Forbidden",
     "IdempotencyKeyInvalid",
     "IdempotencyKeyMissing",
@@ -21,6 +22,8 @@ __all__ = [
     "QueueNotFound",
     "RequestInProgress",
     "SubmissionNotFound",
+    "SubscriptionExists",
+    "SubscriptionNotFound",
     "SuccessorExists",
     "TaskNotFound",
     "Unauthenticated",
@@ -157,3 +160,17 @@ class ConcurrentUpdate(OrbitServerError):
 
 class InvalidCursor(OrbitServerError):
     status, code, title = 400, "invalid_cursor", "Malformed page cursor"
+
+
+class SubscriptionNotFound(OrbitServerError):
+    status, code, title = 404, "subscription_not_found", "Subscription not found"
+
+
+class SubscriptionExists(OrbitServerError):
+    """409: a subscription with this name exists with other queues (same queues answer 200)."""
+
+    status, code, title = 409, "subscription_exists", "A subscription with this name exists with other queues"
+
+
+class DeliveryNotFound(OrbitServerError):
+    status, code, title = 404, "delivery_not_found", "Delivery not found"

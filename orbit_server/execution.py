@@ -4,7 +4,8 @@ The rules, from §2, §3 and §5 of the reliability model (seed 001) and DESIGN 
 
 - A task moves only along :data:`TRANSITIONS`, and only through :func:`apply_transition`: a
   conditional ``UPDATE`` on the status and ``state_version`` it read, which bumps the version,
-  checks the affected-row count and appends a ``task_events`` row in the same transaction.
+  checks the affected-row count and appends a ``task_events`` row in the same transaction
+  (and, for a result state, a ``result_events`` row with its deliveries: :mod:`.results`).
 - Each grant of a task is a ``task_attempts`` row with a monotonic ``generation`` (the fencing
   number) and a secret lease token (only its SHA-256 is stored). Every later write to an attempt
   is a conditional ``UPDATE`` on its id, token digest and status, and its row count is checked.
@@ -48,7 +49,7 @@ from orbit_client import (
     TaskStatus,
 )
 
-from . import errors, store
+from . import errors, results, store
 from ._db import db_now, is_lock_conflict, to_naive_utc, to_utc
 from .schema import queues, task_attempts, task_events, tasks
 
@@ -192,6 +193,9 @@ def apply_transition(
     caller holds the row's lock), which bumps ``state_version``, sets ``updated_at`` (and
     ``finished_at`` for a terminal state) and the extra column ``values``; then a
     ``task_events`` row in the same transaction (§4 of DESIGN, invariant 4 of seed 001).
+    A transition to ``SUCCEEDED``, ``FAILED``, ``CANCELLED`` or ``NEEDS_REVIEW`` also writes
+    its ``result_events`` row and the deliveries to matching subscriptions, in the same
+    transaction (:func:`orbit_server.results.record_result_event`; DESIGN §4, §6.2 of seed 001).
 
     Args:
         task: the task row as read, with at least ``id``, ``status`` and ``state_version``.
@@ -230,6 +234,8 @@ def apply_transition(
     if result.rowcount != 1:
         raise errors.ConcurrentUpdate(f"task {task['id']} changed while it was being updated")
     _append_event(conn, task["id"], version, event, current, to, now, actor=actor, reason=reason, data=data)
+    if to in results.RESULT_STATUSES:
+        results.record_result_event(conn, task["id"], now)
     return {**task, **changes}
 
 

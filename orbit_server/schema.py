@@ -16,10 +16,13 @@ __all__ = [
     "Key",
     "Timestamp",
     "api_keys",
+    "event_deliveries",
     "metadata",
     "namespaces",
     "queues",
+    "result_events",
     "submission_keys",
+    "subscriptions",
     "task_attempts",
     "task_events",
     "tasks",
@@ -169,4 +172,60 @@ task_attempts = sa.Table(
     sa.UniqueConstraint("task_id", "generation", name="uq_task_attempts_task_generation"),
     # Serves the expiry sweep: live attempts by expiry.
     sa.Index("ix_task_attempts_status_expiry", "status", "lease_expires_at"),
+)
+
+# --- result events (revision 0003): DESIGN §4 "Result events", §6.2 of the reliability model ---
+
+result_events = sa.Table(
+    "result_events",
+    metadata,
+    # A UUID: the id receivers dedupe on (their inbox's unique key), stable across redeliveries.
+    sa.Column("id", Key(36), primary_key=True),
+    sa.Column("task_id", Key(36), sa.ForeignKey("tasks.id"), nullable=False),
+    sa.Column("namespace_id", sa.BigInteger, sa.ForeignKey("namespaces.id"), nullable=False),
+    sa.Column("queue_id", sa.BigInteger, sa.ForeignKey("queues.id"), nullable=False),
+    sa.Column("handler", sa.String(255), nullable=False),
+    # SUCCEEDED, FAILED, CANCELLED or NEEDS_REVIEW: the state the transition reached.
+    sa.Column("status", sa.String(16), nullable=False),
+    sa.Column("result", sa.JSON(none_as_null=True), nullable=True),
+    sa.Column("error", sa.JSON(none_as_null=True), nullable=True),
+    # The task's state_version after the transition: one event per (task, version) at most.
+    sa.Column("state_version", sa.Integer, nullable=False),
+    sa.Column("occurred_at", Timestamp, nullable=False),
+    sa.UniqueConstraint("task_id", "state_version", name="uq_result_events_task_version"),
+    sa.Index("ix_result_events_namespace_occurred", "namespace_id", "occurred_at"),
+)
+
+subscriptions = sa.Table(
+    "subscriptions",
+    metadata,
+    sa.Column("id", BigId, primary_key=True, autoincrement=True),
+    sa.Column("namespace_id", sa.BigInteger, sa.ForeignKey("namespaces.id"), nullable=False),
+    sa.Column("name", Key(64), nullable=False),
+    # Sorted queue names whose events it receives; NULL means every queue of the namespace.
+    sa.Column("queues", sa.JSON(none_as_null=True), nullable=True),
+    # It receives exactly the events with occurred_at >= created_at (both database clock).
+    sa.Column("created_at", Timestamp, nullable=False),
+    sa.UniqueConstraint("namespace_id", "name", name="uq_subscriptions_namespace_name"),
+)
+
+event_deliveries = sa.Table(
+    "event_deliveries",
+    metadata,
+    # Ordered, so leases hand out older deliveries first; never used as a "done up to here" cursor.
+    sa.Column("id", BigId, primary_key=True, autoincrement=True),
+    sa.Column("subscription_id", sa.BigInteger, sa.ForeignKey("subscriptions.id"), nullable=False),
+    sa.Column("event_id", Key(36), sa.ForeignKey("result_events.id"), nullable=False),
+    # PENDING (leasable once lease_expires_at is NULL or past) or ACKED (final).
+    sa.Column("state", sa.String(16), nullable=False),
+    # How many times it was leased.
+    sa.Column("delivery_count", sa.Integer, nullable=False, server_default="0"),
+    # Who holds (or last held) the lease, e.g. ``api_key:12``; for operators.
+    sa.Column("leased_by", sa.String(255), nullable=True),
+    sa.Column("lease_expires_at", Timestamp, nullable=True),
+    sa.Column("acked_at", Timestamp, nullable=True),
+    sa.Column("created_at", Timestamp, nullable=False),
+    sa.UniqueConstraint("subscription_id", "event_id", name="uq_event_deliveries_subscription_event"),
+    # Serves the lease query: one subscription's pending deliveries, oldest first.
+    sa.Index("ix_event_deliveries_claim", "subscription_id", "state", "id"),
 )
