@@ -36,6 +36,9 @@ from orbit_client import (
     AttemptState,
     CancelRequest,
     CompleteRequest,
+    Delivery,
+    DeliveryAck,
+    DeliveryLeaseRequest,
     FailRequest,
     HeartbeatRequest,
     LeaseGrant,
@@ -45,6 +48,8 @@ from orbit_client import (
     Queue,
     RetryRequest,
     ReviewRequest,
+    Subscription,
+    SubscriptionRequest,
     Task,
     TaskEvent,
     TaskPage,
@@ -53,7 +58,7 @@ from orbit_client import (
     is_valid_idempotency_key,
 )
 
-from . import errors, execution, store
+from . import errors, execution, results, store
 from ._db import create_engine
 from .settings import ServerSettings
 
@@ -70,6 +75,7 @@ _PROBLEMS: dict[int | str, dict[str, Any]] = {
 
 NamespaceName = Annotated[str, Path(pattern=NAME_PATTERN, description="Namespace name.")]
 QueueName = Annotated[str, Path(pattern=NAME_PATTERN, description="Queue name.")]
+SubscriptionName = Annotated[str, Path(pattern=NAME_PATTERN, description="Subscription name.")]
 _CONFLICTS: dict[int | str, dict[str, Any]] = {**_PROBLEMS, 409: _PROBLEMS[400]}
 
 
@@ -640,6 +646,90 @@ def create_app(settings: ServerSettings | None = None, *, engine: Engine | None 
         authorize(caller, namespace, "read")
         with the_engine.begin() as conn:
             return execution.list_events(conn, caller.namespace_id, task_id)
+
+    # ---------------------------------------------------------- result events
+
+    subscriptions_path = "/v1/namespaces/{namespace}/subscriptions"
+
+    @app.post(
+        subscriptions_path,
+        status_code=201,
+        response_model=Subscription,
+        tags=["results"],
+        responses={**_CONFLICTS, 200: {"model": Subscription, "description": "It existed already"}},
+    )
+    def create_subscription(
+        namespace: NamespaceName, body: SubscriptionRequest, caller: Caller, response: Response
+    ) -> Subscription:
+        """Create a subscription to the namespace's result events (DESIGN §4). Requires ``admin``.
+
+        201 when created; 200 with the existing one when the name exists with the same queues;
+        409 ``subscription_exists`` when it exists with other queues; 404 ``queue_not_found``
+        for an unknown queue. It receives the events that occur from its creation on, never
+        earlier ones; ``queues`` omitted or null means every queue.
+        """
+        authorize(caller, namespace, "admin")
+        subscription, created = execution.transact(
+            the_engine, results.create_subscription, caller.namespace_id, namespace, body.name, body.queues
+        )
+        if not created:
+            response.status_code = 200
+        response.headers["Location"] = f"/v1/namespaces/{namespace}/subscriptions/{subscription.name}"
+        return subscription
+
+    @app.get(
+        f"{subscriptions_path}/{{name}}", response_model=Subscription, tags=["results"], responses=_PROBLEMS
+    )
+    def get_subscription(namespace: NamespaceName, name: SubscriptionName, caller: Caller) -> Subscription:
+        """One subscription; 404 ``subscription_not_found``."""
+        authorize(caller, namespace, "read")
+        with the_engine.begin() as conn:
+            return results.get_subscription(conn, caller.namespace_id, namespace, name)
+
+    @app.post(
+        f"{subscriptions_path}/{{name}}/deliveries/lease",
+        response_model=list[Delivery],
+        tags=["results"],
+        responses=_CONFLICTS,
+    )
+    def lease_deliveries(
+        namespace: NamespaceName, name: SubscriptionName, body: DeliveryLeaseRequest, caller: Caller
+    ) -> list[Delivery]:
+        """Lease up to ``max`` unacked deliveries of the subscription, oldest first. Requires ``work``.
+
+        Each is ``{id, subscription, delivery_count, lease_expires_at, event}``. A delivery not
+        acked within ``lease_seconds`` (database clock) is handed out again, with a higher
+        ``delivery_count``: delivery is at least once, so receivers dedupe by ``event.id``
+        (§6.2 of the reliability model). An empty list when none is due; never waits.
+        """
+        authorize(caller, namespace, "work")
+        return execution.transact(
+            the_engine,
+            results.lease_deliveries,
+            caller.namespace_id,
+            namespace,
+            name,
+            max_deliveries=body.max,
+            lease_seconds=body.lease_seconds,
+            leased_by=f"api_key:{caller.key_id}",
+        )
+
+    @app.post(
+        f"{subscriptions_path}/{{name}}/deliveries/{{delivery_id}}/ack",
+        response_model=DeliveryAck,
+        tags=["results"],
+        responses=_PROBLEMS,
+    )
+    def ack_delivery(
+        namespace: NamespaceName, name: SubscriptionName, delivery_id: str, caller: Caller
+    ) -> DeliveryAck:
+        """Acknowledge a delivery: it is never handed out again. Requires ``work``.
+
+        Send it only once the event's effect is committed. Idempotent: acking again answers 200
+        with the first ``acked_at``. 404 ``delivery_not_found`` for an id not of this subscription.
+        """
+        authorize(caller, namespace, "work")
+        return execution.transact(the_engine, results.ack_delivery, caller.namespace_id, name, delivery_id)
 
     app.add_middleware(RequestContextMiddleware, max_body_bytes=settings.max_body_bytes)
     return app
