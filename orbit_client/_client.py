@@ -13,7 +13,7 @@ import email.utils
 import logging
 import re
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from types import TracebackType
 from typing import Any, Self, TypeVar
@@ -38,6 +38,8 @@ from orbit_client._models import (
     AttemptState,
     CancelRequest,
     CompleteRequest,
+    Delivery,
+    DeliveryLeaseRequest,
     FailRequest,
     HeartbeatRequest,
     LeaseGrant,
@@ -49,6 +51,8 @@ from orbit_client._models import (
     ReviewRequest,
     SubmitOptions,
     SubmitResult,
+    Subscription,
+    SubscriptionRequest,
     Task,
     TaskEvent,
     TaskPage,
@@ -276,6 +280,31 @@ class _BaseClient:
             lease_seconds=lease_seconds,
             wait_seconds=wait_seconds,
         )
+        return path, body
+
+    @classmethod
+    def _prepare_subscription(
+        cls, namespace: str, name: str, queues: Sequence[str] | None
+    ) -> tuple[str, dict[str, Any]]:
+        """Path and body of ``POST /v1/namespaces/{ns}/subscriptions``."""
+        if isinstance(queues, str):
+            raise OrbitUsageError("queues is a list of queue names, not one string; nothing was sent")
+        path = cls._path("/v1/namespaces/{}/subscriptions", namespace)
+        body = cls._body(
+            SubscriptionRequest,
+            "subscription",
+            name=name,
+            queues=list(queues) if queues is not None else None,
+        )
+        return path, body
+
+    @classmethod
+    def _prepare_delivery_lease(
+        cls, namespace: str, subscription: str, max: int, lease_seconds: float
+    ) -> tuple[str, dict[str, Any]]:
+        """Path and body of ``POST .../subscriptions/{name}/deliveries/lease``."""
+        path = cls._path("/v1/namespaces/{}/subscriptions/{}/deliveries/lease", namespace, subscription)
+        body = cls._body(DeliveryLeaseRequest, "delivery lease request", max=max, lease_seconds=lease_seconds)
         return path, body
 
     @staticmethod
@@ -812,6 +841,94 @@ class OrbitClient(_BaseClient):
         params = self._list_params(status, queue, limit, cursor)
         return self._parse_model(TaskPage, self._request("GET", path, params=params))
 
+    # --- result events (DESIGN §4 "Result events", §6.2 of the reliability model) ---------------------
+
+    def create_subscription(
+        self, namespace: str, name: str, *, queues: Sequence[str] | None = None
+    ) -> Subscription:
+        """Create a subscription to the namespace's result events (``admin`` key). Idempotent.
+
+        ``POST /v1/namespaces/{ns}/subscriptions``. It receives the result events (tasks that
+        reached ``SUCCEEDED``, ``FAILED``, ``CANCELLED`` or ``NEEDS_REVIEW``) that occur from
+        its creation on, never earlier ones. Creating it again with the same queues returns the
+        existing subscription, so the call is retried.
+
+        Args:
+            name: the subscription's name, unique in the namespace (pattern of queue names).
+            queues: the queue names whose events it receives (order ignored); ``None`` means
+                every queue of the namespace, including queues created later.
+
+        Returns:
+            The subscription (new, or the existing one with the same queues).
+
+        Raises:
+            OrbitUsageError: an invalid name or queue name; nothing was sent.
+            ConflictError: ``subscription_exists``: the name is taken with other queues.
+            NotFoundError: ``queue_not_found``: a named queue does not exist.
+            OrbitError: as for every call.
+        """
+        path, body = self._prepare_subscription(namespace, name, queues)
+        return self._parse_model(Subscription, self._request("POST", path, json=body))
+
+    def get_subscription(self, namespace: str, name: str) -> Subscription:
+        """Fetch a subscription (``GET /v1/namespaces/{ns}/subscriptions/{name}``).
+
+        Raises:
+            NotFoundError: ``subscription_not_found``, or another namespace.
+            OrbitError: as for every call.
+        """
+        path = self._path("/v1/namespaces/{}/subscriptions/{}", namespace, name)
+        return self._parse_model(Subscription, self._request("GET", path))
+
+    def lease_deliveries(
+        self, namespace: str, subscription: str, *, max: int = 10, lease_seconds: float = 30.0
+    ) -> list[Delivery]:
+        """Lease up to ``max`` unacked deliveries of a subscription (``work`` or ``admin`` key).
+
+        ``POST .../subscriptions/{name}/deliveries/lease``. Oldest first; concurrent callers
+        never get the same delivery while its lease runs. Process each event, commit its effect
+        (deduping by ``delivery.event.id``: delivery is at least once), then
+        :meth:`ack_delivery`. A delivery not acked within ``lease_seconds`` is handed out again
+        with a higher ``delivery_count``.
+
+        Not retried by the client: an answer lost on the way only leaves its deliveries leased
+        until ``lease_seconds`` pass; then they are handed out again, so nothing is lost and
+        the caller may simply lease again.
+
+        Args:
+            max: most deliveries, 1-500. Default 10.
+            lease_seconds: lease duration in seconds (0.1-3600), judged by the server's
+                database clock. Default 30.
+
+        Returns:
+            The deliveries; empty when none is due (the call does not wait).
+
+        Raises:
+            OrbitUsageError: an argument is out of range; nothing was sent.
+            NotFoundError: ``subscription_not_found``, or another namespace.
+            OrbitError: as for every call.
+        """
+        path, body = self._prepare_delivery_lease(namespace, subscription, max, lease_seconds)
+        return self._parse_list(Delivery, self._request("POST", path, json=body, retry=False))
+
+    def ack_delivery(self, namespace: str, subscription: str, delivery_id: str) -> None:
+        """Acknowledge a delivery once its event's effect is committed (``work`` or ``admin`` key).
+
+        ``POST .../subscriptions/{name}/deliveries/{id}/ack``. The delivery is never handed out
+        again. Idempotent (acking twice answers 200), so it is retried. If the ack is lost after
+        all, the event is delivered again after its lease and the receiver's dedupe by event id
+        absorbs it.
+
+        Raises:
+            NotFoundError: ``delivery_not_found`` (not a delivery of this subscription), or
+                ``subscription_not_found``.
+            OrbitError: as for every call.
+        """
+        path = self._path(
+            "/v1/namespaces/{}/subscriptions/{}/deliveries/{}/ack", namespace, subscription, delivery_id
+        )
+        self._request("POST", path)
+
 
 class AsyncOrbitClient(_BaseClient):
     """The asyncio twin of :class:`OrbitClient`: same methods, awaited; :meth:`aclose` to close.
@@ -1045,3 +1162,31 @@ class AsyncOrbitClient(_BaseClient):
         path = self._path("/v1/namespaces/{}/tasks", namespace)
         params = self._list_params(status, queue, limit, cursor)
         return self._parse_model(TaskPage, await self._request("GET", path, params=params))
+
+    # --- result events (DESIGN §4) --------------------------------------------------------------------
+
+    async def create_subscription(
+        self, namespace: str, name: str, *, queues: Sequence[str] | None = None
+    ) -> Subscription:
+        """Async twin of :meth:`OrbitClient.create_subscription`."""
+        path, body = self._prepare_subscription(namespace, name, queues)
+        return self._parse_model(Subscription, await self._request("POST", path, json=body))
+
+    async def get_subscription(self, namespace: str, name: str) -> Subscription:
+        """Async twin of :meth:`OrbitClient.get_subscription`."""
+        path = self._path("/v1/namespaces/{}/subscriptions/{}", namespace, name)
+        return self._parse_model(Subscription, await self._request("GET", path))
+
+    async def lease_deliveries(
+        self, namespace: str, subscription: str, *, max: int = 10, lease_seconds: float = 30.0
+    ) -> list[Delivery]:
+        """Async twin of :meth:`OrbitClient.lease_deliveries` (not retried either)."""
+        path, body = self._prepare_delivery_lease(namespace, subscription, max, lease_seconds)
+        return self._parse_list(Delivery, await self._request("POST", path, json=body, retry=False))
+
+    async def ack_delivery(self, namespace: str, subscription: str, delivery_id: str) -> None:
+        """Async twin of :meth:`OrbitClient.ack_delivery` (idempotent, retried)."""
+        path = self._path(
+            "/v1/namespaces/{}/subscriptions/{}/deliveries/{}/ack", namespace, subscription, delivery_id
+        )
+        await self._request("POST", path)
