@@ -549,6 +549,8 @@ class ResultEvent(_Wire):
         result: the task's result (``SUCCEEDED``), else usually ``None``.
         error: the task's error (``FAILED``, ``NEEDS_REVIEW``, sometimes ``CANCELLED``), else ``None``.
         occurred_at: when the transition happened (UTC, database clock).
+        idempotency_key: the ``Idempotency-Key`` of the submission that created the task
+            (what an outbox row knows its task by); ``None`` for a task created by a manual retry.
     """
 
     model_config = ConfigDict(extra="ignore", frozen=True)
@@ -562,6 +564,7 @@ class ResultEvent(_Wire):
     result: JsonValue = None
     error: JsonValue = None
     occurred_at: UTCDateTime
+    idempotency_key: str | None = None
 
 
 class DeliveryLeaseRequest(_Wire):

@@ -62,7 +62,17 @@ from orbit_client import Delivery, DeliveryAck, ResultEvent, Subscription, TaskS
 
 from . import errors
 from ._db import db_now, to_utc
-from .schema import Key, Timestamp, event_deliveries, namespaces, queues, result_events, subscriptions, tasks
+from .schema import (
+    Key,
+    Timestamp,
+    event_deliveries,
+    namespaces,
+    queues,
+    result_events,
+    submission_keys,
+    subscriptions,
+    tasks,
+)
 
 __all__ = [
     "RESULT_STATUSES",
@@ -319,13 +329,17 @@ def lease_deliveries(
     )
     if claimed.rowcount != len(ids):
         raise errors.ConcurrentUpdate("deliveries changed while they were being leased")
-    e = result_events
+    e, k = result_events, submission_keys
     rows = conn.execute(
         sa.select(
             d.c.id.label("delivery_id"), d.c.delivery_count, e.c.id, e.c.task_id, queues.c.name.label("queue"),
-            e.c.handler, e.c.status, e.c.result, e.c.error, e.c.occurred_at,
+            e.c.handler, e.c.status, e.c.result, e.c.error, e.c.occurred_at, k.c.idempotency_key,
         )
-        .select_from(d.join(e, e.c.id == d.c.event_id).join(queues, queues.c.id == e.c.queue_id))
+        .select_from(
+            d.join(e, e.c.id == d.c.event_id)
+            .join(queues, queues.c.id == e.c.queue_id)
+            .outerjoin(k, sa.and_(k.c.task_id == e.c.task_id, k.c.namespace_id == e.c.namespace_id))
+        )
         .where(d.c.id.in_(ids))
         .order_by(d.c.id)
     ).all()  # fmt: skip
@@ -346,6 +360,7 @@ def lease_deliveries(
                 result=row.result,
                 error=row.error,
                 occurred_at=_at(row.occurred_at),
+                idempotency_key=row.idempotency_key,
             ),
         )
         for row in rows

@@ -125,6 +125,8 @@ submission_keys = sa.Table(
     # Kept at least this long, even when the task itself is purged (§7 of the reliability model).
     sa.Column("expires_at", Timestamp, nullable=False),
     sa.UniqueConstraint("namespace_id", "idempotency_key", name="uq_submission_keys_namespace_key"),
+    # Result events carry the key that created their task (0003).
+    sa.Index("ix_submission_keys_task", "task_id"),
 )
 
 task_events = sa.Table(

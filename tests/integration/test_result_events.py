@@ -228,6 +228,23 @@ def test_fan_out_to_two_subscriptions_and_the_queue_filter(api: Api) -> None:
     assert states == {("first", "ACKED"): 2, ("second", "PENDING"): 2, ("only-q1", "PENDING"): 1}
 
 
+def test_an_event_names_the_idempotency_key_that_created_its_task(api: Api) -> None:
+    """An outbox row knows its task by its key; the event carries it, so no task id lookup is needed."""
+    queue = api.queue()
+    assert subscribe(api, "by-key").status_code == 201
+    key = f"order-{uuid.uuid4()}:fulfil"
+    r = api.http["submit"].post(
+        f"/v1/namespaces/{api.ns}/tasks",
+        json={"queue": queue, "handler": "h", "params": None},
+        headers={"Idempotency-Key": key},
+    )
+    assert r.status_code == 201, r.text
+    assert api.admin(r.json()["id"], "cancel", reason="test").status_code == 200
+    [delivery] = lease(api, "by-key")
+    assert delivery["event"]["task_id"] == r.json()["id"]
+    assert delivery["event"]["idempotency_key"] == key
+
+
 def test_events_before_the_subscription_existed_are_not_delivered(api: Api) -> None:
     queue = api.queue()
     before = cancelled(api, queue)

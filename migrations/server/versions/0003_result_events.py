@@ -66,8 +66,12 @@ def upgrade() -> None:
     )
     op.create_index("ix_event_deliveries_claim", "event_deliveries", ["subscription_id", "state", "id"])
 
+    # Result events name the idempotency key that created their task: found by task id.
+    op.create_index("ix_submission_keys_task", "submission_keys", ["task_id"])
+
 
 def downgrade() -> None:
+    op.drop_index("ix_submission_keys_task", table_name="submission_keys")
     op.drop_index("ix_event_deliveries_claim", table_name="event_deliveries")
     op.drop_table("event_deliveries")
     op.drop_table("subscriptions")
