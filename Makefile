@@ -14,7 +14,7 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 demo: $(STAMP)
-	$(PY) -m examples.replay_demo
+	$(PY) -m examples.order_service.demo $(DEMO_ARGS)
 
 test: $(STAMP)
 	$(PY) -m ruff check .
@@ -28,6 +28,8 @@ lint: $(STAMP)
 
 bench: $(STAMP)
 	$(PY) -m bench.submit
+	$(PY) -m bench.relay
+	$(PY) -m bench.workers
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .demo

@@ -1,0 +1,71 @@
+"""Results back into ``business_orders``, exactly once per event (the inbox does the dedup).
+
+Run by ``orbit-outbox consume --subscription order-results --handler
+examples.order_service.consumer:apply_result``: the consumer calls
+:func:`apply_result` inside the business transaction that records the event in
+``orbit_inbox``, so a redelivered event changes nothing.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import sqlalchemy as sa
+
+from orbit_client import ResultEvent, TaskStatus
+
+from .db import business_orders
+
+__all__ = ["HANDLER", "apply_result"]
+
+HANDLER = "orders.fulfil"
+
+
+class UnknownOrder(LookupError):
+    """The event names a fulfilment key no order has (it is not acked; it comes back later)."""
+
+
+def _reason(error: Any) -> str:
+    if isinstance(error, dict):
+        return str(error.get("message") or error.get("type") or error)[:1000]
+    return str(error)[:1000] if error is not None else "no reason given"
+
+
+def apply_result(conn: sa.Connection, event: ResultEvent) -> None:
+    """Apply one result event of an ``orders.fulfil`` task to its order.
+
+    ``SUCCEEDED`` → ``COMPLETED`` with the reservation, payment and receipt ids;
+    ``FAILED`` / ``CANCELLED`` → ``FAILED`` with the reason; ``NEEDS_REVIEW`` →
+    ``NEEDS_REVIEW`` (a later review outcome arrives as another event). The update
+    is conditional: an order already final is left alone.
+
+    Raises:
+        UnknownOrder: no order has the event's fulfilment key.
+    """
+    if event.handler != HANDLER:
+        return
+    key_match = business_orders.c.fulfilment_key == event.idempotency_key
+    if conn.scalar(sa.select(business_orders.c.id).where(key_match)) is None:
+        raise UnknownOrder(f"no order with fulfilment key {event.idempotency_key!r} (event {event.id})")
+    values: dict[str, Any] = {"task_id": event.task_id, "updated_at": sa.func.current_timestamp()}
+    if event.status is TaskStatus.SUCCEEDED:
+        result = event.result if isinstance(event.result, dict) else {}
+        values.update(
+            status="COMPLETED",
+            reservation_id=result.get("reservation_id"),
+            payment_id=result.get("payment_id"),
+            receipt_id=result.get("receipt_id"),
+        )
+    elif event.status in (TaskStatus.FAILED, TaskStatus.CANCELLED):
+        values.update(status="FAILED", failure_reason=f"{event.status.value.lower()}: {_reason(event.error)}")
+    elif event.status is TaskStatus.NEEDS_REVIEW:
+        values.update(
+            status="NEEDS_REVIEW", failure_reason="the outcome is unknown; an operator must review it"
+        )
+    else:
+        return
+    conn.execute(
+        business_orders.update()
+        .where(key_match, business_orders.c.status.in_(("PENDING", "NEEDS_REVIEW")))
+        .values(values)
+    )

@@ -1,0 +1,392 @@
+"""The whole of Orbit on realistic input, with real crashes: ``make demo``.
+
+    python -m examples.order_service.demo [--orders N] [--json]
+        [--database-url URL --orbit-database-url URL]
+
+Starts the Orbit server, the order API, an outbox relay, a worker and a result
+consumer as real processes (by default on SQLite files under ``.demo/``); places the
+orders of ``data/orders.csv`` through the order API (a few of them sent twice, as a
+client retry would); SIGKILLs the relay once while it has a batch in hand (after a
+send, before recording it) and the worker once in the middle of a step (after the
+payment provider charged, before the journal recorded it), and restarts both; waits
+until every order is terminal; checks the invariants and prints a summary.
+
+Exit status 0 only when every order is terminal, no order got two tasks, and each
+provider acted at most once per order (charge exactly once per completed order).
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections import Counter
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Any
+
+import httpx
+import sqlalchemy as sa
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from orbit_client import OrbitClient
+
+from .db import business_engine, business_orders, create_business_tables, provider_calls, provider_effects
+
+ORDERS_CSV = Path(__file__).parent / "data" / "orders.csv"
+WORK_DIR = Path(".demo") / "order_service"
+NAMESPACE, QUEUE, SUBSCRIPTION = "shop", "fulfilment", "order-results"
+TERMINAL = ("COMPLETED", "FAILED", "NEEDS_REVIEW")
+console = Console(stderr=True)
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def wait_for_http(url: str, proc: subprocess.Popen[bytes], timeout: float = 60.0) -> None:
+    """Poll ``url`` until it answers (a process has no start-up signal to await)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            if httpx.get(url, timeout=2).status_code < 500:
+                return
+        except httpx.TransportError:
+            pass
+        if proc.poll() is not None:
+            raise SystemExit(f"{proc.args!r} exited with {proc.returncode} during start-up; see {WORK_DIR}")
+        if time.monotonic() > deadline:
+            raise SystemExit(f"{url} did not answer within {timeout:.0f} s")
+        time.sleep(0.1)
+
+
+@dataclass
+class Process:
+    """A child process whose stderr is copied to a log file and watched for one marker line."""
+
+    name: str
+    argv: list[str]
+    env: dict[str, str]
+    marker: str | None = None
+    proc: subprocess.Popen[bytes] | None = None
+    seen: threading.Event = field(default_factory=threading.Event)
+    restarts: int = 0
+
+    def start(self, *, fault: dict[str, str] | None = None) -> None:
+        log: IO[bytes] = (WORK_DIR / f"{self.name}.log").open("ab")
+        self.seen.clear()
+        self.proc = subprocess.Popen(
+            self.argv, env={**os.environ, **self.env, **(fault or {})}, stdout=log, stderr=subprocess.PIPE
+        )
+        threading.Thread(target=self._pump, args=(self.proc, log), daemon=True).start()
+
+    def _pump(self, proc: subprocess.Popen[bytes], log: IO[bytes]) -> None:
+        assert proc.stderr is not None
+        for line in proc.stderr:
+            log.write(line)
+            log.flush()
+            if self.marker and self.marker.encode() in line:
+                self.seen.set()
+        log.close()
+
+    def kill(self) -> None:
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait()
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+
+def run_cli(*argv: str) -> str:
+    done = subprocess.run([sys.executable, "-m", *argv], capture_output=True, text=True)
+    if done.returncode != 0 and "already exists" not in done.stderr:
+        raise SystemExit(f"{' '.join(argv[:3])} failed: {done.stderr.strip()}")
+    return done.stdout.strip().splitlines()[-1] if done.stdout.strip() else ""
+
+
+def load_orders(limit: int | None) -> list[dict[str, str]]:
+    with ORDERS_CSV.open(encoding="utf-8", newline="") as f:
+        rows = list(csv.DictReader(f))
+    return rows[:limit] if limit else rows
+
+
+@contextmanager
+def stopping(processes: list[Process]) -> Iterator[None]:
+    try:
+        yield
+    finally:
+        for p in reversed(processes):
+            p.stop()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--orders", type=int, default=None, help="place only the first N orders of the CSV")
+    parser.add_argument("--json", action="store_true", help="print only the summary, as JSON")
+    parser.add_argument("--database-url", help="business database (default: SQLite under .demo/)")
+    parser.add_argument("--orbit-database-url", help="Orbit server database (default: SQLite under .demo/)")
+    parser.add_argument("--timeout", type=float, default=600.0, help="seconds to wait for every order")
+    args = parser.parse_args(argv)
+    if args.json:
+        console.quiet = True
+
+    shutil.rmtree(WORK_DIR, ignore_errors=True)
+    WORK_DIR.mkdir(parents=True)
+    business_url = args.database_url or f"sqlite:///{WORK_DIR / 'business.db'}"
+    orbit_db_url = args.orbit_database_url or f"sqlite:///{WORK_DIR / 'orbit.db'}"
+    orders = load_orders(args.orders)
+    started = time.monotonic()
+
+    console.rule("Set up Orbit and the business database")
+    if not orbit_db_url.startswith("sqlite"):
+        run_cli("orbit_server", "migrate", "--database-url", orbit_db_url)
+    run_cli("orbit_server", "namespace", "create", NAMESPACE, "--database-url", orbit_db_url)
+    run_cli("orbit_server", "queue", "create", NAMESPACE, QUEUE, "--database-url", orbit_db_url)
+    keys = {
+        role: run_cli(
+            "orbit_server", "api-key", "create", NAMESPACE, "--role", role, "--database-url", orbit_db_url
+        )
+        for role in ("submit", "work", "admin")
+    }
+    engine = business_engine(business_url)
+    create_business_tables(engine)
+    run_cli("outbox_adapter.cli", "migrate", "--database-url", business_url)
+
+    orbit_port, api_port = free_port(), free_port()
+    orbit_url, api_url = f"http://127.0.0.1:{orbit_port}", f"http://127.0.0.1:{api_port}"
+    py = sys.executable
+    server = Process("orbit-server", [py, "-m", "orbit_server", "--log-level", "warning", "serve",
+                                      "--database-url", orbit_db_url, "--port", str(orbit_port)],
+                     {"ORBIT_SWEEP_INTERVAL_SECONDS": "0.5"})  # fmt: skip
+    api = Process("order-api", [py, "-m", "examples.order_service.api", "--database-url", business_url,
+                                "--port", str(api_port)], {})  # fmt: skip
+    relay = Process("relay", [py, "-m", "outbox_adapter.cli", "relay", "--batch-size", "20", "--concurrency", "4",
+                              "--lease-seconds", "5", "--poll-interval", "0.2"],
+                    {"ORBIT_OUTBOX_DATABASE_URL": business_url, "ORBIT_URL": orbit_url,
+                     "ORBIT_API_KEY": keys["submit"]}, marker="paused-after-send")  # fmt: skip
+    worker = Process("worker", [py, "-m", "examples.order_service.worker", "--concurrency", "4",
+                                "--lease-seconds", "3"],
+                     {"ORDER_DATABASE_URL": business_url, "ORBIT_URL": orbit_url, "ORBIT_API_KEY": keys["work"]},
+                     marker="paused-after-charge")  # fmt: skip
+    consumer = Process(
+        "consumer",
+        [py, "-m", "outbox_adapter.cli", "consume", "--namespace", NAMESPACE, "--subscription", SUBSCRIPTION,
+         "--handler", "examples.order_service.consumer:apply_result", "--lease-seconds", "10",
+         "--poll-interval", "0.2"],
+        {"ORBIT_OUTBOX_DATABASE_URL": business_url, "ORBIT_URL": orbit_url, "ORBIT_API_KEY": keys["work"]},
+    )  # fmt: skip
+    processes = [server, api, relay, worker, consumer]
+    faults = 0
+    with stopping(processes), ExitStack():
+        console.rule(f"Start the processes (Orbit at {orbit_url}, order API at {api_url})")
+        server.start()
+        wait_for_http(f"{orbit_url}/readyz", server.proc)  # type: ignore[arg-type]
+        with OrbitClient(orbit_url, api_key=keys["admin"]) as admin:
+            admin.create_subscription(NAMESPACE, SUBSCRIPTION, queues=[QUEUE])
+        api.start()
+        wait_for_http(f"{api_url}/docs", api.proc)  # type: ignore[arg-type]
+        relay.start(fault={"ORBIT_OUTBOX_FAULT": "pause-after-send"})
+        worker.start(fault={"ORDER_SERVICE_FAULT": "hang-after-charge"})
+        consumer.start()
+
+        console.rule(f"Place {len(orders)} orders through the order API")
+        placed: dict[str, str] = {}
+
+        def place(row: dict[str, str]) -> None:
+            body = {"sku": row["sku"], "quantity": int(row["quantity"]), "amount": row["amount"],
+                    "customer": row["customer"]}  # fmt: skip
+            with httpx.Client(base_url=api_url, timeout=30) as http:
+                sends = 2 if row["order_ref"].endswith("7") else 1  # a client retry of the same request
+                for _ in range(sends):
+                    response = http.post("/orders", json=body, headers={"Idempotency-Key": row["order_ref"]})
+                    response.raise_for_status()
+                placed[row["order_ref"]] = response.json()["order_id"]
+
+        with ThreadPoolExecutor(max_workers=8) as pool:
+            list(pool.map(place, orders))
+
+        order_ids = list(placed.values())
+        relay_killed = worker_killed = False
+        deadline = time.monotonic() + args.timeout
+        columns = (TextColumn("[progress.description]{task.description}"), BarColumn(), MofNCompleteColumn(),
+                   TimeElapsedColumn())  # fmt: skip
+        with Progress(*columns, console=console) as progress:
+            bar = progress.add_task("orders terminal", total=len(order_ids))
+            while True:
+                if not relay_killed and relay.seen.is_set():
+                    relay.kill()
+                    relay.start()
+                    relay_killed, faults = True, faults + 1
+                    progress.console.log("SIGKILLed the relay between a send and its record; restarted it")
+                if not worker_killed and worker.seen.is_set():
+                    worker.kill()
+                    worker.start()
+                    worker_killed, faults = True, faults + 1
+                    progress.console.log(
+                        "SIGKILLed the worker in the middle of the charge step; restarted it"
+                    )
+                with engine.connect() as conn:
+                    done = conn.scalar(
+                        sa.select(sa.func.count()).select_from(business_orders).where(
+                            business_orders.c.order_id.in_(order_ids), business_orders.c.status.in_(TERMINAL)
+                        )
+                    )  # fmt: skip
+                progress.update(bar, completed=done)
+                if done == len(order_ids):
+                    break
+                for p in processes:
+                    if (
+                        p.proc is not None
+                        and p.proc.poll() is not None
+                        and p.proc.returncode != -signal.SIGKILL
+                    ):
+                        raise SystemExit(
+                            f"{p.name} exited with {p.proc.returncode}; see {WORK_DIR / p.name}.log"
+                        )
+                if time.monotonic() > deadline:
+                    break
+                time.sleep(0.25)
+
+        summary = summarise(engine, orbit_url, keys["admin"], order_ids, faults, time.monotonic() - started)
+    engine.dispose()
+    ok = check(summary)
+    if args.json:
+        print(json.dumps(summary, indent=2))
+    else:
+        show(summary, ok)
+    return 0 if ok else 1
+
+
+def summarise(
+    engine: sa.Engine, orbit_url: str, api_key: str, order_ids: list[str], faults: int, elapsed: float
+) -> dict[str, Any]:
+    with engine.connect() as conn:
+        statuses = Counter(
+            dict(
+                conn.execute(
+                    sa.select(business_orders.c.status, sa.func.count())
+                    .where(business_orders.c.order_id.in_(order_ids))
+                    .group_by(business_orders.c.status)
+                ).all()
+            )
+        )
+        effects = conn.execute(
+            sa.select(provider_effects.c.provider, provider_effects.c.order_id, sa.func.count())
+            .where(provider_effects.c.order_id.in_(order_ids))
+            .group_by(provider_effects.c.provider, provider_effects.c.order_id)
+        ).all()
+        requests = Counter(
+            dict(
+                conn.execute(
+                    sa.select(provider_calls.c.outcome, sa.func.count())
+                    .where(provider_calls.c.order_id.in_(order_ids))
+                    .group_by(provider_calls.c.outcome)
+                ).all()
+            )
+        )
+        completed_ids = set(
+            conn.scalars(
+                sa.select(business_orders.c.order_id).where(
+                    business_orders.c.order_id.in_(order_ids), business_orders.c.status == "COMPLETED"
+                )
+            )
+        )
+    wanted = set(order_ids)
+    tasks_per_order: Counter[str] = Counter()
+    with OrbitClient(orbit_url, api_key=api_key) as client:
+        cursor = None
+        while True:
+            page = client.list_tasks(NAMESPACE, queue=QUEUE, limit=500, cursor=cursor)
+            for task in page.items:
+                order_id = task.params.get("order_id") if isinstance(task.params, dict) else None
+                if order_id in wanted:
+                    tasks_per_order[order_id] += 1
+            if page.next_cursor is None:
+                break
+            cursor = page.next_cursor
+    per_provider: Counter[str] = Counter()
+    most_per_order: Counter[str] = Counter()
+    charged: set[str] = set()
+    for provider, order_id, n in effects:
+        per_provider[provider] += n
+        most_per_order[provider] = max(most_per_order[provider], n)
+        if provider == "charge":
+            charged.add(order_id)
+    return {
+        "orders_total": len(order_ids),
+        "orders_completed": statuses.get("COMPLETED", 0),
+        "orders_failed": statuses.get("FAILED", 0),
+        "orders_needs_review": statuses.get("NEEDS_REVIEW", 0),
+        "orders_pending": statuses.get("PENDING", 0),
+        "tasks_created": sum(tasks_per_order.values()),
+        "duplicate_tasks": sum(n - 1 for n in tasks_per_order.values() if n > 1),
+        "orders_without_task": len(wanted - set(tasks_per_order)),
+        "provider_calls": {p: per_provider.get(p, 0) for p in ("reserve", "charge", "receipt")},
+        "provider_max_per_order": {p: most_per_order.get(p, 0) for p in ("reserve", "charge", "receipt")},
+        "provider_requests": dict(requests),
+        "completed_orders_charged_once": completed_ids <= charged,
+        "faults_injected": faults,
+        "elapsed_s": round(elapsed, 1),
+    }
+
+
+def check(s: dict[str, Any]) -> bool:
+    return (
+        s["orders_pending"] == 0
+        and s["duplicate_tasks"] == 0
+        and s["orders_without_task"] == 0
+        and all(n <= 1 for n in s["provider_max_per_order"].values())
+        and s["completed_orders_charged_once"]
+    )
+
+
+def show(s: dict[str, Any], ok: bool) -> None:
+    out = Console()
+    table = Table("measure", "value", title="Order service demo")
+    for key in ("orders_total", "orders_completed", "orders_failed", "orders_needs_review", "orders_pending",
+                "tasks_created", "duplicate_tasks", "faults_injected", "elapsed_s"):  # fmt: skip
+        table.add_row(key, str(s[key]))
+    for provider, n in s["provider_calls"].items():
+        table.add_row(
+            f"provider effects: {provider}", f"{n} (at most {s['provider_max_per_order'][provider]}/order)"
+        )
+    table.add_row(
+        "provider requests", ", ".join(f"{k} {v}" for k, v in sorted(s["provider_requests"].items()))
+    )
+    out.print(table)
+    if ok:
+        out.print(
+            "[green]Every order is terminal; one task per order; no provider acted twice for an order.[/green]"
+        )
+    else:
+        out.print(
+            "[red]An invariant did not hold; see the table and the logs under .demo/order_service/.[/red]"
+        )
+
+
+if __name__ == "__main__":
+    sys.exit(main())
