@@ -23,14 +23,13 @@ import signal
 import threading
 import time
 from collections.abc import Callable, Sequence
-from datetime import datetime
 from types import FrameType, TracebackType
 from typing import Any, Protocol, Self
 
 import sqlalchemy as sa
 from sqlalchemy.engine import URL, Connection, Engine
 
-from orbit_client import NAME_PATTERN, OrbitError
+from orbit_client import NAME_PATTERN, Delivery, OrbitError, ResultEvent
 from outbox_adapter import _queries as q
 from outbox_adapter._db import short_transaction, translate_db_error
 from outbox_adapter._exceptions import OutboxDatabaseError, OutboxUsageError
@@ -40,7 +39,7 @@ from outbox_adapter._models import ConsumerStats
 from outbox_adapter._outcomes import Backoff
 from outbox_adapter._tables import InboxOutcome, OutboxTables
 
-__all__ = ["DEFAULT_MAX_DELIVERIES", "DeliveryClient", "ResultConsumer", "ResultHandler"]
+__all__ = ["DEFAULT_MAX_DELIVERIES", "DeliveryClient", "ResultConsumer", "ResultHandler", "lease_hint"]
 
 log = logging.getLogger("outbox_adapter.inbox")
 
@@ -48,43 +47,19 @@ log = logging.getLogger("outbox_adapter.inbox")
 DEFAULT_MAX_DELIVERIES = 10
 
 
-class _Event(Protocol):
-    """What the consumer reads of a result event (``orbit_client.ResultEvent``)."""
-
-    @property
-    def id(self) -> str: ...
-    @property
-    def task_id(self) -> str: ...
-    @property
-    def namespace(self) -> str: ...
-    @property
-    def status(self) -> str: ...
-
-
-class _Delivery(Protocol):
-    """What the consumer reads of a delivery (``orbit_client.Delivery``)."""
-
-    @property
-    def id(self) -> str: ...
-    @property
-    def delivery_count(self) -> int: ...
-    @property
-    def event(self) -> Any: ...
-
-
 class DeliveryClient(Protocol):
     """The two calls the consumer makes: :class:`orbit_client.OrbitClient` has them (work role)."""
 
     def lease_deliveries(
         self, namespace: str, subscription: str, *, max: int = ..., lease_seconds: float = ...
-    ) -> Sequence[Any]: ...
+    ) -> Sequence[Delivery]: ...
 
     def ack_delivery(self, namespace: str, subscription: str, delivery_id: str) -> None: ...
 
 
 #: ``handler(conn, event)``: applies one result event on the business connection, inside the
 #: transaction that records it in the inbox. Its return value is ignored.
-ResultHandler = Callable[[Connection, Any], object]
+ResultHandler = Callable[[Connection, ResultEvent], object]
 
 
 class _Duplicate(Exception):
@@ -105,22 +80,6 @@ class _HandlerFailed(Exception):
     def __init__(self, cause: Exception) -> None:
         super().__init__(str(cause))
         self.cause = cause
-
-
-def _event_json(event: Any) -> dict[str, Any]:
-    """The event as JSON data, for a ``FAILED`` inbox row."""
-    dump = getattr(event, "model_dump", None)
-    if callable(dump):
-        data = dump(mode="json")
-        assert isinstance(data, dict)
-        return data
-    fields = ("id", "task_id", "namespace", "queue", "handler", "status", "result", "error", "occurred_at")
-    data = {name: getattr(event, name, None) for name in fields}
-    if isinstance(data["occurred_at"], datetime):
-        data["occurred_at"] = data["occurred_at"].isoformat().replace("+00:00", "Z")
-    if data["status"] is not None:
-        data["status"] = str(data["status"])
-    return data
 
 
 def _describe(exc: BaseException) -> str:
@@ -333,7 +292,7 @@ class ResultConsumer:
 
     # --- leasing -------------------------------------------------------------------------------------
 
-    def _lease(self, *, once: bool) -> Sequence[_Delivery] | None:
+    def _lease(self, *, once: bool) -> Sequence[Delivery] | None:
         """Lease a batch; ``None`` when Orbit is unreachable (after waiting a backoff)."""
         try:
             deliveries = self.client.lease_deliveries(
@@ -346,7 +305,7 @@ class ResultConsumer:
                     self.namespace,
                     self.subscription,
                     exc,
-                    _lease_hint(exc),
+                    lease_hint(exc),
                     extra={"event": "lease_failed", "subscription": self.subscription},
                 )
                 raise
@@ -358,7 +317,7 @@ class ResultConsumer:
     # --- one batch -----------------------------------------------------------------------------------
 
     def _handle_batch(
-        self, deliveries: Sequence[_Delivery], stats: ConsumerStats, *, once: bool, failed_in_run: set[str]
+        self, deliveries: Sequence[Delivery], stats: ConsumerStats, *, once: bool, failed_in_run: set[str]
     ) -> None:
         for index, delivery in enumerate(deliveries):
             left = len(deliveries) - index
@@ -385,7 +344,7 @@ class ResultConsumer:
             if kind == "failed":
                 failed_in_run.add(delivery.event.id)
 
-    def _handle(self, delivery: _Delivery, stats: ConsumerStats) -> str:
+    def _handle(self, delivery: Delivery, stats: ConsumerStats) -> str:
         """Apply one delivery and ack it when its outcome is committed. Returns what happened:
         ``"applied"``, ``"duplicate"``, ``"failed"`` (not acked) or ``"parked"``.
 
@@ -454,7 +413,7 @@ class ResultConsumer:
         self._ack(delivery, stats, extra)
         return kind
 
-    def _apply(self, delivery: _Delivery) -> str:
+    def _apply(self, delivery: Delivery) -> str:
         """The business transaction: inbox row + handler, or nothing for a duplicate.
 
         Raises:
@@ -484,7 +443,7 @@ class ResultConsumer:
             raise translate_db_error(exc, what) from exc
         return "applied"
 
-    def _park(self, delivery: _Delivery, cause: Exception) -> str:
+    def _park(self, delivery: Delivery, cause: Exception) -> str:
         """Record the event as ``FAILED`` (its own transaction, no handler). ``"parked"`` or ``"duplicate"``.
 
         Raises:
@@ -505,7 +464,7 @@ class ResultConsumer:
         return "parked"
 
     def _insert(
-        self, conn: Connection, delivery: _Delivery, outcome: InboxOutcome, *, error: str | None = None
+        self, conn: Connection, delivery: Delivery, outcome: InboxOutcome, *, error: str | None = None
     ) -> int:
         """Insert the event's inbox row; :class:`_Duplicate` if the event is already there,
         :class:`_Conflict` if the insert hit a unique key (the caller rolls back, then checks)."""
@@ -521,11 +480,11 @@ class ResultConsumer:
                 subscription=self.subscription,
                 namespace=event.namespace,
                 task_id=event.task_id,
-                status=str(event.status),
+                status=event.status.value,
                 outcome=outcome,
                 delivery_count=delivery.delivery_count,
                 error=error,
-                event=_event_json(event) if outcome is InboxOutcome.FAILED else None,
+                event=event.model_dump(mode="json") if outcome is InboxOutcome.FAILED else None,
                 processed=outcome is InboxOutcome.FAILED,
             )
         except sa.exc.IntegrityError as exc:
@@ -545,7 +504,7 @@ class ResultConsumer:
             return "duplicate"
         raise translate_db_error(conflict.cause, what) from conflict.cause
 
-    def _ack(self, delivery: _Delivery, stats: ConsumerStats, extra: dict[str, Any]) -> None:
+    def _ack(self, delivery: Delivery, stats: ConsumerStats, extra: dict[str, Any]) -> None:
         """Ack after the commit, outside any transaction; a failure only costs a duplicate delivery later."""
         try:
             self.client.ack_delivery(self.namespace, self.subscription, delivery.id)
@@ -627,7 +586,8 @@ def _transient_db_error(cause: Exception, what: str) -> OutboxDatabaseError | No
     return None
 
 
-def _lease_hint(exc: OrbitError) -> str:
+def lease_hint(exc: OrbitError) -> str:
+    """What to do about a lease the server refused for good, as ``"; ..."`` (empty when nothing to add)."""
     status = getattr(exc, "status_code", None)
     if status == 404:
         return (

@@ -26,7 +26,7 @@ import re
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Any, NoReturn, TypeVar, cast
+from typing import Any, NoReturn, TypeVar
 
 import click
 from pydantic import ValidationError
@@ -35,7 +35,7 @@ from rich.progress import Progress, SpinnerColumn, TextColumn
 from rich.table import Table
 
 from orbit_client import OrbitClient, OrbitError, RetryPolicy
-from outbox_adapter._consumer import DEFAULT_MAX_DELIVERIES, DeliveryClient, ResultConsumer, ResultHandler
+from outbox_adapter._consumer import DEFAULT_MAX_DELIVERIES, ResultConsumer, ResultHandler, lease_hint
 from outbox_adapter._db import describe_url
 from outbox_adapter._exceptions import OutboxDatabaseError, OutboxRowError, OutboxUsageError
 from outbox_adapter._logging import configure_logging
@@ -528,7 +528,7 @@ def consume(
         with _errors():
             consumer = ResultConsumer(
                 database_url,
-                cast(DeliveryClient, client),  # until orbit_client ships the subscription calls
+                client,
                 namespace,
                 subscription,
                 handler,
@@ -541,7 +541,10 @@ def consume(
             )
         try:
             with _errors():
-                stats = consumer.run(once=once)
+                try:
+                    stats = consumer.run(once=once)
+                except OrbitError as exc:
+                    _fail(f"{exc}{lease_hint(exc)}", EXIT_ORBIT)
         finally:
             consumer.close()
     finally:

@@ -8,40 +8,37 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-from orbit_client import OrbitConnectError, OrbitError, TaskStatus
+from orbit_client import Delivery, OrbitConnectError, OrbitError, ResultEvent, TaskStatus
 
 NS, SUB = "shop", "orders-results"
 
 
-@dataclass(frozen=True)
-class Event:
-    """Stands in for ``orbit_client.ResultEvent`` (same fields)."""
-
-    id: str
-    task_id: str
-    status: TaskStatus
-    result: Any = None
-    error: Any = None
-    namespace: str = NS
-    queue: str = "fulfilment"
-    handler: str = "orders.fulfil"
-    occurred_at: datetime = datetime(2030, 1, 1, tzinfo=UTC)
-
-
-@dataclass(frozen=True)
-class Delivery:
-    """Stands in for ``orbit_client.Delivery``."""
-
-    id: str
-    subscription: str
-    delivery_count: int
-    lease_expires_at: datetime
-    event: Event
+def result_event(
+    event_id: str,
+    task_id: str,
+    status: TaskStatus,
+    *,
+    result: Any = None,
+    error: Any = None,
+    namespace: str = NS,
+) -> ResultEvent:
+    """A result event as the server sends it (``orbit_client.ResultEvent``)."""
+    return ResultEvent(
+        id=event_id,
+        task_id=task_id,
+        namespace=namespace,
+        queue="fulfilment",
+        handler="orders.fulfil",
+        status=status,
+        result=result,
+        error=error,
+        occurred_at=datetime(2030, 1, 1, tzinfo=UTC),
+    )
 
 
 @dataclass
 class _Slot:
-    event: Event
+    event: ResultEvent
     count: int = 0
     leased: bool = False
     acked: bool = False
@@ -63,7 +60,7 @@ class FakeSubscription:
     leased_event: threading.Event = field(default_factory=threading.Event)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
-    def publish(self, event: Event, delivery_id: str | None = None) -> str:
+    def publish(self, event: ResultEvent, delivery_id: str | None = None) -> str:
         delivery_id = delivery_id or f"d-{event.id}"
         self.slots[delivery_id] = _Slot(event)
         return delivery_id
@@ -97,7 +94,13 @@ class FakeSubscription:
             slot.count += 1
             slot.leased = True
             out.append(
-                Delivery(delivery_id, subscription, slot.count, datetime(2030, 1, 1, tzinfo=UTC), slot.event)
+                Delivery(
+                    id=delivery_id,
+                    subscription=subscription,
+                    delivery_count=slot.count,
+                    lease_expires_at=datetime(2030, 1, 1, tzinfo=UTC),
+                    event=slot.event,
+                )
             )
         return out
 

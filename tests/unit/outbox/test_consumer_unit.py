@@ -17,7 +17,7 @@ import sqlalchemy as sa
 from click.testing import CliRunner
 from sqlalchemy.engine import Connection
 
-from orbit_client import NotFoundError, OrbitConnectError, TaskStatus
+from orbit_client import NotFoundError, OrbitConnectError, ResultEvent, TaskStatus
 from outbox_adapter import (
     Backoff,
     InboxOutcome,
@@ -30,7 +30,7 @@ from outbox_adapter import (
     enqueue,
 )
 from outbox_adapter.cli import load_handler, main
-from tests.inbox_support import NS, SUB, Event, FakeSubscription, connect_error
+from tests.inbox_support import NS, SUB, FakeSubscription, connect_error, result_event
 
 business = sa.MetaData()
 orders = sa.Table(
@@ -42,11 +42,11 @@ orders = sa.Table(
 )
 
 
-def succeeded(event_id: str, order_id: int) -> Event:
-    return Event(event_id, f"task-{order_id}", TaskStatus.SUCCEEDED, result={"order_id": order_id})
+def succeeded(event_id: str, order_id: int) -> ResultEvent:
+    return result_event(event_id, f"task-{order_id}", TaskStatus.SUCCEEDED, result={"order_id": order_id})
 
 
-def apply_result(conn: Connection, event: Event) -> None:
+def apply_result(conn: Connection, event: ResultEvent) -> None:
     """The business handler: mark the order, count the application, enqueue a follow-up."""
     order_id = event.result["order_id"]
     conn.execute(
@@ -129,7 +129,7 @@ def test_a_failing_handler_rolls_back_everything_and_the_delivery_is_not_acked(
     fake.publish(succeeded("e2", 2))
     broken = {"e1"}
 
-    def handler(conn: Connection, event: Event) -> None:
+    def handler(conn: Connection, event: ResultEvent) -> None:
         apply_result(conn, event)  # writes, then fails: all of it must roll back
         if event.id in broken:
             raise RuntimeError("provider says no")
@@ -153,9 +153,9 @@ def test_a_failing_handler_rolls_back_everything_and_the_delivery_is_not_acked(
 
 def test_a_poison_event_is_parked_as_failed_and_acked_after_max_deliveries(engine: sa.Engine) -> None:
     fake = FakeSubscription()
-    fake.publish(Event("e9", "task-9", TaskStatus.FAILED, error={"code": "boom"}))
+    fake.publish(result_event("e9", "task-9", TaskStatus.FAILED, error={"code": "boom"}))
 
-    def handler(conn: Connection, event: Event) -> None:
+    def handler(conn: Connection, event: ResultEvent) -> None:
         raise KeyError("no order for this task")
 
     for _ in range(2):
@@ -177,7 +177,9 @@ def test_a_poison_event_is_parked_as_failed_and_acked_after_max_deliveries(engin
         row.event is not None and row.event["error"] == {"code": "boom"} and row.event["task_id"] == "task-9"
     )
     assert state(engine)["follow_ups"] == []
-    fake.publish(Event("e9", "task-9", TaskStatus.FAILED), delivery_id="d-e9-again")  # parked = in the inbox
+    fake.publish(
+        result_event("e9", "task-9", TaskStatus.FAILED), delivery_id="d-e9-again"
+    )  # parked = in the inbox
     assert consumer(engine, fake, handler, max_deliveries=3).run_once().duplicates == 1
 
 
@@ -185,7 +187,7 @@ def test_without_max_deliveries_a_failing_event_is_never_parked(engine: sa.Engin
     fake = FakeSubscription()
     fake.publish(succeeded("e1", 1))
 
-    def handler(conn: Connection, event: Event) -> None:
+    def handler(conn: Connection, event: ResultEvent) -> None:
         raise RuntimeError("still broken")
 
     for _ in range(12):
@@ -199,7 +201,7 @@ def test_once_ends_even_when_a_failed_delivery_comes_straight_back(engine: sa.En
     fake = FakeSubscription(instant_expiry=True)  # a lease shorter than the handler
     fake.publish(succeeded("e1", 1))
 
-    def handler(conn: Connection, event: Event) -> None:
+    def handler(conn: Connection, event: ResultEvent) -> None:
         raise RuntimeError("still broken")
 
     stats = consumer(engine, fake, handler).run_once()
@@ -213,7 +215,7 @@ def test_a_transient_database_error_in_the_handler_is_an_outage_not_a_handler_fa
     fake.publish(succeeded("e1", 1))
     calls = []
 
-    def handler(conn: Connection, event: Event) -> None:
+    def handler(conn: Connection, event: ResultEvent) -> None:
         calls.append(event.id)
         if len(calls) == 1:
             raise sa.exc.OperationalError("UPDATE orders", {}, sqlite3.OperationalError("database is locked"))
@@ -267,7 +269,7 @@ def test_sigterm_finishes_the_delivery_in_hand_and_leaves_the_rest_to_its_lease(
     for i in (1, 2, 3):
         fake.publish(succeeded(f"e{i}", i))
 
-    def handler(conn: Connection, event: Event) -> None:
+    def handler(conn: Connection, event: ResultEvent) -> None:
         apply_result(conn, event)
         if event.id == "e1":
             os.kill(os.getpid(), signal.SIGTERM)  # arrives while e1's transaction is open
