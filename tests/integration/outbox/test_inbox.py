@@ -1,8 +1,10 @@
-"""The inbox on each business database (SQLite, MariaDB, PostgreSQL): two consumers racing on the same
-event serialise on the inbox's unique key, so the business change and its follow-ups happen once."""
+"""The inbox on each business database (SQLite, MariaDB, PostgreSQL): result events from a real Orbit
+server applied once each although an ack is lost, ``orbit-outbox consume``, two consumers racing on the
+same event (they serialise on the inbox's unique key), and a business database outage."""
 
 from __future__ import annotations
 
+import json
 import logging
 import threading
 import time
@@ -12,14 +14,17 @@ from typing import Any
 
 import pytest
 import sqlalchemy as sa
+from click.testing import CliRunner
 from sqlalchemy.engine import Connection
 
-from orbit_client import TaskStatus
-from outbox_adapter import Backoff, OutboxTables, ResultConsumer, enqueue
-from tests.inbox_support import NS, SUB, Event, FakeSubscription
-from tests.integration.outbox.conftest import Biz
+from orbit_client import OrbitClient, ResultEvent, RetryPolicy, TaskStatus
+from outbox_adapter import Backoff, ConsumerStats, Outbox, OutboxTables, ResultConsumer, enqueue
+from outbox_adapter.cli import main
+from tests.inbox_support import NS, SUB, FakeSubscription, result_event
+from tests.integration.outbox.conftest import Biz, Namespace
 from tests.integration.outbox.test_outage import _Events
-from tests.outbox_support import TcpProxy
+from tests.outbox_support import TcpProxy, run_fault_proxy
+from tests.servers import RunningServer
 
 
 @pytest.fixture
@@ -31,6 +36,7 @@ def orders(biz: Biz) -> Iterator[sa.Table]:
         sa.Column("id", sa.Integer, primary_key=True, autoincrement=False),
         sa.Column("status", sa.String(20), nullable=False),
         sa.Column("applied", sa.Integer, nullable=False),
+        sa.Column("task_id", sa.String(64), nullable=True),
     )
     table.create(biz.engine)
     with biz.engine.begin() as conn:
@@ -40,7 +46,7 @@ def orders(biz: Biz) -> Iterator[sa.Table]:
 
 
 def make_handler(orders: sa.Table, tables: OutboxTables, gate: threading.Event | None = None) -> Any:
-    def handler(conn: Connection, event: Event) -> None:
+    def handler(conn: Connection, event: ResultEvent) -> None:
         conn.execute(
             sa.update(orders).where(orders.c.id == 1).values(status="COMPLETED", applied=orders.c.applied + 1)
         )
@@ -62,7 +68,7 @@ def test_two_consumers_racing_on_one_event_apply_it_once(
     biz: Biz, tables: OutboxTables, orders: sa.Table
 ) -> None:
     fake = FakeSubscription()
-    fake.publish(Event("e1", "task-1", TaskStatus.SUCCEEDED, result={"order_id": 1}))
+    fake.publish(result_event("e1", "task-1", TaskStatus.SUCCEEDED, result={"order_id": 1}))
     gate = threading.Event()
     options: dict[str, Any] = {"tables": tables, "db_backoff": Backoff.no_wait(), "poll_interval": 0.01}
     first = ResultConsumer(biz.engine, fake, NS, SUB, make_handler(orders, tables, gate), **options)
@@ -112,7 +118,7 @@ def test_the_consumer_waits_out_a_business_database_outage_and_recovers(
     if biz.kind == "sqlite":
         pytest.skip("a database server to take away: MariaDB and PostgreSQL")
     fake = FakeSubscription(instant_expiry=True)  # what is not acked comes back at the next lease
-    fake.publish(Event("e1", "task-1", TaskStatus.SUCCEEDED))
+    fake.publish(result_event("e1", "task-1", TaskStatus.SUCCEEDED))
     proxy = TcpProxy(biz.url.host or "127.0.0.1", biz.url.port or (3306 if biz.kind == "mariadb" else 5432))
     proxy.up()
     events = _Events()
@@ -137,7 +143,7 @@ def test_the_consumer_waits_out_a_business_database_outage_and_recovers(
         events.wait_for("applied")
         proxy.down()
         for n in (2, 3):
-            fake.publish(Event(f"e{n}", f"task-{n}", TaskStatus.SUCCEEDED))
+            fake.publish(result_event(f"e{n}", f"task-{n}", TaskStatus.SUCCEEDED))
         events.wait_for("database_unavailable", count=3)
         proxy.up()
         events.wait_for("applied", count=3)
@@ -156,3 +162,141 @@ def test_the_consumer_waits_out_a_business_database_outage_and_recovers(
         inbox = conn.execute(sa.select(tables.inbox.c.event_id, tables.inbox.c.outcome)).all()
     assert sorted(inbox) == [("e1", "APPLIED"), ("e2", "APPLIED"), ("e3", "APPLIED")]
     assert events.count("parked") == events.count("handler_failed") == 0
+
+
+# --- against a real Orbit server ---------------------------------------------------------------------
+
+
+def finished_task(orbit: RunningServer, ns: Namespace, *, succeed: bool) -> str:
+    """A task of queue ``default`` that reached SUCCEEDED (through a worker's calls) or CANCELLED."""
+    with OrbitClient(orbit.base_url, api_key=ns.keys["admin"]) as admin:
+        task = admin.submit_task(
+            ns.name, "default", "orders.fulfil", {}, idempotency_key=str(uuid.uuid4())
+        ).task
+        if not succeed:
+            admin.cancel_task(ns.name, task.id, reason="customer cancelled")
+            return task.id
+        [grant] = admin.lease_tasks(ns.name, "default", worker_id="test-worker")
+        admin.start_attempt(ns.name, grant.attempt.id, grant.attempt.lease_token)
+        admin.complete_attempt(ns.name, grant.attempt.id, grant.attempt.lease_token, {"receipt": "r-1"})
+        return task.id
+
+
+def status_handler(orders: sa.Table, tables: OutboxTables) -> Any:
+    """Set the order of the event's task to the task's status, count it, enqueue a follow-up."""
+
+    def handler(conn: Connection, event: ResultEvent) -> None:
+        conn.execute(
+            sa.update(orders)
+            .where(orders.c.task_id == event.task_id)
+            .values(status=event.status.value, applied=orders.c.applied + 1)
+        )
+        enqueue(
+            conn, namespace=event.namespace, queue="default", handler="orders.notify",
+            params={"task_id": event.task_id, "status": event.status.value}, tables=tables,
+        )  # fmt: skip
+
+    return handler
+
+
+def orders_of(biz: Biz, orders: sa.Table, tasks: list[str]) -> None:
+    with biz.engine.begin() as conn:
+        conn.execute(sa.delete(orders))
+        conn.execute(
+            orders.insert(),
+            [{"id": i, "status": "PENDING", "applied": 0, "task_id": t} for i, t in enumerate(tasks)],
+        )
+
+
+def test_results_from_a_real_server_apply_once_although_an_ack_is_lost(
+    biz: Biz, tables: OutboxTables, orders: sa.Table, orbit: RunningServer, ns: Namespace
+) -> None:
+    """DESIGN §5 "Inbox": a result delivered twice applies once and enqueues its follow-ups once."""
+    with OrbitClient(orbit.base_url, api_key=ns.keys["admin"]) as admin:
+        admin.create_subscription(ns.name, "results", queues=["default"])
+    done, cancelled = finished_task(orbit, ns, succeed=True), finished_task(orbit, ns, succeed=False)
+    orders_of(biz, orders, [done, cancelled])
+    with run_fault_proxy(orbit.base_url) as (proxy_url, proxy):
+        lost = proxy.add("respond", path_contains="/ack", times=1, status=503, body={"code": "unavailable"})
+        client = OrbitClient(proxy_url, api_key=ns.keys["work"], retry=RetryPolicy(max_attempts=1))
+        consumer = ResultConsumer(
+            biz.engine,
+            client,
+            ns.name,
+            "results",
+            status_handler(orders, tables),
+            tables=tables,
+            lease_seconds=0.5,
+        )
+        first = consumer.run_once()
+        assert (first.applied, first.ack_failures) == (2, 1) and lost.hits == 1
+        total = first
+        deadline = time.monotonic() + 20
+        while (
+            total.duplicates < 1
+        ):  # the unacked delivery's lease lapses: the server delivers the event again
+            assert time.monotonic() < deadline, total
+            time.sleep(0.2)
+            stats = consumer.run_once()
+            total = ConsumerStats(**{k: getattr(total, k) + v for k, v in stats.to_dict().items()})
+        assert (total.leased, total.applied, total.duplicates, total.acked, total.ack_failures) == (
+            3,
+            2,
+            1,
+            2,
+            1,
+        )
+        time.sleep(0.6)
+        assert consumer.run_once().leased == 0  # acked for good
+        client.close()
+    with biz.engine.connect() as conn:
+        rows = {r.task_id: (r.status, r.applied) for r in conn.execute(sa.select(orders))}
+        follow_ups = [r.params for r in conn.execute(sa.select(tables.outbox).order_by(tables.outbox.c.id))]
+    assert rows == {done: ("SUCCEEDED", 1), cancelled: ("CANCELLED", 1)}
+    assert sorted(f["task_id"] for f in follow_ups) == sorted([done, cancelled])
+    inbox = Outbox(biz.engine, tables=tables).inbox_rows()
+    assert sorted((r.task_id, r.status, r.outcome) for r in inbox) == sorted(
+        [(done, "SUCCEEDED", "APPLIED"), (cancelled, "CANCELLED", "APPLIED")]
+    )
+
+
+def test_orbit_outbox_consume(
+    biz: Biz, orders: sa.Table, orbit: RunningServer, ns: Namespace, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    table = f"cli_{uuid.uuid4().hex[:8]}"
+    url = biz.url.render_as_string(hide_password=False)
+    monkeypatch.setenv("INBOX_TEST_ORDERS", orders.name)
+    env = {"ORBIT_URL": orbit.base_url, "ORBIT_API_KEY": ns.keys["work"], "ORBIT_NAMESPACE": ns.name}
+    consume = ["consume", "--database-url", url, "--table", table, "--subscription", "cli-results", "--once"]
+    handler = ["--handler", "tests.integration.outbox.inbox_handlers:record"]
+    runner = CliRunner()
+
+    assert runner.invoke(main, ["migrate", "--database-url", url, "--table", table]).exit_code == 0
+    missing = runner.invoke(main, [*consume, *handler], env=env)
+    assert missing.exit_code == 4 and "create the subscription first" in missing.stderr  # no subscription yet
+    with OrbitClient(orbit.base_url, api_key=ns.keys["admin"]) as admin:
+        admin.create_subscription(ns.name, "cli-results")
+    tasks = [finished_task(orbit, ns, succeed=True), finished_task(orbit, ns, succeed=False)]
+    orders_of(biz, orders, tasks)
+
+    failing = runner.invoke(
+        main, [*consume, "--handler", "tests.integration.outbox.inbox_handlers:broken", "--lease-seconds", "0.3",
+               "--json"], env=env,
+    )  # fmt: skip
+    assert failing.exit_code == 0, failing.output
+    assert json.loads(failing.stdout)["failed"] == 2 and json.loads(failing.stdout)["acked"] == 0
+    time.sleep(0.4)
+    applied = runner.invoke(main, [*consume, *handler, "--json"], env=env)
+    assert applied.exit_code == 0, applied.output
+    assert {k: json.loads(applied.stdout)[k] for k in ("applied", "acked", "failed")} == {
+        "applied": 2,
+        "acked": 2,
+        "failed": 0,
+    }
+    with biz.engine.connect() as conn:
+        assert sorted(conn.execute(sa.select(orders.c.status, orders.c.applied))) == [
+            ("CANCELLED", 1),
+            ("SUCCEEDED", 1),
+        ]
+    inbox = Outbox(biz.engine, tables=OutboxTables(name=table)).inbox_rows()
+    assert all(r.delivery_count >= 2 for r in inbox) and inbox[0].subscription == "cli-results"
