@@ -4,6 +4,7 @@ outcome class, the attempt accounting, the lease fence, hooks and shutdown. Fast
 from __future__ import annotations
 
 import json
+import logging
 import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -211,12 +212,29 @@ def test_stop_releases_unsent_claims_and_finishes_the_sends_in_flight(engine: sa
 
     the_relay = relay(engine, FakeServer(slow), concurrency=1, batch_size=5)
     result: dict[str, Any] = {}
-    thread = threading.Thread(target=lambda: result.update(stats=the_relay.run()))
-    thread.start()
-    assert arrived.wait(10)
-    the_relay.stop()
-    release.set()
-    thread.join(10)
+    draining = threading.Event()  # logged once the relay has cancelled the sends not yet started
+
+    class _Draining(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            if getattr(record, "event", None) == "draining":
+                draining.set()
+
+    watcher = _Draining()
+    relay_log = logging.getLogger("outbox_adapter.relay")
+    relay_log.addHandler(watcher)
+    level = relay_log.level
+    relay_log.setLevel(logging.INFO)
+    try:
+        thread = threading.Thread(target=lambda: result.update(stats=the_relay.run()))
+        thread.start()
+        assert arrived.wait(10)
+        the_relay.stop()
+        assert draining.wait(10)  # not before: a released send would let the next queued one start
+        release.set()
+        thread.join(10)
+    finally:
+        relay_log.removeHandler(watcher)
+        relay_log.setLevel(level)
     stats = result["stats"]
     assert (stats.delivered, stats.released) == (1, 4)
     rows = Outbox(engine).list_rows()
