@@ -11,6 +11,7 @@ are timezone-aware :class:`datetime.datetime` objects in UTC.
 from __future__ import annotations
 
 import enum
+import math
 import re
 from datetime import UTC, datetime
 from typing import Annotated, Any, Literal
@@ -22,11 +23,14 @@ from pydantic import (
     Field,
     JsonValue,
     PlainSerializer,
+    StrictBool,
+    StrictInt,
     model_validator,
 )
 
 __all__ = [
     "IDEMPOTENCY_KEY_MAX_LENGTH",
+    "JSON_MAX_DEPTH",
     "NAME_PATTERN",
     "Attempt",
     "AttemptError",
@@ -40,6 +44,7 @@ __all__ = [
     "DeliveryLeaseRequest",
     "FailRequest",
     "HeartbeatRequest",
+    "JsonData",
     "LeaseGrant",
     "LeaseRequest",
     "LeaseTokenRequest",
@@ -58,6 +63,7 @@ __all__ = [
     "TaskStatus",
     "TaskSubmission",
     "UTCDateTime",
+    "canonical_json",
     "is_valid_idempotency_key",
 ]
 
@@ -82,7 +88,65 @@ def is_valid_idempotency_key(key: str) -> bool:
 def _to_utc(value: datetime) -> datetime:
     if value.tzinfo is None:
         raise ValueError("datetime must carry a timezone offset (e.g. 2026-01-01T00:00:00Z)")
-    return value.astimezone(UTC)
+    try:
+        return value.astimezone(UTC)
+    except OverflowError:
+        raise ValueError("datetime is out of range once converted to UTC") from None
+
+
+#: Deepest nesting of arrays and objects accepted in JSON data (MySQL/MariaDB refuse deeper documents).
+JSON_MAX_DEPTH = 30
+
+
+def _check_json_data(value: Any) -> Any:
+    """Refuse what JSON or the databases cannot hold faithfully (raises ValueError).
+
+    NaN and infinities (also ``1e400``, which parses as infinity) are not JSON numbers
+    (RFC 8259 §6); lone surrogates are not UTF-8 (RFC 8259 §8.1); nesting deeper than
+    :data:`JSON_MAX_DEPTH` is refused by MySQL/MariaDB's JSON type.
+    """
+    stack: list[tuple[Any, int]] = [(value, 0)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, float) and not math.isfinite(item):
+            raise ValueError("NaN and infinite numbers are not JSON")
+        if isinstance(item, str):
+            _check_utf8(item)
+        elif isinstance(item, dict | list):
+            if depth >= JSON_MAX_DEPTH:
+                raise ValueError(f"JSON nested deeper than {JSON_MAX_DEPTH} levels")
+            if isinstance(item, dict):
+                for key in item:
+                    _check_utf8(key)
+                stack.extend((v, depth + 1) for v in item.values())
+            else:
+                stack.extend((v, depth + 1) for v in item)
+    return value
+
+
+def _check_utf8(text: str) -> None:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ValueError("strings must be valid Unicode (a lone surrogate such as \\ud800 is not)") from None
+
+
+#: Any JSON value that survives storage unchanged: finite numbers, valid Unicode, bounded depth.
+JsonData = Annotated[JsonValue, AfterValidator(_check_json_data)]
+
+
+def canonical_json(value: Any) -> Any:
+    """``value`` with integral floats written as integers, as RFC 8785 (JCS) serialises numbers.
+
+    So ``1`` and ``1.0`` mean the same in a request digest.
+    """
+    if isinstance(value, float) and value.is_integer() and abs(value) < 2**53:
+        return int(value)
+    if isinstance(value, dict):
+        return {k: canonical_json(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [canonical_json(v) for v in value]
+    return value
 
 
 def _format_utc(value: datetime) -> str:
@@ -136,10 +200,10 @@ class SubmitOptions(_Wire):
             ``d = min(cap, base * 2**(n-1))`` (equal jitter), added to the database clock.
     """
 
-    max_attempts: int | None = Field(default=None, ge=1, le=1000)
+    max_attempts: StrictInt | None = Field(default=None, ge=1, le=1000)
     available_at: UTCDateTime | None = None
     deadline: UTCDateTime | None = None
-    retry_safe: bool | None = None
+    retry_safe: StrictBool | None = None
     backoff_base_seconds: float | None = Field(default=None, ge=0, le=86400)
     backoff_cap_seconds: float | None = Field(default=None, ge=0, le=7 * 86400)
 
@@ -147,26 +211,31 @@ class SubmitOptions(_Wire):
 class TaskSubmission(_Wire):
     """Body of ``POST /v1/namespaces/{ns}/tasks``.
 
-    ``params`` is any JSON value; it is stored and returned unchanged.
+    ``params`` is any JSON value (finite numbers, valid Unicode, at most
+    :data:`JSON_MAX_DEPTH` levels deep); it is stored and returned unchanged.
     """
 
     queue: str = Field(pattern=NAME_PATTERN)
     handler: str = Field(min_length=1, max_length=255, pattern=r"^[\x21-\x7e]+$")
-    params: JsonValue = None
+    params: JsonData = None
     options: SubmitOptions | None = None
 
     def canonical_meaning(self) -> dict[str, Any]:
         """What the submission means, as plain JSON data, for the request digest.
 
         Options left at ``None`` are dropped, so ``{}`` and a missing ``options``
-        mean the same thing and digest the same.
+        mean the same thing and digest the same; so is ``retry_safe: false``, which is
+        what ``None`` means. Integral numbers are written as integers (RFC 8785), so
+        ``1`` and ``1.0`` digest alike.
         """
         options = self.options.model_dump(mode="json", exclude_none=True) if self.options else {}
+        if options.get("retry_safe") is False:
+            del options["retry_safe"]
         return {
             "queue": self.queue,
             "handler": self.handler,
-            "params": self.params,
-            "options": options,
+            "params": canonical_json(self.params),
+            "options": canonical_json(options),
         }
 
 
@@ -348,7 +417,7 @@ class CompleteRequest(_Wire):
     """
 
     lease_token: str = Field(min_length=1, max_length=255)
-    result: JsonValue = None
+    result: JsonData = None
 
 
 class AttemptError(_Wire):
@@ -446,7 +515,7 @@ class ReviewRequest(_Wire):
     outcome: Literal["succeeded", "failed"]
     reason: str = Field(min_length=1, max_length=2000)
     evidence_ref: str = Field(min_length=1, max_length=1000)
-    result: JsonValue = None
+    result: JsonData = None
     actor: str | None = Field(default=None, min_length=1, max_length=255)
 
     @model_validator(mode="after")

@@ -48,6 +48,7 @@ def create_engine(url: str | URL, *, pool_size: int = 20, echo: bool = False) ->
         engine = sa.create_engine(
             url,
             echo=echo,
+            hide_parameters=True,
             connect_args={"check_same_thread": False, "timeout": 30},
             pool_size=pool_size,
             max_overflow=pool_size,
@@ -57,7 +58,8 @@ def create_engine(url: str | URL, *, pool_size: int = 20, echo: bool = False) ->
     kwargs: dict[str, Any] = {"pool_size": pool_size, "max_overflow": pool_size, "pool_pre_ping": True}
     if backend == "mysql":
         kwargs["isolation_level"] = "READ COMMITTED"
-    return sa.create_engine(url, echo=echo, pool_recycle=3600, **kwargs)
+    # hide_parameters: a database error must not write params or results into the log (DESIGN §8).
+    return sa.create_engine(url, echo=echo, pool_recycle=3600, hide_parameters=True, **kwargs)
 
 
 def _make_sqlite_single_writer(engine: Engine) -> None:

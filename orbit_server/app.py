@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import logging
 import re
 import threading
+import time
 import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -121,15 +123,53 @@ class Wakeup:
 _bearer = HTTPBearer(auto_error=False, description="An API key created with `orbit-server api-key create`.")
 
 
+class _KeyCache:
+    """Recently seen API keys → their principal, each for ``ttl`` seconds (process clock).
+
+    Saves a database round trip per request. Unknown keys are never cached, so a new key
+    works at once; a revoked key keeps working for up to ``ttl`` seconds. ``ttl`` 0 turns
+    the cache off. Keys are held by their SHA-256 only.
+    """
+
+    def __init__(self, ttl: float, max_entries: int = 10_000) -> None:
+        self._ttl = ttl
+        self._max = max_entries
+        self._entries: dict[str, tuple[float, store.Principal]] = {}
+
+    @staticmethod
+    def _digest(key: str) -> str:
+        return hashlib.sha256(key.encode("utf-8")).hexdigest()
+
+    def get(self, key: str) -> store.Principal | None:
+        if self._ttl <= 0:
+            return None
+        entry = self._entries.get(self._digest(key))
+        if entry is None or entry[0] < time.monotonic():
+            return None
+        return entry[1]
+
+    def put(self, key: str, principal: store.Principal) -> None:
+        if self._ttl <= 0:
+            return
+        if len(self._entries) >= self._max:
+            self._entries.clear()
+        self._entries[self._digest(key)] = (time.monotonic() + self._ttl, principal)
+
+
 def _principal(
     request: Request, credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)]
 ) -> store.Principal:
     """Resolve the bearer API key to its namespace and role; 401 when missing or unknown."""
     if credentials is None or not credentials.credentials:
         raise errors.Unauthenticated("send the API key as `Authorization: Bearer <key>`")
-    engine: Engine = request.app.state.engine
-    with engine.begin() as conn:
-        found = store.authenticate(conn, credentials.credentials)
+    cache: _KeyCache = request.app.state.key_cache
+    found = cache.get(credentials.credentials)
+    if found is None:
+        engine: Engine = request.app.state.engine
+        with engine.begin() as conn:
+            found = store.authenticate(conn, credentials.credentials)
+        if found is not None:
+            cache.put(credentials.credentials, found)
     if found is None:
         raise errors.Unauthenticated("the API key is unknown or revoked")
     return found
@@ -279,6 +319,7 @@ def create_app(settings: ServerSettings | None = None, *, engine: Engine | None 
         lifespan=lifespan,
     )
     app.state.engine = the_engine
+    app.state.key_cache = _KeyCache(settings.api_key_cache_seconds)
     app.state.settings = settings
     app.state.wakeup = wakeup
 
@@ -359,6 +400,7 @@ def create_app(settings: ServerSettings | None = None, *, engine: Engine | None 
         namespace: NamespaceName,
         submission: TaskSubmission,
         caller: Caller,
+        request: Request,
         response: Response,
         idempotency_key: Annotated[str | None, Header(alias="Idempotency-Key")] = None,
     ) -> Task:
@@ -374,6 +416,8 @@ def create_app(settings: ServerSettings | None = None, *, engine: Engine | None 
             raise errors.IdempotencyKeyMissing("send a unique Idempotency-Key header with every submission")
         if not is_valid_idempotency_key(idempotency_key):
             raise errors.IdempotencyKeyInvalid("an Idempotency-Key is 1 to 255 printable ASCII characters")
+        if len(request.headers.getlist("idempotency-key")) > 1:
+            raise errors.IdempotencyKeyInvalid("send exactly one Idempotency-Key header")
         task, replayed = store.submit_task(
             the_engine,
             caller,
@@ -467,7 +511,7 @@ def create_app(settings: ServerSettings | None = None, *, engine: Engine | None 
         responses=_PROBLEMS,
     )
     async def lease_tasks(
-        namespace: NamespaceName, queue: QueueName, body: LeaseRequest, caller: Caller
+        namespace: NamespaceName, queue: QueueName, body: LeaseRequest, caller: Caller, request: Request
     ) -> Any:
         """Lease up to ``max_tasks`` due tasks for one worker (DESIGN §4).
 
@@ -481,6 +525,8 @@ def create_app(settings: ServerSettings | None = None, *, engine: Engine | None 
         give_up = loop.time() + body.wait_seconds
         while True:
             signal = wakeup.current()
+            if await request.is_disconnected():
+                return []  # the worker gave up waiting: granting now would strand the task until expiry
             grants = await run_in_threadpool(
                 execution.transact,
                 the_engine,

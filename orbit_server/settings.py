@@ -53,4 +53,12 @@ class ServerSettings(BaseSettings):
             "server process made available, in seconds; this process's own submissions wake it at once."
         ),
     )
+    api_key_cache_seconds: float = Field(
+        default=5.0,
+        ge=0,
+        description=(
+            "How long a verified API key is remembered in the process, in seconds (0: ask the database on "
+            "every request). A revoked key keeps working this long."
+        ),
+    )
     log_level: str = Field(default="info", description="Log level: debug, info, warning, error.")

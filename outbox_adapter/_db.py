@@ -132,7 +132,9 @@ def create_engine(url: str | URL, *, pool_size: int = 5) -> Engine:
                     "the outbox needs a SQLite file shared with the application, e.g. sqlite:///./shop.db, "
                     "not an in-memory database"
                 )
-            engine = sa.create_engine(parsed, connect_args={"timeout": 30, "check_same_thread": False})
+            engine = sa.create_engine(
+                parsed, connect_args={"timeout": 30, "check_same_thread": False}, hide_parameters=True
+            )
             _begin_immediate(engine)
             return engine
         if backend not in ("mysql", "postgresql"):
@@ -142,7 +144,8 @@ def create_engine(url: str | URL, *, pool_size: int = 5) -> Engine:
         kwargs: dict[str, Any] = {"pool_size": pool_size, "max_overflow": pool_size, "pool_pre_ping": True}
         if backend == "mysql":
             kwargs["isolation_level"] = "READ COMMITTED"
-        return sa.create_engine(parsed, pool_recycle=3600, **kwargs)
+        # hide_parameters: database errors must not put params into logs.
+        return sa.create_engine(parsed, pool_recycle=3600, hide_parameters=True, **kwargs)
     except (ImportError, sa.exc.NoSuchModuleError) as exc:
         raise OutboxUsageError(
             f"no driver for {describe_url(url)}: {exc}; install orbit[mysql] or orbit[postgres]"

@@ -334,3 +334,79 @@ def test_every_response_has_a_request_id(server: RunningServer, ns: tuple[str, d
         _assert_problem(http.get("/no/such/route"), 404, "not_found")
         ready = http.get("/readyz")
     assert ready.status_code == 200 and ready.json() == {"status": "ok"}
+
+
+def _nested(depth: int) -> Any:
+    value: Any = []
+    for _ in range(depth - 1):
+        value = [value]
+    return value
+
+
+@pytest.mark.parametrize(
+    "raw_params",
+    ["NaN", "Infinity", "-Infinity", "1e400", '"\\ud800"', '{"k": ["\\udfff"]}', "[" * 31 + "]" * 31],
+    ids=["nan", "inf", "-inf", "1e400", "lone-surrogate", "surrogate-in-list", "31-levels"],
+)
+def test_params_json_cannot_hold_faithfully_are_422(
+    server: RunningServer, ns: tuple[str, dict[str, str]], raw_params: str
+):
+    """Regression (adversarial review): these gave 500, or a 500 on MariaDB only, and logged the params."""
+    name, keys = ns
+    key = f"k-{uuid.uuid4()}"
+    body = '{"queue": "default", "handler": "h", "params": ' + raw_params + "}"
+    with _client(server, keys["submit"]) as http:
+        response = http.post(
+            f"/v1/namespaces/{name}/tasks",
+            content=body.encode(),
+            headers={"Idempotency-Key": key, "Content-Type": "application/json"},
+        )
+        _assert_problem(response, 422, "validation_error")
+        _assert_problem(http.get(f"/v1/namespaces/{name}/submissions/{key}"), 404, "submission_not_found")
+        # 30 levels is the deepest accepted, and it round-trips on every backend.
+        deep = _submit(http, name, key, {**BODY, "params": _nested(30)})
+    assert deep.status_code == 201, deep.text
+    assert deep.json()["params"] == _nested(30)
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        {"available_at": "9999-12-31T23:59:59-01:00"},
+        {"deadline": "0001-01-01T00:00:00+01:00"},
+        {"max_attempts": True},
+        {"retry_safe": "yes"},
+    ],
+    ids=["year-10000", "year-0", "bool-as-int", "string-as-bool"],
+)
+def test_out_of_range_or_mistyped_options_are_422(
+    server: RunningServer, ns: tuple[str, dict[str, str]], options: dict[str, Any]
+):
+    name, keys = ns
+    with _client(server, keys["submit"]) as http:
+        response = _submit(http, name, f"k-{uuid.uuid4()}", {**BODY, "options": options})
+    _assert_problem(response, 422, "validation_error")
+
+
+def test_equal_meanings_replay_instead_of_422(server: RunningServer, ns: tuple[str, dict[str, str]]):
+    """1 and 1.0 are one JSON number (RFC 8785); retry_safe false is what leaving it out means."""
+    name, keys = ns
+    key = f"k-{uuid.uuid4()}"
+    with _client(server, keys["submit"]) as http:
+        first = _submit(http, name, key, {**BODY, "params": {"qty": 1, "price": 2.5}})
+        again = _submit(
+            http, name, key, {**BODY, "params": {"price": 2.5, "qty": 1.0}, "options": {"retry_safe": False}}
+        )
+    assert first.status_code == 201 and again.status_code == 200
+    assert again.json() == first.json()
+
+
+def test_two_idempotency_key_headers_are_400(server: RunningServer, ns: tuple[str, dict[str, str]]):
+    name, keys = ns
+    with _client(server, keys["submit"]) as http:
+        response = http.post(
+            f"/v1/namespaces/{name}/tasks",
+            json=BODY,
+            headers=[("Idempotency-Key", f"a-{uuid.uuid4()}"), ("Idempotency-Key", f"b-{uuid.uuid4()}")],
+        )
+    _assert_problem(response, 400, "idempotency_key_invalid")

@@ -19,6 +19,7 @@ Every allowed transition of §2 is driven through the API here:
 from __future__ import annotations
 
 import hashlib
+import json
 import threading
 import time
 import uuid
@@ -619,3 +620,36 @@ def _key_id(api: Api, role: str) -> int:
         principal = store.authenticate(conn, api.keys[role])
     assert principal is not None
     return principal.key_id
+
+
+@pytest.mark.parametrize(
+    "result",
+    [float("nan"), float("inf"), "\ud800", {"k": "\ud800"}, "deep"],
+    ids=["nan", "infinity", "lone-surrogate", "surrogate-in-object", "31-levels"],
+)
+def test_a_result_json_cannot_hold_is_422_and_changes_nothing(api: Api, result: Any) -> None:
+    """Regression: such results were stored (SQLite) and then broke every read of the task, or gave 500."""
+    if result == "deep":
+        result = nested(31)
+    queue = api.queue()
+    api.submit(queue)
+    grant = api.lease_one(queue)
+    api.ok(grant, "start")
+    raw = json.dumps({"lease_token": grant["attempt"]["lease_token"], "result": result})  # NaN as NaN
+    response = api.http["work"].post(
+        f"/v1/namespaces/{api.ns}/attempts/{grant['attempt']['id']}/complete",
+        content=raw.encode(),
+        headers={"Content-Type": "application/json"},
+    )
+    _problem(response, 422, "validation_error")
+    assert api.task(grant["task"]["id"])["status"] == "RUNNING"
+    api.ok(grant, "complete", result=nested(30))
+    task = api.task(grant["task"]["id"])
+    assert task["status"] == "SUCCEEDED" and task["result"] == nested(30)
+
+
+def nested(depth: int) -> Any:
+    value: Any = []
+    for _ in range(depth - 1):
+        value = [value]
+    return value
