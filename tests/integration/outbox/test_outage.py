@@ -58,7 +58,8 @@ def test_the_relay_waits_out_a_database_outage_and_recovers(
     handler = _Events()
     adapter_log = logging.getLogger("outbox_adapter")
     adapter_log.addHandler(handler)
-    level, adapter_log.level = adapter_log.level, logging.INFO
+    level = adapter_log.level
+    adapter_log.setLevel(logging.INFO)  # setLevel, not .level =: it also clears the logger's enabled-for cache
     client = OrbitClient(orbit.base_url, api_key=keys["submit"], retry=RetryPolicy(max_attempts=1))
     relay = Relay(
         client=client,
