@@ -14,7 +14,7 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 demo: $(STAMP)
-	$(PY) -m examples.order_service.demo $(DEMO_ARGS)
+	@$(PY) -m examples.order_service.demo $(DEMO_ARGS)
 
 test: $(STAMP)
 	$(PY) -m ruff check .

@@ -7,7 +7,8 @@ import uuid
 from orbit_client import OrbitClient, OrbitError
 
 with OrbitClient(os.environ["ORBIT_URL"], api_key=os.environ["ORBIT_API_KEY"], timeout=10.0) as client:
-    # Derive the key from the business fact (or store it beside it) so that every retry reuses it.
+    # One key per intended task, made once and kept (store it beside the business record in real code):
+    # every retry of this submission must send the same key.
     key = f"order-{uuid.uuid4()}-fulfil"
     try:
         result = client.submit_task(

@@ -8,6 +8,7 @@ exists, a namespace that does not), 2 bad usage, 3 the database is unreachable.
 from __future__ import annotations
 
 import logging
+import socket
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -39,15 +40,29 @@ def _database_url_option(func: F) -> F:
 
 
 @contextmanager
-def _engine(url: str, *, migrate_sqlite: bool = True) -> Iterator[Engine]:
-    """An engine for one command; SQLite is migrated first so a fresh file just works."""
+def _engine(url: str, *, ensure_schema: bool = True) -> Iterator[Engine]:
+    """An engine for one command.
+
+    With ``ensure_schema``, SQLite is migrated first (so a fresh file just works) and any
+    other database must already be at the newest revision, or the command stops with
+    exit code 1 and says to run ``orbit-server migrate``.
+    """
     try:
         engine = create_engine(url, pool_size=2)
     except (ValueError, sa.exc.ArgumentError, ImportError) as exc:
         raise click.UsageError(f"--database-url: {exc}") from exc
     try:
-        if migrate_sqlite and is_sqlite(url):
+        if ensure_schema and is_sqlite(url):
             _migrate.upgrade(engine)
+        elif ensure_schema:
+            current, head = _migrate.current_revision(engine), _migrate.head_revision()
+            if current != head:
+                click.echo(
+                    f"error: the database schema is at revision {current or 'none'}, the newest is {head}; "
+                    f"run `orbit-server migrate --database-url ...` first",
+                    err=True,
+                )
+                sys.exit(1)
         yield engine
     except errors.OrbitServerError as exc:
         click.echo(f"error: {exc}", err=True)
@@ -74,6 +89,8 @@ def _engine(url: str, *, migrate_sqlite: bool = True) -> Iterator[Engine]:
 def main(log_level: str) -> None:
     """Orbit task platform: idempotent task acceptance over HTTP."""
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if log_level.lower() != "debug":
+        logging.getLogger("alembic").setLevel(logging.WARNING)
 
 
 @main.command()
@@ -96,14 +113,14 @@ def serve(database_url: str, host: str, port: int, max_body_bytes: int) -> None:
     from .app import create_app
 
     settings = ServerSettings(database_url=database_url, host=host, port=port, max_body_bytes=max_body_bytes)
-    with _engine(database_url) as engine:
-        if not is_sqlite(database_url) and _migrate.current_revision(engine) != _migrate.head_revision():
-            click.echo(
-                "error: the database schema is not at the newest revision; run "
-                "`orbit-server migrate --database-url ...` first",
-                err=True,
-            )
-            sys.exit(1)
+    with _engine(database_url):
+        pass
+    try:  # say plainly when the port is taken (uvicorn would exit 3, our "database unreachable")
+        with socket.create_server((host, port)):
+            pass
+    except OSError as exc:
+        click.echo(f"error: cannot listen on {host}:{port}: {exc.strerror}; choose another --port", err=True)
+        sys.exit(1)
     app = create_app(settings)
     uvicorn.run(app, host=host, port=port, log_level=logging.getLevelName(logging.getLogger().level).lower())
 
@@ -112,7 +129,7 @@ def serve(database_url: str, host: str, port: int, max_body_bytes: int) -> None:
 @_database_url_option
 def migrate(database_url: str) -> None:
     """Upgrade the database schema to the newest revision (Alembic)."""
-    with _engine(database_url, migrate_sqlite=False) as engine:
+    with _engine(database_url, ensure_schema=False) as engine:
         _migrate.upgrade(engine)
         click.echo(f"schema at revision {_migrate.current_revision(engine)}", err=True)
 

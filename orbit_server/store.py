@@ -430,7 +430,12 @@ def submit_task(
                 )
                 task = get_task(conn, principal.namespace_id, task_id)
                 assert task is not None
-            log.info("task accepted", extra={"task_id": task_id, "namespace": principal.namespace})
+            log.info(
+                "task accepted task_id=%s namespace=%s queue=%s",
+                task_id,
+                principal.namespace,
+                submission.queue,
+            )
             return task, False
         except sa.exc.IntegrityError:
             # A concurrent first submission inserted the key and committed first.

@@ -116,3 +116,20 @@ def test_quick_start_demo_shows_a_replay(tmp_path: Path) -> None:
     )  # fmt: skip
     assert result.returncode == 0, result.stdout + result.stderr
     assert "The second answer was a replay of the first" in result.stdout
+
+
+@pytest.mark.mariadb
+def test_admin_commands_on_an_unmigrated_database_say_to_migrate(make_database: DatabaseFactory) -> None:
+    """Regression (new-user trial): this printed a traceback ending in 'Table ... doesn't exist'."""
+    url = make_database("mariadb").render_as_string(hide_password=False)
+    code, _, err = _run("namespace", "create", "shop", "--database-url", url)
+    assert code == 1 and "orbit-server migrate" in err and "Traceback" not in err
+
+
+def test_serve_on_a_busy_port_says_so(tmp_path: Path) -> None:
+    """Regression (new-user trial): uvicorn's exit 3 read as 'database unreachable'."""
+    with socket.create_server(("127.0.0.1", 0)) as busy:
+        port = busy.getsockname()[1]
+        url = f"sqlite:///{tmp_path / 'orbit.db'}"
+        code, _, err = _run("serve", "--database-url", url, "--port", str(port))
+    assert code == 1 and f"cannot listen on 127.0.0.1:{port}" in err
