@@ -177,13 +177,32 @@ def short_transaction(engine: Engine, *, read_committed: bool = True) -> Iterato
     """
     with engine.connect() as conn:
         if read_committed and conn.dialect.name in ("mysql", "postgresql"):
-            conn.execution_options(isolation_level="READ COMMITTED")
+            _set_read_committed(conn)
         with conn.begin():
             if conn.dialect.name == "sqlite":
                 raw = conn.connection.driver_connection
                 if isinstance(raw, sqlite3.Connection) and not raw.in_transaction:
                     conn.exec_driver_sql("BEGIN IMMEDIATE")
             yield conn
+
+
+def _set_read_committed(conn: Connection) -> None:
+    """Set READ COMMITTED on this connection, with driver errors wrapped as SQLAlchemy's.
+
+    SQLAlchemy sends the ``SET SESSION ...`` straight to the driver, so a connection lost at
+    that moment would raise the driver's own exception, which nothing above expects (it
+    killed a relay thread during a database outage). It becomes a ``DBAPIError`` marked
+    ``connection_invalidated``, which callers treat as transient.
+    """
+    dbapi_error = conn.dialect.loaded_dbapi.Error
+    try:
+        conn.execution_options(isolation_level="READ COMMITTED")
+    except dbapi_error as exc:
+        conn.invalidate()
+        raise sa.exc.DBAPIError.instance(
+            "SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED", None, exc, dbapi_error,
+            connection_invalidated=True, dialect=conn.dialect,
+        ) from exc  # fmt: skip
 
 
 def _is_transient(exc: sa.exc.DBAPIError) -> bool:

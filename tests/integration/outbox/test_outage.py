@@ -59,7 +59,9 @@ def test_the_relay_waits_out_a_database_outage_and_recovers(
     adapter_log = logging.getLogger("outbox_adapter")
     adapter_log.addHandler(handler)
     level = adapter_log.level
-    adapter_log.setLevel(logging.INFO)  # setLevel, not .level =: it also clears the logger's enabled-for cache
+    adapter_log.setLevel(
+        logging.INFO
+    )  # setLevel, not .level =: it also clears the logger's enabled-for cache
     client = OrbitClient(orbit.base_url, api_key=keys["submit"], retry=RetryPolicy(max_attempts=1))
     relay = Relay(
         client=client,
@@ -98,3 +100,26 @@ def test_the_relay_waits_out_a_database_outage_and_recovers(
     assert [f"(failure {i})" in m for i, m in enumerate(failures, 1)] == [True] * len(failures)
     assert handler.count("database_recovered") == 1
     direct.dispose()
+
+
+@pytest.mark.mariadb
+def test_a_connection_lost_while_setting_the_isolation_level_is_a_transient_database_error(
+    make_database: DatabaseFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Regression (CI run): the driver's own error escaped here and killed a relay thread mid-outage."""
+    import pymysql
+
+    from outbox_adapter import OutboxDatabaseError
+
+    engine = sa.create_engine(make_database("mariadb"))
+    outbox = Outbox(engine)
+
+    def lost(dbapi_connection: Any, level: str) -> None:
+        raise pymysql.err.OperationalError(2013, "Lost connection to MySQL server during query")
+
+    monkeypatch.setattr(engine.dialect, "set_isolation_level", lost)
+    with pytest.raises(OutboxDatabaseError) as caught, outbox.transaction("claim a batch of outbox rows"):
+        pass
+    assert caught.value.retryable is True
+    assert isinstance(caught.value.__cause__, sa.exc.OperationalError)
+    engine.dispose()
