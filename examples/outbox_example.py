@@ -31,7 +31,8 @@ with engine.begin() as conn:
         queue="fulfilment",
         handler="orders.fulfil",
         params={"order_id": order_id},
-        idempotency_key=f"order-{order_id}-fulfil",  # fixed for the row's life: every resend reuses it
+        # No idempotency_key: a new UUID, fixed for the row's life (every resend reuses it) and never repeated.
+        # A key built from order_id would repeat after a database reset, and the server would replay the old task.
         business_ref=f"order:{order_id}",
     )
 

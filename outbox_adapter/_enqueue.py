@@ -130,6 +130,18 @@ def _prepare(
     }
 
 
+def _insert_failed(exc: sa.exc.SQLAlchemyError, key: str, t: OutboxTables) -> OutboxDatabaseError:
+    """The error for a failed ``INSERT``: a duplicate key says so; anything else as ``translate_db_error``."""
+    if isinstance(exc, sa.exc.IntegrityError) and "idempotency_key" in str(exc.orig):
+        return OutboxDatabaseError(
+            f"cannot enqueue: the idempotency key {key!r} already exists in the outbox table {t.name!r}; this "
+            "usually means the intent was already recorded (the same action enqueued twice), so there is nothing "
+            "to add: skip it, or give each distinct intent its own key; roll back the transaction (on PostgreSQL "
+            "it is unusable now)"
+        )
+    return translate_db_error(exc, f"enqueue the row with key {key!r}")
+
+
 def _inserted_id(key: Any) -> int:
     if key is None or key[0] is None:  # pragma: no cover - every supported driver reports it
         raise OutboxDatabaseError("the database did not report the id of the inserted outbox row")
@@ -179,8 +191,11 @@ def enqueue(
         params: JSON data for the task (no NaN or infinities), at most ``max_params_bytes``.
         idempotency_key: 1-255 printable ASCII characters; ``None`` means a new UUID4. Fixed
             for the row's life: every send, retry and reconcile uses it. A business key
-            (e.g. ``f"order-{order.id}-fulfil"``) makes a second ``enqueue`` for the same
-            intent fail on the unique index instead of sending twice.
+            (e.g. ``f"order-{order.uuid}-fulfil"``) makes a second ``enqueue`` for the same
+            intent fail on the unique index instead of sending twice. The server remembers
+            keys per namespace, across every database that sends to it: a key must never
+            repeat for the namespace's lifetime, so build it from a UUID, not from an
+            autoincrement id that a new or restored database hands out again.
         ordering_key: rows with the same key are sent one at a time in id order: a row waits
             while an earlier one is not ``DELIVERED`` (including ``DEAD`` and
             ``NEEDS_RECONCILE`` rows). ``None``: no ordering.
@@ -199,8 +214,8 @@ def enqueue(
     Raises:
         ParamsTooLargeError: the params are too large; nothing was written.
         OutboxUsageError: any other invalid argument; nothing was written.
-        OutboxDatabaseError: the insert failed, e.g. the key already exists
-            (``sqlalchemy.exc.IntegrityError`` is its ``__cause__``) or the table is missing
+        OutboxDatabaseError: the insert failed, e.g. the key already exists in the outbox (the
+            message says so; ``sqlalchemy.exc.IntegrityError`` is its ``__cause__``) or the table is missing
             (:class:`OutboxSchemaError`). The caller's transaction is then unusable on
             PostgreSQL: roll it back.
     """
@@ -222,7 +237,7 @@ def enqueue(
         connection = conn.connection() if isinstance(conn, Session) else conn
         result = connection.execute(insert_row(t, values, connection.dialect.name))
     except sa.exc.SQLAlchemyError as exc:
-        raise translate_db_error(exc, f"enqueue the row with key {values['idempotency_key']!r}") from exc
+        raise _insert_failed(exc, values["idempotency_key"], t) from exc
     return _entry(_inserted_id(result.inserted_primary_key), values)
 
 
@@ -267,5 +282,5 @@ async def enqueue_async(
         connection = await conn.connection() if isinstance(conn, AsyncSession) else conn
         result = await connection.execute(insert_row(t, values, connection.dialect.name))
     except sa.exc.SQLAlchemyError as exc:
-        raise translate_db_error(exc, f"enqueue the row with key {values['idempotency_key']!r}") from exc
+        raise _insert_failed(exc, values["idempotency_key"], t) from exc
     return _entry(_inserted_id(result.inserted_primary_key), values)

@@ -17,11 +17,11 @@ from typing import Any, Self
 import sqlalchemy as sa
 from sqlalchemy.engine import URL, Connection, Engine
 
-from orbit_client import OrbitClient, OrbitError, Task
+from orbit_client import NotFoundError, OrbitClient, OrbitError, Task
 from outbox_adapter import _migrate
 from outbox_adapter import _queries as q
 from outbox_adapter._db import create_engine, db_now, describe_url, short_transaction, translate_db_error
-from outbox_adapter._exceptions import InvalidStateError, OutboxUsageError, RowNotFoundError
+from outbox_adapter._exceptions import InvalidStateError, OutboxRowError, OutboxUsageError, RowNotFoundError
 from outbox_adapter._models import (
     DeliveredRow,
     InboxRow,
@@ -135,12 +135,14 @@ class Outbox:
             return q.count_by_state(conn, self.tables)
 
     def list_rows(self, *, state: str | None = None, limit: int = 50, after_id: int = 0) -> list[OutboxRow]:
-        """Rows in ``state`` (``None``: every state) with ``id > after_id``, by id, at most ``limit``.
+        """Rows in ``state`` (``None``: every state; any case) with ``id > after_id``, by id, at most ``limit``.
 
         Raises:
             OutboxUsageError: ``state`` is not an :class:`OutboxState` or ``limit`` < 1.
             OutboxDatabaseError: the database failed.
         """
+        if isinstance(state, str):
+            state = state.upper()
         if state is not None and state not in OutboxState.__members__:
             raise OutboxUsageError(f"state must be one of {', '.join(OutboxState)}, not {state!r}")
         if limit < 1:
@@ -230,7 +232,8 @@ class Outbox:
                 raise _not_found(row_id)
             if row.state != q.DEAD:
                 hint = (
-                    "run `orbit-outbox reconcile` for NEEDS_RECONCILE rows"
+                    "run `orbit-outbox reconcile` for NEEDS_RECONCILE rows, or settle it with "
+                    f"`orbit-outbox resolve {row_id} --delivered-as TASK_ID | --abandon --reason TEXT`"
                     if row.state == q.NEEDS_RECONCILE
                     else "there is nothing to retry"
                 )
@@ -280,6 +283,136 @@ class Outbox:
                 q.add_events(conn, self.tables, events)
             after = rows[-1].id
 
+    def resolve(
+        self,
+        row_id: int,
+        *,
+        actor: str,
+        reason: str,
+        delivered_as: str | None = None,
+        abandon: bool = False,
+        client: OrbitClient | None = None,
+        on_delivered: DeliveredHook | None = None,
+    ) -> OutboxRow:
+        """Settle a ``NEEDS_RECONCILE`` row that ``reconcile`` left to a person; audited.
+
+        ``reconcile`` cannot decide a row whose key names a different submission
+        (``mismatch``) or that is older than the server's key window (``too_old``). A person
+        who has found out what happened settles it here, giving exactly one of:
+
+        - ``delivered_as``: the row was delivered as that Orbit task → ``DELIVERED`` with its
+          id. The task is looked up first (``client.get_task``, outside any transaction);
+        - ``abandon``: the row must not be sent → ``DEAD`` with ``last_error``
+          ``"abandoned by operator: <reason>"`` (``retry`` can still send it later, same key).
+
+        The update is conditional on the row still being ``NEEDS_RECONCILE``.
+
+        Args:
+            row_id: the row.
+            actor: who decides, for the audit trail, e.g. ``"operator:alice"``.
+            reason: why, for the audit trail (required: a person's decision needs one).
+            delivered_as: the Orbit task id the row's intent was delivered as.
+            abandon: give the row up instead.
+            client: an Orbit client with a key of the row's namespace (``read`` role or
+                more); needed with ``delivered_as``.
+            on_delivered: called inside the transaction that records ``DELIVERED`` (as
+                ``reconcile``'s hook), to link the task to the business record.
+
+        Returns:
+            The row after the change.
+
+        Raises:
+            OutboxUsageError: not exactly one of ``delivered_as``/``abandon``, an empty
+                ``reason``, or ``delivered_as`` without ``client``.
+            RowNotFoundError: no such row.
+            InvalidStateError: the row is not ``NEEDS_RECONCILE`` (also when another process
+                changed it meanwhile); nothing changed.
+            OutboxRowError: the server has no task ``delivered_as`` in the row's namespace;
+                nothing changed.
+            OrbitError: the task lookup failed (server unreachable, key refused); nothing changed.
+            OutboxDatabaseError: the database failed; nothing changed.
+        """
+        if (delivered_as is None) == (not abandon):
+            raise OutboxUsageError("give exactly one of delivered_as= (a task id) and abandon=True")
+        if not reason or not reason.strip():
+            raise OutboxUsageError("give a reason for the audit trail, e.g. reason='task found in the queue'")
+        if delivered_as is not None and client is None:
+            raise OutboxUsageError("delivered_as= needs client= to check that the task exists")
+        row = self.get(row_id)
+        _require_needs_reconcile(row)
+        if delivered_as is not None:
+            assert client is not None
+            try:
+                task = client.get_task(row.namespace, delivered_as)
+            except NotFoundError:
+                raise OutboxRowError(
+                    f"there is no task {delivered_as!r} in namespace {row.namespace!r} (the server answered 404); "
+                    f"check the task id; row {row_id} stays NEEDS_RECONCILE",
+                    row_id=row_id,
+                    state=row.state,
+                ) from None
+            to_state, error = q.DELIVERED, None
+            detail = f"delivered as task {task.id} (queue {task.queue!r}, handler {task.handler!r})"
+        else:
+            to_state, error = q.DEAD, f"abandoned by operator: {reason}"
+            detail = "abandoned"
+        with self.transaction(f"resolve row {row_id}", row_id=row_id) as conn:
+            now = db_now(conn)
+            if delivered_as is not None:
+                changed = q.record_reconciled_delivered(
+                    conn, self.tables, row_id, now=now, task_id=delivered_as
+                )
+            else:
+                assert error is not None
+                changed = q.abandon_row(conn, self.tables, row_id, now=now, error=error)
+            if not changed:
+                now_row = q.get_row(conn, self.tables, row_id)
+                state = now_row.state if now_row is not None else "purged"
+                raise InvalidStateError(
+                    f"row {row_id} changed meanwhile and is now {state}, not NEEDS_RECONCILE; nothing was "
+                    f"changed; see `orbit-outbox show {row_id}`",
+                    row_id=row_id,
+                    state=state,
+                )
+            if delivered_as is not None and on_delivered is not None:
+                on_delivered(
+                    conn,
+                    DeliveredRow(
+                        row_id=row_id,
+                        idempotency_key=row.idempotency_key,
+                        business_ref=row.business_ref,
+                        orbit_task_id=delivered_as,
+                        replayed=True,
+                    ),
+                )
+            event = q.event_values(
+                row_id,
+                q.NEEDS_RECONCILE,
+                to_state,
+                reason=f"resolved by an operator ({detail}): {reason}",
+                actor=actor,
+                now=now,
+                task_id=delivered_as,
+            )
+            q.add_events(conn, self.tables, [event])
+            after = q.get_row(conn, self.tables, row_id)
+        assert after is not None
+        log.info(
+            "row %d (key %s) resolved by %s: %s",
+            row_id,
+            row.idempotency_key,
+            actor,
+            detail,
+            extra={
+                "event": "resolved",
+                "row_id": row_id,
+                "idempotency_key": row.idempotency_key,
+                "orbit_task_id": delivered_as,
+                "state": to_state,
+            },
+        )
+        return after
+
     def reconcile(
         self,
         client: OrbitClient,
@@ -301,6 +434,10 @@ class Outbox:
           so "not found" proves nothing: the row stays, decision ``"too_old"``);
         - a task for a different submission → the row stays (decision ``"mismatch"``);
         - a failed lookup → the row stays (decision ``"error"``); the next run tries again.
+
+        A row that stays for a person (``mismatch``, ``too_old``) gets the decision in
+        ``last_error`` and the audit table but ``applied=False``: its state did not change;
+        settle it with :meth:`resolve`.
 
         Every decision that changes or keeps a row is written to the audit table in the
         transaction that applies it. Each row is decided on its own: the lookup happens
@@ -370,13 +507,14 @@ class Outbox:
             decision, to_state = "mismatch", q.NEEDS_RECONCILE
             detail = (
                 f"the key names task {task.id} of a different submission (queue {task.queue!r}, handler "
-                f"{task.handler!r}); a person must decide; the row stays NEEDS_RECONCILE"
+                f"{task.handler!r}); a person must decide ({_resolve_hint(row.id)}); the row stays NEEDS_RECONCILE"
             )
         elif row.created_at.replace(tzinfo=None) < too_old:
             decision, to_state = "too_old", q.NEEDS_RECONCILE
             detail = (
                 "no task for this key, but the row is older than the server's key window, so the server may "
-                "have forgotten it; resending could create a second task; a person must decide"
+                "have forgotten it; resending could create a second task; a person must decide "
+                f"({_resolve_hint(row.id)}); the row stays NEEDS_RECONCILE"
             )
         else:
             decision, to_state = "pending", q.PENDING
@@ -395,8 +533,8 @@ class Outbox:
             now = db_now(conn)
             if decision == "delivered":
                 assert task_id is not None
-                applied = q.record_reconciled_delivered(conn, self.tables, row.id, now=now, task_id=task_id)
-                if applied and on_delivered is not None:
+                written = q.record_reconciled_delivered(conn, self.tables, row.id, now=now, task_id=task_id)
+                if written and on_delivered is not None:
                     on_delivered(
                         conn,
                         DeliveredRow(
@@ -408,10 +546,10 @@ class Outbox:
                         ),
                     )
             elif decision == "pending":
-                applied = q.record_reconciled_pending(conn, self.tables, row.id, now=now)
-            else:
-                applied = q.record_reconcile_mismatch(conn, self.tables, row.id, now=now, error=detail)
-            if applied:
+                written = q.record_reconciled_pending(conn, self.tables, row.id, now=now)
+            else:  # left for a person: only last_error and the audit event are written
+                written = q.record_reconcile_mismatch(conn, self.tables, row.id, now=now, error=detail)
+            if written:
                 event = q.event_values(
                     row.id,
                     q.NEEDS_RECONCILE,
@@ -422,8 +560,9 @@ class Outbox:
                     task_id=task_id,
                 )
                 q.add_events(conn, self.tables, [event])
-        if not applied:
+        if not written:
             detail = "another process decided this row first; nothing was changed"
+        applied = written and to_state != q.NEEDS_RECONCILE
         log.info(
             "reconcile row %d (key %s): %s",
             row.id,
@@ -490,6 +629,26 @@ def _not_found(row_id: int) -> RowNotFoundError:
     return RowNotFoundError(
         f"there is no outbox row {row_id} (never enqueued, or purged); see `orbit-outbox list`", row_id=row_id
     )
+
+
+def _resolve_hint(row_id: int) -> str:
+    return (
+        f"`orbit-outbox resolve {row_id} --delivered-as TASK_ID --reason TEXT` or `--abandon --reason TEXT`"
+    )
+
+
+def _require_needs_reconcile(row: OutboxRow) -> None:
+    if row.state != q.NEEDS_RECONCILE:
+        hint = (
+            f"use `orbit-outbox retry {row.id}` to send a DEAD row again"
+            if row.state == q.DEAD
+            else "there is nothing to resolve"
+        )
+        raise InvalidStateError(
+            f"row {row.id} is {row.state}, not NEEDS_RECONCILE; only NEEDS_RECONCILE rows can be resolved ({hint})",
+            row_id=row.id,
+            state=row.state,
+        )
 
 
 def _same_submission(task: Task, row: OutboxRow) -> bool:

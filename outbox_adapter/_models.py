@@ -146,7 +146,10 @@ class ReconcileDecision(_AsDict):
             decide; the row stays), ``"too_old"`` (the row is older than the server's key
             window, so "not found" proves nothing; the row stays) or ``"error"`` (the
             lookup failed; the row stays and the next run tries again).
-        applied: ``False`` for a dry run, or when another process decided the row first.
+        applied: ``True`` when the row's state changed (``delivered``, ``pending``);
+            ``False`` for a dry run, a row left for a person (``mismatch``, ``too_old``: only
+            its ``last_error`` and an audit event were written; settle it with ``resolve``), a
+            failed lookup, or when another process decided the row first.
         detail: a sentence for people.
     """
 
@@ -187,6 +190,9 @@ class RelayStats(_AsDict):
         needs_reconcile: rows recorded ``NEEDS_RECONCILE``.
         released: rows given back unsent at shutdown.
         lost_leases: outcomes not recorded because the lease had expired or been taken over.
+        orbit_unavailable: rows left ``PENDING`` at the end of the run because the Orbit
+            server was unreachable (no answer, or 503) or refused the relay's API key
+            (401/403); ``orbit-outbox relay --once`` then exits 4.
     """
 
     claimed: int = 0
@@ -197,6 +203,7 @@ class RelayStats(_AsDict):
     needs_reconcile: int = 0
     released: int = 0
     lost_leases: int = 0
+    orbit_unavailable: int = 0
 
 
 @dataclass(frozen=True, kw_only=True)

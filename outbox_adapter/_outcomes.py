@@ -27,7 +27,15 @@ import random as _random
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from orbit_client import IdempotencyKeyReusedError, OrbitAPIError, OrbitError, OrbitUsageError, SubmitResult
+from orbit_client import (
+    IdempotencyKeyReusedError,
+    OrbitAPIError,
+    OrbitError,
+    OrbitTransportError,
+    OrbitUsageError,
+    ServiceUnavailableError,
+    SubmitResult,
+)
 from outbox_adapter._exceptions import OutboxUsageError
 
 __all__ = ["Backoff", "SendOutcome", "Verdict", "accepted", "classify_error"]
@@ -55,6 +63,8 @@ class SendOutcome:
         error: the error message for ``last_error`` (never contains params), or ``None``.
         retry_after: seconds the server asked us to wait (``Retry-After``), or ``None``.
         misconfigured: ``True`` when the relay's own configuration is at fault (401/403).
+        unreachable: ``True`` when no answer came from the server (connection refused or
+            lost, timeout) or it answered 503: the server, not the row, is the problem.
     """
 
     verdict: Verdict
@@ -64,6 +74,14 @@ class SendOutcome:
     error: str | None = None
     retry_after: float | None = None
     misconfigured: bool = False
+    unreachable: bool = False
+
+    @property
+    def orbit_unavailable(self) -> bool:
+        """Not delivered because the Orbit server was unreachable or refused the relay's API key."""
+        return self.verdict in (Verdict.NOT_SENT, Verdict.UNKNOWN) and (
+            self.unreachable or self.misconfigured
+        )
 
 
 def accepted(result: SubmitResult) -> SendOutcome:
@@ -86,17 +104,26 @@ def classify_error(error: BaseException) -> SendOutcome:
     status = error.status_code if isinstance(error, OrbitAPIError) else None
     retry_after = error.retry_after if isinstance(error, OrbitAPIError) else None
     message = str(error)
+    unreachable = isinstance(error, OrbitTransportError | ServiceUnavailableError)
     if isinstance(error, IdempotencyKeyReusedError) or (
         isinstance(error, OrbitAPIError) and error.code == "idempotency_key_reused"
     ):
         return SendOutcome(verdict=Verdict.RECONCILE, status_code=status, error=message)
     if not error.outcome_known:
         return SendOutcome(
-            verdict=Verdict.UNKNOWN, status_code=status, error=message, retry_after=retry_after
+            verdict=Verdict.UNKNOWN,
+            status_code=status,
+            error=message,
+            retry_after=retry_after,
+            unreachable=unreachable,
         )
     if error.retryable:
         return SendOutcome(
-            verdict=Verdict.NOT_SENT, status_code=status, error=message, retry_after=retry_after
+            verdict=Verdict.NOT_SENT,
+            status_code=status,
+            error=message,
+            retry_after=retry_after,
+            unreachable=unreachable,
         )
     if status in (401, 403):
         return SendOutcome(

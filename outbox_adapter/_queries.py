@@ -35,6 +35,7 @@ from outbox_adapter._tables import InboxOutcome, OutboxState, OutboxTables
 
 __all__ = [
     "Claim",
+    "abandon_row",
     "add_events",
     "claim_batch",
     "count_by_state",
@@ -507,6 +508,18 @@ def record_reconcile_mismatch(
         sa.update(o)
         .where(o.c.id == row_id, o.c.state == NEEDS_RECONCILE)
         .values(last_error=_clip(error), updated_at=now)
+    )
+    return result.rowcount == 1
+
+
+def abandon_row(conn: Connection, t: OutboxTables, row_id: int, *, now: datetime, error: str) -> bool:
+    """``NEEDS_RECONCILE`` → ``DEAD`` by an operator's decision, with why in ``last_error``.
+    ``False`` if no longer ``NEEDS_RECONCILE``."""
+    o = t.outbox
+    result = conn.execute(
+        sa.update(o)
+        .where(o.c.id == row_id, o.c.state == NEEDS_RECONCILE)
+        .values(state=DEAD, last_error=_clip(error), updated_at=now)
     )
     return result.rowcount == 1
 

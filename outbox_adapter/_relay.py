@@ -208,6 +208,8 @@ class Relay:
         self._db_failures = 0
         self._db_down_since = 0.0
         self._owned_client: OrbitClient | None = None
+        #: Rows whose last recorded outcome in this run was "Orbit unreachable or refusing our key".
+        self._unavailable: set[int] = set()
 
     @classmethod
     def from_settings(
@@ -303,6 +305,7 @@ class Relay:
                 per backoff.
         """
         self._stopping.clear()
+        self._unavailable.clear()
         stats = RelayStats()
         previous = self._install_signal_handlers() if self.install_signal_handlers else None
         executor = ThreadPoolExecutor(max_workers=self.concurrency, thread_name_prefix="outbox-send")
@@ -353,6 +356,7 @@ class Relay:
             if previous is not None:
                 for signum, handler in previous.items():
                     signal.signal(signum, handler)
+        stats.orbit_unavailable = len(self._unavailable)
         log.info(
             "relay %s stopped: %s",
             self.owner,
@@ -425,6 +429,7 @@ class Relay:
                 error=f"queue check failed, nothing was submitted: {checked.error}",
                 retry_after=checked.retry_after,
                 misconfigured=checked.misconfigured,
+                unreachable=checked.unreachable,
             )
         if self._faults is not None:
             self._faults.before_send(claim.id)
@@ -616,6 +621,10 @@ class Relay:
             extra["status_code"] = outcome.status_code
             if outcome.task_id:
                 extra["orbit_task_id"] = outcome.task_id
+        if kind == "retry" and outcome is not None and outcome.orbit_unavailable:
+            self._unavailable.add(claim.id)
+        elif kind != "lost":
+            self._unavailable.discard(claim.id)
         if kind == "lost":
             stats.lost_leases += 1
             extra["lost"] = intended

@@ -8,12 +8,13 @@ the output is rich tables; ``--json`` prints JSON for scripts.
 Exit codes:
 
 - ``0``: done.
-- ``1``: refused: no such row, or its state does not allow the command; for ``reconcile``,
-  some rows need a person (``mismatch``, ``too_old``).
+- ``1``: refused: no such row, or its state does not allow the command (or, for ``resolve
+  --delivered-as``, no such task); for ``reconcile``, some rows need a person (``mismatch``,
+  ``too_old``: settle them with ``resolve``).
 - ``2``: bad usage (an unknown option, a malformed value or URL, a ``--handler`` that cannot be imported).
 - ``3``: the business database is unreachable, failed, or has no outbox tables (run ``migrate``).
-- ``4``: the Orbit server is unreachable or refused the request (``reconcile`` lookups, ``consume``
-  leases).
+- ``4``: the Orbit server is unreachable or refused the request (``relay --once`` rows left unsent,
+  ``reconcile`` lookups, ``resolve --delivered-as`` task checks, ``consume`` leases).
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from typing import Any, NoReturn, TypeVar
 import click
 from pydantic import ValidationError
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import Progress, SpinnerColumn, TextColumn
 from rich.table import Table
 
@@ -82,7 +84,7 @@ class _Duration(click.ParamType):  # type: ignore[type-arg]
 
 
 def _fail(message: str, code: int) -> NoReturn:
-    err.print(f"[bold red]error:[/] {message}", highlight=False, markup=True)
+    err.print(f"[bold red]error:[/] {escape(message)}", highlight=False, markup=True)
     sys.exit(code)
 
 
@@ -119,7 +121,16 @@ def _database_options(func: F) -> F:
     )(func)
 
 
-def _orbit_options(func: F) -> F:
+def _orbit_options(api_key_help: str, *, required: bool = True) -> Callable[[F], F]:
+    """``--orbit-url``, ``--api-key`` (``api_key_help`` says which role the command needs) and ``--timeout``."""
+
+    def decorate(func: F) -> F:
+        return _orbit_options_on(func, api_key_help, required=required)
+
+    return decorate
+
+
+def _orbit_options_on(func: F, api_key_help: str, *, required: bool) -> F:
     func = click.option(
         "--timeout",
         "request_timeout",
@@ -134,14 +145,14 @@ def _orbit_options(func: F) -> F:
         "--api-key",
         envvar="ORBIT_API_KEY",
         show_envvar=True,
-        required=True,
-        help="Orbit API key of the rows' namespace (submit role for relay, read for reconcile).",
+        required=required,
+        help=api_key_help,
     )(func)
     return click.option(
         "--orbit-url",
         envvar="ORBIT_URL",
         show_envvar=True,
-        required=True,
+        required=required,
         help="Root URL of the Orbit server, e.g. https://orbit.example.com.",
     )(func)
 
@@ -199,6 +210,11 @@ def _print_json(data: Any) -> None:
     click.echo(json.dumps(data, indent=2, ensure_ascii=False, default=str))
 
 
+def _cells(*values: str) -> list[str]:
+    """Table cells with their ``[`` escaped: user text is never read as rich markup."""
+    return [escape(v) for v in values]
+
+
 def _short(text: str | None, width: int = 60) -> str:
     if not text:
         return ""
@@ -221,15 +237,17 @@ def _rows_table(rows: list[OutboxRow], title: str) -> Table:
         table.add_column(column, overflow="fold")
     for row in rows:
         table.add_row(
-            str(row.id),
-            row.state,
-            row.idempotency_key,
-            f"{row.namespace}/{row.queue}",
-            row.handler,
-            f"{row.attempts}/{row.max_attempts or '-'}",
-            row.available_at.strftime("%Y-%m-%d %H:%M:%S"),
-            row.orbit_task_id or "",
-            _short(row.last_error),
+            *_cells(
+                str(row.id),
+                row.state,
+                row.idempotency_key,
+                f"{row.namespace}/{row.queue}",
+                row.handler,
+                f"{row.attempts}/{row.max_attempts or '-'}",
+                row.available_at.strftime("%Y-%m-%d %H:%M:%S"),
+                row.orbit_task_id or "",
+                _short(row.last_error),
+            )
         )
     return table
 
@@ -282,13 +300,20 @@ def migrate(database_url: str, table: str, inbox_table: str | None) -> None:
     """Create or upgrade the outbox and inbox tables (Alembic, version table <table>_alembic_version)."""
     with _outbox(database_url, table, inbox_table) as outbox:
         revision = outbox.migrate()
-    err.print(f"outbox tables in {describe_url(database_url)} at revision {revision}", highlight=False)
+    err.print(
+        f"outbox tables in {escape(describe_url(database_url))} at revision {revision}", highlight=False
+    )
 
 
 @main.command()
 @_database_options
-@_orbit_options
-@click.option("--once", is_flag=True, help="Deliver what is due now, then exit 0.")
+@_orbit_options("Orbit API key of the rows' namespace (submit role).")
+@click.option(
+    "--once",
+    is_flag=True,
+    help="Deliver what is due now, then exit 0 (4 if rows were left unsent because the Orbit server was "
+    "unreachable or refused the key).",
+)
 @click.option(
     "--batch-size",
     envvar="ORBIT_OUTBOX_BATCH_SIZE",
@@ -383,6 +408,13 @@ def relay(as_json: bool, once: bool, **options: Any) -> None:
             f"needs reconcile {stats.needs_reconcile}, lost leases {stats.lost_leases}",
             highlight=False,
         )
+    if once and stats.orbit_unavailable:
+        _fail(
+            f"{stats.orbit_unavailable} due row(s) were not delivered: the Orbit server at {settings.orbit_url} was "
+            "unreachable or refused the API key (see the log lines above); they stay PENDING with the same key; "
+            "check ORBIT_URL and ORBIT_API_KEY (submit role), then run again",
+            EXIT_ORBIT,
+        )
 
 
 def load_handler(spec: str) -> ResultHandler:
@@ -425,7 +457,7 @@ def load_handler(spec: str) -> ResultHandler:
 @main.command()
 @_database_options
 @_inbox_table_option
-@_orbit_options
+@_orbit_options("Orbit API key of the subscription's namespace (work role).")
 @click.option(
     "--namespace",
     envvar="ORBIT_NAMESPACE",
@@ -569,7 +601,7 @@ def status(database_url: str, table: str, as_json: bool) -> None:
     if as_json:
         _print_json(summary.to_dict())
         return
-    grid = Table(title=f"outbox {table}", title_justify="left", show_header=True)
+    grid = Table(title=escape(f"outbox {table}"), title_justify="left", show_header=True)
     grid.add_column("state")
     grid.add_column("rows", justify="right")
     for state, count in summary.counts.items():
@@ -586,9 +618,9 @@ def status(database_url: str, table: str, as_json: bool) -> None:
 @_database_options
 @click.option(
     "--state",
-    type=click.Choice([s.value for s in OutboxState]),
+    type=click.Choice([s.value for s in OutboxState], case_sensitive=False),
     default=None,
-    help="Only rows in this state (default: every state).",
+    help="Only rows in this state, in any case (default: every state).",
 )
 @click.option("--limit", type=click.IntRange(1, 10_000), default=50, show_default=True)
 @click.option(
@@ -625,7 +657,10 @@ def show(database_url: str, table: str, row_id: int, with_params: bool, as_json:
     details.add_column("value", overflow="fold")
     for key, value in _row_dict(row, with_params=with_params).items():
         details.add_row(
-            key, "" if value is None else json.dumps(value) if key in ("params", "options") else str(value)
+            *_cells(
+                key,
+                "" if value is None else json.dumps(value) if key in ("params", "options") else str(value),
+            )
         )
     out.print(details)
     trail = Table(title="events", title_justify="left")
@@ -633,12 +668,14 @@ def show(database_url: str, table: str, row_id: int, with_params: bool, as_json:
         trail.add_column(column, overflow="fold")
     for e in events:
         trail.add_row(
-            e.at.strftime("%Y-%m-%d %H:%M:%S"),
-            e.from_state or "",
-            e.to_state,
-            e.actor,
-            e.orbit_task_id or "",
-            e.reason,
+            *_cells(
+                e.at.strftime("%Y-%m-%d %H:%M:%S"),
+                e.from_state or "",
+                e.to_state,
+                e.actor,
+                e.orbit_task_id or "",
+                e.reason,
+            )
         )
     out.print(trail)
 
@@ -677,7 +714,7 @@ def retry(
 
 @main.command()
 @_database_options
-@_orbit_options
+@_orbit_options("Orbit API key of the rows' namespace (read role).")
 @click.option("--dry-run", is_flag=True, help="Look up and decide, change nothing.")
 @click.option(
     "--key-window",
@@ -701,7 +738,8 @@ def reconcile(
     actor: str | None,
     as_json: bool,
 ) -> None:
-    """Settle NEEDS_RECONCILE rows by their original key: found → DELIVERED, not found → PENDING."""
+    """Settle NEEDS_RECONCILE rows by their original key: found → DELIVERED, not found → PENDING.
+    Rows it cannot decide (mismatch, too_old) stay for a person: see `resolve`."""
     with _errors():
         client = OrbitClient(
             orbit_url, api_key=api_key, timeout=request_timeout, retry=RetryPolicy(max_attempts=3)
@@ -721,26 +759,119 @@ def reconcile(
     if as_json:
         _print_json([d.to_dict() for d in decisions])
     else:
-        grid = Table(
-            title=f"{len(decisions)} rows reconciled{' (dry run)' if dry_run else ''}", title_justify="left"
-        )
+        grid = Table(title=_reconcile_summary(decisions, dry_run=dry_run), title_justify="left")
         for column in ("id", "key", "decision", "applied", "task", "detail"):
             grid.add_column(column, overflow="fold")
         for d in decisions:
             grid.add_row(
-                str(d.row_id),
-                d.idempotency_key,
-                d.decision,
-                "yes" if d.applied else "no",
-                d.orbit_task_id or "",
-                d.detail,
+                *_cells(
+                    str(d.row_id),
+                    d.idempotency_key,
+                    d.decision,
+                    "yes" if d.applied else "no",
+                    d.orbit_task_id or "",
+                    d.detail,
+                )
             )
         out.print(grid)
     kinds = {d.decision for d in decisions}
+    if kinds & {"mismatch", "too_old"} and not as_json:
+        err.print(
+            "rows left for a person stay NEEDS_RECONCILE: settle each with `orbit-outbox resolve ID --delivered-as "
+            "TASK_ID --reason TEXT` or `orbit-outbox resolve ID --abandon --reason TEXT`",
+            highlight=False,
+            markup=False,
+        )
     if "error" in kinds:
         sys.exit(EXIT_ORBIT)
     if kinds & {"mismatch", "too_old"}:
         sys.exit(EXIT_REFUSED)
+
+
+def _reconcile_summary(decisions: list[ReconcileDecision], *, dry_run: bool) -> str:
+    """``"3 row(s) looked up: 1 decided, 1 left for a person, 1 lookup(s) failed"``: only what is true."""
+    decidable = sum(d.decision in ("delivered", "pending") for d in decisions)
+    decided = sum(d.applied for d in decisions)
+    left = sum(d.decision in ("mismatch", "too_old") for d in decisions)
+    failed = sum(d.decision == "error" for d in decisions)
+    if dry_run:
+        head = f"{len(decisions)} row(s) looked up (dry run, nothing changed): {decidable} would be decided"
+    else:
+        head = f"{len(decisions)} row(s) looked up: {decided} decided"
+        if decidable > decided:
+            head += f", {decidable - decided} decided first by another process"
+    return escape(f"{head}, {left} left for a person, {failed} lookup(s) failed")
+
+
+@main.command()
+@_database_options
+@_orbit_options(
+    "Orbit API key of the row's namespace (read role); needed only with --delivered-as.", required=False
+)
+@click.argument("row_id", type=int)
+@click.option(
+    "--delivered-as",
+    metavar="TASK_ID",
+    default=None,
+    help="The Orbit task the row was delivered as: NEEDS_RECONCILE → DELIVERED (the task must exist).",
+)
+@click.option(
+    "--abandon",
+    is_flag=True,
+    help="Give the row up: NEEDS_RECONCILE → DEAD (`retry` could still send it later, same key).",
+)
+@click.option("--reason", required=True, help="Why, for the audit trail.")
+@_actor_option
+@_json_option
+def resolve(
+    database_url: str,
+    table: str,
+    orbit_url: str | None,
+    api_key: str | None,
+    request_timeout: float,
+    row_id: int,
+    delivered_as: str | None,
+    abandon: bool,
+    reason: str,
+    actor: str | None,
+    as_json: bool,
+) -> None:
+    """Settle a NEEDS_RECONCILE row that reconcile left to a person (key of a different submission, or
+    older than the key window): --delivered-as TASK_ID → DELIVERED, or --abandon → DEAD. Audited."""
+    if (delivered_as is None) == (not abandon):
+        raise click.UsageError("give --delivered-as TASK_ID or --abandon (not both)")
+    if not reason.strip():
+        raise click.UsageError("--reason must say why, for the audit trail")
+    client: OrbitClient | None = None
+    if delivered_as is not None:
+        if not orbit_url or not api_key:
+            raise click.UsageError(
+                "--delivered-as needs --orbit-url and --api-key (ORBIT_URL, ORBIT_API_KEY; read role) to check "
+                "that the task exists"
+            )
+        with _errors():
+            client = OrbitClient(
+                orbit_url, api_key=api_key, timeout=request_timeout, retry=RetryPolicy(max_attempts=3)
+            )
+    try:
+        with _outbox(database_url, table) as outbox:
+            row = outbox.resolve(
+                row_id,
+                actor=_actor(actor),
+                reason=reason,
+                delivered_as=delivered_as,
+                abandon=abandon,
+                client=client,
+            )
+    finally:
+        if client is not None:
+            client.close()
+    if as_json:
+        _print_json(_row_dict(row, with_params=False))
+    elif row.state == OutboxState.DELIVERED:
+        out.print(escape(f"row {row.id} resolved: DELIVERED as task {row.orbit_task_id}"), highlight=False)
+    else:
+        out.print(escape(f"row {row.id} resolved: DEAD ({row.last_error})"), highlight=False)
 
 
 @main.command()

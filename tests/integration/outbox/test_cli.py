@@ -8,6 +8,7 @@ from typing import Any
 
 from click.testing import CliRunner, Result
 
+from orbit_client import OrbitClient
 from outbox_adapter import OutboxTables, enqueue
 from outbox_adapter.cli import main
 from tests.integration.outbox.conftest import Biz, Namespace
@@ -51,6 +52,7 @@ def test_the_cli_migrates_relays_inspects_retries_reconciles_and_purges(
 
     listed = _json(_run("list", *db, "--state", "DEAD", "--json"))
     assert [r["id"] for r in listed] == [dead.id] and "params" not in listed[0]
+    assert _json(_run("list", *db, "--state", "dead", "--json")) == listed  # any case
     shown = _json(_run("show", *db, str(good.id), "--json"))
     assert (
         shown["row"]["state"] == "DELIVERED"
@@ -97,10 +99,103 @@ def test_reconcile_exit_codes_and_unreachable_services(biz: Biz, ns: Namespace, 
     assert [(d["row_id"], d["decision"], d["applied"]) for d in decided] == [(row.id, "pending", True)]
 
 
+def test_relay_once_exits_4_when_orbit_is_unreachable_or_refuses_the_key(
+    biz: Biz, ns: Namespace, orbit: RunningServer
+) -> None:
+    table = f"cli_{uuid.uuid4().hex[:8]}"
+    db = ["--database-url", biz.url.render_as_string(hide_password=False), "--table", table]
+    assert _run("migrate", *db).exit_code == 0
+    with biz.engine.begin() as conn:
+        row = enqueue(
+            conn, namespace=ns.name, queue="default", handler="h", params={}, tables=OutboxTables(name=table)
+        )
+    for env in (
+        {"ORBIT_URL": f"http://127.0.0.1:{closed_port()}", "ORBIT_API_KEY": ns.keys["submit"]},
+        {"ORBIT_URL": orbit.base_url, "ORBIT_API_KEY": "not-a-key"},  # 401
+        {"ORBIT_URL": orbit.base_url, "ORBIT_API_KEY": ns.keys["read"]},  # 403: the wrong role
+    ):
+        failed = _run(
+            "relay", *db, "--once", "--json", "--timeout", "2", env={**env, "ORBIT_OUTBOX_BACKOFF_BASE": "0"}
+        )
+        assert failed.exit_code == 4, (env, failed.output)
+        assert json.loads(failed.stdout)["orbit_unavailable"] == 1
+        assert "1 due row(s) were not delivered" in failed.stderr and "ORBIT_API_KEY" in failed.stderr
+        assert _json(_run("show", *db, str(row.id), "--json"))["row"]["state"] == "PENDING"
+    env = {"ORBIT_URL": orbit.base_url, "ORBIT_API_KEY": ns.keys["submit"], "ORBIT_OUTBOX_BACKOFF_BASE": "0"}
+    with biz.engine.begin() as conn:  # a row the server refuses for good still lets the run exit 0
+        enqueue(
+            conn, namespace=ns.name, queue="missing", handler="h", params={}, tables=OutboxTables(name=table)
+        )
+    stats = _json(_run("relay", *db, "--once", "--json", env=env))
+    assert (stats["delivered"], stats["dead"], stats["orbit_unavailable"]) == (1, 1, 0)
+
+
+def test_resolve_settles_rows_reconcile_leaves_for_a_person(
+    biz: Biz, ns: Namespace, orbit: RunningServer
+) -> None:
+    table = f"cli_{uuid.uuid4().hex[:8]}"
+    db = ["--database-url", biz.url.render_as_string(hide_password=False), "--table", table]
+    assert _run("migrate", *db).exit_code == 0
+    tables = OutboxTables(name=table)
+    with biz.engine.begin() as conn:
+        rows = [
+            enqueue(conn, namespace=ns.name, queue="default", handler="h", params={}, tables=tables)
+            for _ in range(2)
+        ]
+    with OrbitClient(orbit.base_url, api_key=ns.keys["submit"]) as client:
+        task = client.submit_task(ns.name, "other", "h", {}, idempotency_key=f"k-{uuid.uuid4()}").task
+        for row in rows:  # the server already has tasks of a different submission under the rows' keys
+            client.submit_task(ns.name, "other", "someone.else", {}, idempotency_key=row.idempotency_key)
+    with biz.engine.begin() as conn:
+        conn.execute(tables.outbox.update().values(state="NEEDS_RECONCILE"))
+    env = {"ORBIT_URL": orbit.base_url, "ORBIT_API_KEY": ns.keys["read"]}
+
+    left = _run("reconcile", *db, env=env)
+    assert left.exit_code == 1
+    assert "2 row(s) looked up: 0 decided, 2 left for a person, 0 lookup(s) failed" in left.stdout
+    assert "orbit-outbox resolve ID --delivered-as" in left.stderr
+    decided = json.loads(_run("reconcile", *db, "--json", env=env).stdout)
+    assert [(d["decision"], d["applied"]) for d in decided] == [("mismatch", False)] * 2
+
+    first, second = rows
+    unknown = _run("resolve", *db, str(first.id), "--delivered-as", "no-such-task", "--reason", "r", env=env)
+    assert unknown.exit_code == 1 and "no task 'no-such-task'" in unknown.stderr
+    assert _run("resolve", *db, str(first.id), "--reason", "r").exit_code == 2  # neither action
+    assert (
+        _run("resolve", *db, str(first.id), "--delivered-as", task.id, "--reason", "r").exit_code == 2
+    )  # no URL
+    resolved = _json(
+        _run("resolve", *db, str(first.id), "--delivered-as", task.id, "--reason", "seen in the queue",
+             "--actor", "ops:alice", "--json", env=env)
+    )  # fmt: skip
+    assert (resolved["state"], resolved["orbit_task_id"]) == ("DELIVERED", task.id)
+    abandoned = _run(
+        "resolve", *db, str(second.id), "--abandon", "--reason", "order [cancelled]", "--actor", "ops:bob"
+    )
+    assert abandoned.exit_code == 0 and "abandoned by operator: order [cancelled]" in abandoned.stdout
+    again = _run("resolve", *db, str(second.id), "--abandon", "--reason", "again")
+    assert again.exit_code == 1 and f"row {second.id} is DEAD, not NEEDS_RECONCILE" in again.stderr
+    for row, actor, to_state in ((first, "ops:alice", "DELIVERED"), (second, "ops:bob", "DEAD")):
+        event = _json(_run("show", *db, str(row.id), "--json"))["events"][-1]
+        assert (event["from_state"], event["to_state"], event["actor"]) == (
+            "NEEDS_RECONCILE",
+            to_state,
+            actor,
+        )
+    assert _json(_run("reconcile", *db, "--json", env=env)) == []
+
+
 def test_help_shows_the_environment_variables_and_bad_urls_are_usage_errors() -> None:
     relay_help = _run("relay", "--help").stdout
     for var in ("ORBIT_OUTBOX_DATABASE_URL", "ORBIT_URL", "ORBIT_API_KEY", "ORBIT_OUTBOX_BATCH_SIZE"):
         assert var in relay_help
+    helps = {cmd: " ".join(_run(cmd, "--help").stdout.split()) for cmd in ("relay", "reconcile", "consume")}
+    assert "(submit role)" in helps["relay"] and "(read role)" in helps["reconcile"]
+    assert "(work role)" in helps["consume"]
+    no_driver = _run(
+        "status", "--database-url", "mysql+mysqldb://app@127.0.0.1/shop"
+    )  # MySQLdb not installed
+    assert no_driver.exit_code == 2 and "install orbit[mysql] or orbit[postgres]" in no_driver.stderr
     assert _run("status", "--database-url", "nonsense://").exit_code == 2
     down = _run("status", "--database-url", f"mysql+pymysql://root@127.0.0.1:{closed_port()}/x")
     assert down.exit_code == 3 and "may be down" in down.stderr

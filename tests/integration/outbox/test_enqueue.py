@@ -139,6 +139,9 @@ def test_a_business_key_is_fixed_and_unique(biz: Biz, tables: OutboxTables) -> N
         enqueue(conn, namespace="shop", queue="default", handler="h", params={}, idempotency_key="order-7-fulfil",
                 tables=tables)  # fmt: skip
     assert isinstance(caught.value.__cause__, sa.exc.IntegrityError)
+    message = str(caught.value)  # says what happened, not "check the database"
+    assert "'order-7-fulfil' already exists in the outbox" in message and "already recorded" in message
+    assert "check the database" not in message
     row = Outbox(biz.engine, tables=tables).get(entry.id)
     assert row.params == [1, "é", None] and row.options == {"retry_safe": True}
     assert row.max_attempts == 3 and row.ordering_key == "customer-1" and row.state == "PENDING"

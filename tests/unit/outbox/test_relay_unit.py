@@ -19,8 +19,10 @@ from outbox_adapter import (
     Backoff,
     InvalidStateError,
     Outbox,
+    OutboxRowError,
     OutboxSchemaError,
     OutboxTables,
+    OutboxUsageError,
     Relay,
     RowNotFoundError,
     enqueue,
@@ -254,3 +256,121 @@ def test_operator_errors_name_the_row_and_the_fix(engine: sa.Engine) -> None:
     assert (wrong.value.row_id, wrong.value.state) == (row_id, "PENDING") and "only DEAD" in str(wrong.value)
     with pytest.raises(OutboxSchemaError, match="orbit-outbox migrate"):
         Outbox(engine, tables=OutboxTables(name="never_migrated")).status()
+
+
+@pytest.mark.parametrize(
+    ("submit", "unavailable"),
+    [
+        (lambda r: (_ for _ in ()).throw(httpx.ConnectError("[Errno 111] Connection refused", request=r)), 1),
+        (lambda r: problem(401, "unauthenticated"), 1),
+        (lambda r: problem(403, "forbidden"), 1),
+        (lambda r: problem(503, "unavailable"), 1),
+        (lambda r: problem(429, "rate_limited"), 0),
+        (lambda r: problem(422, "validation_error"), 0),  # DEAD: drained, not unavailable
+        (lambda r: problem(422, "idempotency_key_reused"), 0),  # NEEDS_RECONCILE: drained
+        (accepted, 0),
+    ],
+)
+def test_rows_left_unsent_because_orbit_is_unavailable_are_counted(
+    engine: sa.Engine, submit: Handler, unavailable: int
+) -> None:
+    add(engine)
+    stats = relay(engine, FakeServer(submit), backoff=Backoff(base=5.0, cap=5.0)).run_once()
+    assert stats.orbit_unavailable == unavailable and stats.to_dict()["orbit_unavailable"] == unavailable
+
+
+def test_a_row_refused_then_delivered_in_the_same_run_is_not_counted_unavailable(engine: sa.Engine) -> None:
+    add(engine, max_attempts=3)
+    answers = iter([httpx.ReadTimeout("timed out"), None])
+
+    def flaky(request: httpx.Request) -> httpx.Response:
+        error = next(answers)
+        if error is not None:
+            raise httpx.ReadTimeout("timed out", request=request)
+        return accepted(request)
+
+    stats = relay(engine, FakeServer(flaky)).run_once()  # zero backoff: the row is due again in this run
+    assert (stats.retried, stats.delivered, stats.orbit_unavailable) == (1, 1, 0)
+
+
+def _task_server(request: httpx.Request) -> httpx.Response:
+    if request.url.path == "/v1/namespaces/shop/tasks/t-9":
+        return httpx.Response(200, json={**TASK, "id": "t-9"})
+    return problem(404, "task_not_found")
+
+
+def _needs_reconcile(engine: sa.Engine, n: int = 1) -> list[int]:
+    ids = add(engine, n)
+    with engine.begin() as conn:
+        conn.execute(sa.update(OutboxTables().outbox).values(state="NEEDS_RECONCILE", last_error="mismatch"))
+    return ids
+
+
+def test_resolve_settles_a_row_left_for_a_person_audited_and_conditional(engine: sa.Engine) -> None:
+    delivered, abandoned, unknown = _needs_reconcile(engine, 3)
+    outbox = Outbox(engine)
+    client = OrbitClient("http://orbit.test", api_key="k", transport=httpx.MockTransport(_task_server))
+
+    row = outbox.resolve(delivered, delivered_as="t-9", client=client, actor="ops:alice", reason="found it")
+    assert (row.state, row.orbit_task_id, row.last_error) == ("DELIVERED", "t-9", None)
+    assert row.delivered_at is not None
+    [event] = outbox.events(delivered)
+    assert (event.from_state, event.to_state, event.actor, event.orbit_task_id) == (
+        "NEEDS_RECONCILE", "DELIVERED", "ops:alice", "t-9",
+    )  # fmt: skip
+    assert "found it" in event.reason
+
+    row = outbox.resolve(abandoned, abandon=True, actor="ops:bob", reason="order was cancelled")
+    assert (row.state, row.last_error) == ("DEAD", "abandoned by operator: order was cancelled")
+    [event] = outbox.events(abandoned)
+    assert (event.to_state, event.actor) == ("DEAD", "ops:bob") and "order was cancelled" in event.reason
+
+    with pytest.raises(OutboxRowError, match=f"no task 'nope'.*row {unknown} stays NEEDS_RECONCILE"):
+        outbox.resolve(unknown, delivered_as="nope", client=client, actor="t", reason="r")
+    with pytest.raises(
+        InvalidStateError, match=f"row {delivered} is DELIVERED, not NEEDS_RECONCILE"
+    ) as wrong:
+        outbox.resolve(delivered, abandon=True, actor="t", reason="r")  # a second decision changes nothing
+    assert (wrong.value.row_id, wrong.value.state) == (delivered, "DELIVERED")
+    with pytest.raises(InvalidStateError, match=f"orbit-outbox retry {abandoned}"):
+        outbox.resolve(abandoned, delivered_as="t-9", client=client, actor="t", reason="r")
+    with pytest.raises(RowNotFoundError):
+        outbox.resolve(999, abandon=True, actor="t", reason="r")
+    for bad in ({}, {"abandon": True, "delivered_as": "t-9", "client": client}, {"delivered_as": "t-9"}):
+        with pytest.raises(OutboxUsageError):
+            outbox.resolve(unknown, actor="t", reason="r", **bad)  # type: ignore[arg-type]
+    with pytest.raises(OutboxUsageError, match="reason"):
+        outbox.resolve(unknown, abandon=True, actor="t", reason=" ")
+    assert outbox.get(unknown).state == "NEEDS_RECONCILE" and outbox.events(unknown) == []
+    client.close()
+
+
+def test_resolve_records_nothing_when_the_row_changed_meanwhile(engine: sa.Engine) -> None:
+    [row_id] = _needs_reconcile(engine)
+    outbox = Outbox(engine)
+
+    def changed_meanwhile(request: httpx.Request) -> httpx.Response:  # reconcile decides during the lookup
+        with engine.begin() as conn:
+            conn.execute(sa.update(OutboxTables().outbox).values(state="PENDING"))
+        return _task_server(request)
+
+    client = OrbitClient("http://orbit.test", api_key="k", transport=httpx.MockTransport(changed_meanwhile))
+    with pytest.raises(InvalidStateError, match="changed meanwhile and is now PENDING"):
+        outbox.resolve(row_id, delivered_as="t-9", client=client, actor="t", reason="r")
+    assert outbox.get(row_id).state == "PENDING" and outbox.events(row_id) == []
+    client.close()
+
+
+def test_reconcile_leaves_a_mismatch_for_a_person_and_says_nothing_was_applied(engine: sa.Engine) -> None:
+    [row_id] = _needs_reconcile(engine)
+
+    def other_submission(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(200, json={**TASK, "id": "t-other", "handler": "someone.else"})
+
+    client = OrbitClient("http://orbit.test", api_key="k", transport=httpx.MockTransport(other_submission))
+    [decision] = Outbox(engine).reconcile(client, actor="t")
+    client.close()
+    assert (decision.decision, decision.applied) == ("mismatch", False)
+    assert f"orbit-outbox resolve {row_id}" in decision.detail
+    row = Outbox(engine).get(row_id)
+    assert row.state == "NEEDS_RECONCILE" and "a person must decide" in (row.last_error or "")
