@@ -24,8 +24,9 @@ from typing import Annotated, Any
 import sqlalchemy as sa
 from fastapi import Depends, FastAPI, Header, Path, Query, Request, Response
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, PlainTextResponse
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from sqlalchemy.engine import Engine
 from starlette.concurrency import run_in_threadpool
 from starlette.datastructures import Headers, MutableHeaders
@@ -62,6 +63,7 @@ from orbit_client import (
 
 from . import errors, execution, results, store
 from ._db import create_engine
+from ._metrics import Metrics
 from .settings import ServerSettings
 
 __all__ = ["create_app"]
@@ -202,9 +204,10 @@ class RequestContextMiddleware:
     and an ``X-Request-Id`` (taken from the request when well-formed, else new).
     """
 
-    def __init__(self, app: ASGIApp, *, max_body_bytes: int) -> None:
+    def __init__(self, app: ASGIApp, *, max_body_bytes: int, metrics: Metrics) -> None:
         self.app = app
         self.max_body_bytes = max_body_bytes
+        self.metrics = metrics
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -216,12 +219,17 @@ class RequestContextMiddleware:
             request_id = uuid.uuid4().hex
         scope.setdefault("state", {})["request_id"] = request_id
         started = False
+        began = time.perf_counter()
 
         async def send_with_id(message: Message) -> None:
             nonlocal started
             if message["type"] == "http.response.start":
                 started = True
                 MutableHeaders(scope=message)["X-Request-Id"] = request_id
+                route = getattr(scope.get("route"), "path", "unmatched")
+                self.metrics.request_seconds.labels(route, scope["method"], str(message["status"])).observe(
+                    time.perf_counter() - began
+                )
             await send(message)
 
         limit = self.max_body_bytes
@@ -319,6 +327,7 @@ def create_app(settings: ServerSettings | None = None, *, engine: Engine | None 
         lifespan=lifespan,
     )
     app.state.engine = the_engine
+    metrics = Metrics()
     app.state.key_cache = _KeyCache(settings.api_key_cache_seconds)
     app.state.settings = settings
     app.state.wakeup = wakeup
@@ -426,6 +435,7 @@ def create_app(settings: ServerSettings | None = None, *, engine: Engine | None 
             default_max_attempts=settings.default_max_attempts,
             key_ttl=key_ttl,
         )
+        metrics.submissions.labels("replayed" if replayed else "created").inc()
         if replayed:
             response.status_code = 200
             response.headers["Idempotent-Replayed"] = "true"
@@ -777,5 +787,10 @@ def create_app(settings: ServerSettings | None = None, *, engine: Engine | None 
         authorize(caller, namespace, "work")
         return execution.transact(the_engine, results.ack_delivery, caller.namespace_id, name, delivery_id)
 
-    app.add_middleware(RequestContextMiddleware, max_body_bytes=settings.max_body_bytes)
+    @app.get("/metrics", tags=["operations"], response_class=PlainTextResponse)
+    def prometheus_metrics() -> Response:
+        """Prometheus metrics (text exposition format); no API key, like /healthz: expose it internally."""
+        return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
+    app.add_middleware(RequestContextMiddleware, max_body_bytes=settings.max_body_bytes, metrics=metrics)
     return app

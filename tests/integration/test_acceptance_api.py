@@ -410,3 +410,20 @@ def test_two_idempotency_key_headers_are_400(server: RunningServer, ns: tuple[st
             headers=[("Idempotency-Key", f"a-{uuid.uuid4()}"), ("Idempotency-Key", f"b-{uuid.uuid4()}")],
         )
     _assert_problem(response, 400, "idempotency_key_invalid")
+
+
+def test_metrics_count_submissions_and_time_requests_without_identifiers(
+    server: RunningServer, ns: tuple[str, dict[str, str]]
+):
+    name, keys = ns
+    key = f"k-{uuid.uuid4()}"
+    with _client(server, keys["submit"]) as http:
+        _submit(http, name, key, BODY)
+        _submit(http, name, key, BODY)
+        metrics = http.get("/metrics")
+    assert metrics.status_code == 200 and metrics.headers["content-type"].startswith("text/plain")
+    text = metrics.text
+    assert 'orbit_submissions_total{outcome="created"}' in text
+    assert 'orbit_submissions_total{outcome="replayed"}' in text
+    assert 'route="/v1/namespaces/{namespace}/tasks",status="201"' in text
+    assert name not in text and key not in text  # no namespace, key or id in any label

@@ -1,0 +1,30 @@
+"""Prometheus metrics of one app instance (DESIGN §7), on a registry of its own.
+
+No label carries a namespace, key, task id or params: only the route template,
+the method, the status code and the submission outcome.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Histogram
+
+__all__ = ["Metrics"]
+
+
+class Metrics:
+    """The server's metrics; ``registry`` is what ``GET /metrics`` exposes."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        self.request_seconds = Histogram(
+            "orbit_http_request_duration_seconds",
+            "Time to answer an HTTP request, in seconds, by route template, method and status.",
+            ["route", "method", "status"],
+            registry=self.registry,
+        )
+        self.submissions = Counter(
+            "orbit_submissions_total",
+            "Accepted submissions: outcome=created (a new task) or replayed (same key, same request).",
+            ["outcome"],
+            registry=self.registry,
+        )
