@@ -21,7 +21,6 @@ import logging
 import re
 import signal
 import threading
-import time
 from collections.abc import Callable, Sequence
 from types import FrameType, TracebackType
 from typing import Any, Protocol, Self
@@ -36,7 +35,7 @@ from outbox_adapter._exceptions import OutboxDatabaseError, OutboxUsageError
 from outbox_adapter._faults import Faults
 from outbox_adapter._manager import Outbox
 from outbox_adapter._models import ConsumerStats
-from outbox_adapter._outcomes import Backoff
+from outbox_adapter._outcomes import Backoff, Outage
 from outbox_adapter._tables import InboxOutcome, OutboxTables
 
 __all__ = ["DEFAULT_MAX_DELIVERIES", "DeliveryClient", "ResultConsumer", "ResultHandler", "lease_hint"]
@@ -200,8 +199,10 @@ class ResultConsumer:
         self.install_signal_handlers = install_signal_handlers
         self._faults = Faults.from_env()
         self._stopping = threading.Event()
-        self._failures = {"database": 0, "orbit": 0}
-        self._down_since = {"database": 0.0, "orbit": 0.0}
+        self._outages = {
+            "database": Outage("database", "business database", self.db_backoff, log),
+            "orbit": Outage("orbit", "Orbit server", self.orbit_backoff, log),
+        }
 
     def __repr__(self) -> str:
         return (
@@ -309,9 +310,9 @@ class ResultConsumer:
                     extra={"event": "lease_failed", "subscription": self.subscription},
                 )
                 raise
-            self._down("orbit", exc)
+            self._outages["orbit"].down(exc, self._stopping)
             return None
-        self._up("orbit")
+        self._outages["orbit"].up()
         return deliveries
 
     # --- one batch -----------------------------------------------------------------------------------
@@ -338,9 +339,9 @@ class ResultConsumer:
                 if once or not exc.retryable:
                     raise
                 stats.unprocessed += left
-                self._down("database", exc)
+                self._outages["database"].down(exc, self._stopping)
                 return
-            self._up("database")
+            self._outages["database"].up()
             if kind == "failed":
                 failed_in_run.add(delivery.event.id)
 
@@ -520,38 +521,6 @@ class ResultConsumer:
             )
             return
         stats.acked += 1
-
-    # --- outages -------------------------------------------------------------------------------------
-
-    def _down(self, what: str, exc: Exception) -> None:
-        """Log once per wait, wait one backoff (interrupted by :meth:`stop`)."""
-        if self._failures[what] == 0:
-            self._down_since[what] = time.monotonic()
-        self._failures[what] += 1
-        backoff = self.db_backoff if what == "database" else self.orbit_backoff
-        delay = backoff.delay(self._failures[what])
-        label = "business database" if what == "database" else "Orbit server"
-        log.warning(
-            "%s unavailable (failure %d): %s; retrying in %.1f s",
-            label,
-            self._failures[what],
-            exc,
-            delay,
-            extra={"event": f"{what}_unavailable", "failures": self._failures[what], "retry_in": delay},
-        )
-        self._stopping.wait(delay)
-
-    def _up(self, what: str) -> None:
-        if self._failures[what]:
-            label = "business database" if what == "database" else "Orbit server"
-            log.warning(
-                "%s reachable again after %d failures (%.1f s)",
-                label,
-                self._failures[what],
-                time.monotonic() - self._down_since[what],
-                extra={"event": f"{what}_recovered", "failures": self._failures[what]},
-            )
-            self._failures[what] = 0
 
     def _install_signal_handlers(self) -> dict[int, Any] | None:
         if threading.current_thread() is not threading.main_thread():

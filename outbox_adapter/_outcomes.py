@@ -23,7 +23,10 @@ anything unexpected                                ``UNKNOWN``         as for a 
 from __future__ import annotations
 
 import enum
+import logging
 import random as _random
+import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -38,7 +41,7 @@ from orbit_client import (
 )
 from outbox_adapter._exceptions import OutboxUsageError
 
-__all__ = ["Backoff", "SendOutcome", "Verdict", "accepted", "classify_error"]
+__all__ = ["Backoff", "Outage", "SendOutcome", "Verdict", "accepted", "classify_error"]
 
 
 class Verdict(enum.Enum):
@@ -183,3 +186,46 @@ class Backoff:
             return min(max(retry_after, 0.0), self.max_retry_after)
         bound = min(self.cap, self.base * 2.0 ** min(max(tries - 1, 0), 60))
         return self.random() * bound
+
+
+class Outage:
+    """A streak of failures to reach one dependency (the business database, the Orbit server).
+
+    :meth:`down` counts a failure, logs one line (event ``<name>_unavailable``) and waits one
+    backoff, cut short by ``stopping``; :meth:`up` ends the streak with one line (event
+    ``<name>_recovered``, with the failures and the seconds it lasted). So a loop logs once
+    per wait, not once per attempt, and recovers by itself.
+    """
+
+    def __init__(self, name: str, label: str, backoff: Backoff, logger: logging.Logger) -> None:
+        self.name, self.label, self.backoff, self._log = name, label, backoff, logger
+        self.failures = 0
+        self._since = 0.0
+
+    def down(self, exc: BaseException, stopping: threading.Event) -> None:
+        """Count a failure, log it, and wait one backoff (returns early once ``stopping`` is set)."""
+        if self.failures == 0:
+            self._since = time.monotonic()
+        self.failures += 1
+        delay = self.backoff.delay(self.failures)
+        self._log.warning(
+            "%s unavailable (failure %d): %s; retrying in %.1f s",
+            self.label,
+            self.failures,
+            exc,
+            delay,
+            extra={"event": f"{self.name}_unavailable", "failures": self.failures, "retry_in": delay},
+        )
+        stopping.wait(delay)
+
+    def up(self) -> None:
+        """End a streak of failures, if there was one (logs how long it lasted)."""
+        if self.failures:
+            self._log.warning(
+                "%s reachable again after %d failures (%.1f s)",
+                self.label,
+                self.failures,
+                time.monotonic() - self._since,
+                extra={"event": f"{self.name}_recovered", "failures": self.failures},
+            )
+            self.failures = 0

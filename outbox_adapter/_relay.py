@@ -39,7 +39,7 @@ from outbox_adapter._exceptions import OutboxDatabaseError, OutboxUsageError
 from outbox_adapter._faults import Faults
 from outbox_adapter._manager import Outbox
 from outbox_adapter._models import DeliveredRow, RelayStats
-from outbox_adapter._outcomes import Backoff, SendOutcome, Verdict, accepted, classify_error
+from outbox_adapter._outcomes import Backoff, Outage, SendOutcome, Verdict, accepted, classify_error
 from outbox_adapter._settings import OutboxSettings
 from outbox_adapter._tables import OutboxTables
 
@@ -205,8 +205,7 @@ class Relay:
         self._faults = Faults.from_env()
         self._events: queue.SimpleQueue[_Done | None] = queue.SimpleQueue()
         self._stopping = threading.Event()
-        self._db_failures = 0
-        self._db_down_since = 0.0
+        self._database = Outage("database", "business database", self.db_backoff, log)
         self._owned_client: OrbitClient | None = None
         #: Rows whose last recorded outcome in this run was "Orbit unreachable or refusing our key".
         self._unavailable: set[int] = set()
@@ -384,9 +383,9 @@ class Relay:
         except OutboxDatabaseError as exc:
             if once or not exc.retryable:
                 raise
-            self._database_down(exc)
+            self._database.down(exc, self._stopping)
             return None
-        self._database_up()
+        self._database.up()
         stats.needs_reconcile += len(spent)
         for row_id in spent:
             log.warning(
@@ -492,7 +491,7 @@ class Relay:
         except OutboxDatabaseError as exc:
             if once or not exc.retryable:
                 raise
-            self._database_down(exc)
+            self._database.down(exc, self._stopping)
             return False
         except Exception as exc:
             if len(finished) > 1:
@@ -519,7 +518,7 @@ class Relay:
             )
             return True
         finished.clear()
-        self._database_up()
+        self._database.up()
         return True
 
     def _record_batch(self, finished: list[_Done], stats: RelayStats) -> None:
@@ -683,33 +682,6 @@ class Relay:
         elif kind == "released":
             stats.released += 1
             log.info("row %d (key %s) released unsent", claim.id, claim.idempotency_key, extra=extra)
-
-    # --- the database going away -----------------------------------------------------------------------
-
-    def _database_down(self, exc: OutboxDatabaseError) -> None:
-        """Log once, wait one backoff (interrupted by :meth:`stop`)."""
-        if self._db_failures == 0:
-            self._db_down_since = time.monotonic()
-        self._db_failures += 1
-        delay = self.db_backoff.delay(self._db_failures)
-        log.warning(
-            "business database unavailable (failure %d): %s; retrying in %.1f s",
-            self._db_failures,
-            exc,
-            delay,
-            extra={"event": "database_unavailable", "failures": self._db_failures, "retry_in": delay},
-        )
-        self._stopping.wait(delay)
-
-    def _database_up(self) -> None:
-        if self._db_failures:
-            log.warning(
-                "business database reachable again after %d failures (%.1f s)",
-                self._db_failures,
-                time.monotonic() - self._db_down_since,
-                extra={"event": "database_recovered", "failures": self._db_failures},
-            )
-            self._db_failures = 0
 
     # --- shutdown ----------------------------------------------------------------------------------------
 

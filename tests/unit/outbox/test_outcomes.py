@@ -89,3 +89,23 @@ def test_fault_hooks_are_off_unless_named() -> None:
     assert Faults.from_env({"ORBIT_OUTBOX_FAULT": "delay-before-send=0.5"}) == Faults(delay_before_send=0.5)
     with pytest.raises(ValueError, match="not a known fault hook"):
         Faults.from_env({"ORBIT_OUTBOX_FAULT": "pause"})
+
+
+def test_outage_logs_once_per_wait_and_once_on_recovery(caplog: pytest.LogCaptureFixture) -> None:
+    import logging
+    import threading
+
+    from outbox_adapter._outcomes import Outage
+
+    stopping = threading.Event()
+    stopping.set()  # the waits return at once
+    outage = Outage("database", "business database", Backoff.no_wait(), logging.getLogger("outbox_adapter.t"))
+    with caplog.at_level(logging.WARNING, logger="outbox_adapter.t"):
+        outage.up()  # no streak: nothing to say
+        outage.down(RuntimeError("refused"), stopping)
+        outage.down(RuntimeError("refused"), stopping)
+        outage.up()
+        outage.up()
+    events = [getattr(r, "event", None) for r in caplog.records]
+    assert events == ["database_unavailable", "database_unavailable", "database_recovered"]
+    assert outage.failures == 0
