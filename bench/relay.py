@@ -14,17 +14,13 @@ baseline measured in the same run; these machines are noisy, so compare ratios.
 from __future__ import annotations
 
 import argparse
-import socket
-import subprocess
-import sys
 import threading
 import time
 import uuid
 
-import httpx
 import sqlalchemy as sa
 
-from bench.submit import MYSQL_SERVER, cli
+from bench._support import MYSQL_SERVER, cli, orbit_servers
 from orbit_client import OrbitClient, RetryPolicy
 from outbox_adapter import Backoff, Outbox, OutboxTables, Relay, enqueue
 
@@ -96,36 +92,17 @@ def main() -> None:
     cli("namespace", "create", "bench", url=server_url)
     cli("queue", "create", "bench", "q", url=server_url)
     key = cli("api-key", "create", "bench", "--role", "submit", url=server_url)
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    base = f"http://127.0.0.1:{port}"
-    server = subprocess.Popen(
-        [sys.executable, "-m", "orbit_server", "--log-level", "warning", "serve", "--database-url", server_url,
-         "--port", str(port)],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )  # fmt: skip
     engine = sa.create_engine(urls["business"])
     results: list[tuple[str, float]] = []
     try:
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                if httpx.get(f"{base}/readyz").status_code == 200:
-                    break
-            except httpx.TransportError:
-                if time.monotonic() > deadline:
-                    raise SystemExit("server did not start") from None
-                time.sleep(0.1)
-        direct = baseline(base, key, args.rows, args.concurrency)
-        results.append(("direct submits (base)", direct))
-        for batch_size in batch_sizes:
-            rate = relay_round(engine, base, key, args.rows, args.concurrency, batch_size)
-            results.append((f"relay, batch size {batch_size}", rate))
+        with orbit_servers(server_url) as (base,):
+            direct = baseline(base, key, args.rows, args.concurrency)
+            results.append(("direct submits (base)", direct))
+            for batch_size in batch_sizes:
+                rate = relay_round(engine, base, key, args.rows, args.concurrency, batch_size)
+                results.append((f"relay, batch size {batch_size}", rate))
     finally:
         engine.dispose()
-        server.terminate()
-        server.wait(timeout=30)
         with admin.connect() as conn:
             for name in names.values():
                 conn.execute(sa.text(f"DROP DATABASE IF EXISTS `{name}`"))

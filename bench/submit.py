@@ -15,10 +15,6 @@ noisy, so compare ratios between runs, not absolute figures.
 from __future__ import annotations
 
 import argparse
-import os
-import socket
-import subprocess
-import sys
 import tempfile
 import threading
 import time
@@ -29,17 +25,7 @@ from pathlib import Path
 import httpx
 import sqlalchemy as sa
 
-MYSQL_SERVER = os.environ.get("ORBIT_TEST_MYSQL_URL", "mysql+pymysql://root@127.0.0.1:3306/test")
-
-
-def cli(*args: str, url: str) -> str:
-    done = subprocess.run(
-        [sys.executable, "-m", "orbit_server", *args, "--database-url", url],
-        check=True,
-        capture_output=True,
-        text=True,
-    )
-    return done.stdout.strip().splitlines()[-1] if done.stdout.strip() else ""
+from bench._support import MYSQL_SERVER, cli, orbit_servers
 
 
 def run_phase(clients: int, total: int, make_call: Callable[[httpx.Client, int], httpx.Response]) -> float:
@@ -92,41 +78,22 @@ def main() -> None:
     cli("namespace", "create", "bench", url=url)
     cli("queue", "create", "bench", "q", url=url)
     key = cli("api-key", "create", "bench", "--role", "submit", url=url)
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    base = f"http://127.0.0.1:{port}"
-    server = subprocess.Popen(
-        [sys.executable, "-m", "orbit_server", "--log-level", "warning", "serve", "--database-url", url,
-         "--port", str(port)],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )  # fmt: skip
     try:
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                if httpx.get(f"{base}/readyz").status_code == 200:
-                    break
-            except httpx.TransportError:
-                if time.monotonic() > deadline:
-                    raise SystemExit("server did not start") from None
-                time.sleep(0.1)
-        run_id = uuid.uuid4().hex[:8]
-        headers = {"Authorization": f"Bearer {key}"}
+        with orbit_servers(url) as (base,):
+            run_id = uuid.uuid4().hex[:8]
+            headers = {"Authorization": f"Bearer {key}"}
 
-        def submit(http: httpx.Client, n: int) -> httpx.Response:
-            return http.post(
-                f"{base}/v1/namespaces/bench/tasks",
-                json={"queue": "q", "handler": "bench.noop", "params": {"n": n, "sku": "BENCH-Ü-1"}},
-                headers={**headers, "Idempotency-Key": f"bench-{run_id}-{n}"},
-            )
+            def submit(http: httpx.Client, n: int) -> httpx.Response:
+                return http.post(
+                    f"{base}/v1/namespaces/bench/tasks",
+                    json={"queue": "q", "handler": "bench.noop", "params": {"n": n, "sku": "BENCH-Ü-1"}},
+                    headers={**headers, "Idempotency-Key": f"bench-{run_id}-{n}"},
+                )
 
-        healthz = run_phase(args.clients, args.requests, lambda http, _n: http.get(f"{base}/healthz"))
-        first = run_phase(args.clients, args.requests, submit)
-        replay = run_phase(args.clients, args.requests, submit)
+            healthz = run_phase(args.clients, args.requests, lambda http, _n: http.get(f"{base}/healthz"))
+            first = run_phase(args.clients, args.requests, submit)
+            replay = run_phase(args.clients, args.requests, submit)
     finally:
-        server.terminate()
-        server.wait(timeout=30)
         if admin is not None:
             with admin.connect() as conn:
                 conn.execute(sa.text(f"DROP DATABASE IF EXISTS `{name}`"))

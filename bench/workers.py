@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import os
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -34,7 +33,7 @@ from pathlib import Path
 import httpx
 import sqlalchemy as sa
 
-from bench.submit import MYSQL_SERVER, cli
+from bench._support import MYSQL_SERVER, cli, orbit_servers
 
 _DONE = sa.text(
     "SELECT COUNT(*) FROM tasks t JOIN queues q ON q.id = t.queue_id WHERE q.name = :q AND t.status = 'SUCCEEDED'"
@@ -100,44 +99,6 @@ def run_round(
     return tasks / elapsed
 
 
-def start_servers(url: str, count: int) -> tuple[list[subprocess.Popen[bytes]], list[str]]:
-    servers, bases = [], []
-    for _ in range(count):
-        with socket.socket() as sock:
-            sock.bind(("127.0.0.1", 0))
-            port = sock.getsockname()[1]
-        bases.append(f"http://127.0.0.1:{port}")
-        servers.append(
-            subprocess.Popen(
-                [
-                    sys.executable,
-                    "-m",
-                    "orbit_server",
-                    "--log-level",
-                    "warning",
-                    "serve",
-                    "--database-url",
-                    url,
-                    "--port",
-                    str(port),
-                ],
-                stdout=subprocess.DEVNULL,
-                stderr=subprocess.DEVNULL,
-            )
-        )
-    for base in bases:
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                if httpx.get(f"{base}/readyz").status_code == 200:
-                    break
-            except httpx.TransportError:
-                if time.monotonic() > deadline:
-                    raise SystemExit("server did not start") from None
-                time.sleep(0.1)
-    return servers, bases
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -164,30 +125,28 @@ def main() -> None:
     for queue in ("baseline", "scaled", "scaled-out"):
         cli("queue", "create", "bench", queue, url=url)
     keys = {role: cli("api-key", "create", "bench", "--role", role, url=url) for role in ("submit", "work")}
-    servers, bases = start_servers(url, max(1, args.servers))
     try:
-        rounds = [
-            (
-                "1 worker, 1 server (base)",
-                run_round(bases[:1], url, keys, "baseline", args.tasks, 1, args.concurrency),
-            ),
-            (
-                f"{args.processes} workers, 1 server",
-                run_round(bases[:1], url, keys, "scaled", args.tasks, args.processes, args.concurrency),
-            ),
-        ]
-        if len(bases) > 1:
-            rounds.append(
+        with orbit_servers(url, max(1, args.servers)) as bases:
+            rounds = [
                 (
-                    f"{args.processes} workers, {len(bases)} servers",
-                    run_round(bases, url, keys, "scaled-out", args.tasks, args.processes, args.concurrency),
+                    "1 worker, 1 server (base)",
+                    run_round(bases[:1], url, keys, "baseline", args.tasks, 1, args.concurrency),
+                ),
+                (
+                    f"{args.processes} workers, 1 server",
+                    run_round(bases[:1], url, keys, "scaled", args.tasks, args.processes, args.concurrency),
+                ),
+            ]
+            if len(bases) > 1:
+                rounds.append(
+                    (
+                        f"{args.processes} workers, {len(bases)} servers",
+                        run_round(
+                            bases, url, keys, "scaled-out", args.tasks, args.processes, args.concurrency
+                        ),
+                    )
                 )
-            )
     finally:
-        for server in servers:
-            server.terminate()
-        for server in servers:
-            server.wait(timeout=30)
         if admin is not None:
             with admin.connect() as conn:
                 conn.execute(sa.text(f"DROP DATABASE IF EXISTS `{name}`"))
