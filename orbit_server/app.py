@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
 import logging
 import re
 import threading
@@ -22,10 +21,9 @@ from datetime import timedelta
 from typing import Annotated, Any
 
 import sqlalchemy as sa
-from fastapi import Depends, FastAPI, Header, Path, Query, Request, Response
+from fastapi import FastAPI, Header, Path, Query, Request, Response
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse
-from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from sqlalchemy.engine import Engine
 from starlette.concurrency import run_in_threadpool
@@ -62,6 +60,7 @@ from orbit_client import (
 )
 
 from . import errors, execution, results, store
+from ._auth import Caller, KeyCache, authorize
 from ._db import create_engine
 from ._metrics import Metrics
 from .settings import ServerSettings
@@ -120,64 +119,6 @@ class Wakeup:
             return
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(event.wait(), timeout)
-
-
-_bearer = HTTPBearer(auto_error=False, description="An API key created with `orbit-server api-key create`.")
-
-
-class _KeyCache:
-    """Recently seen API keys → their principal, each for ``ttl`` seconds (process clock).
-
-    Saves a database round trip per request. Unknown keys are never cached, so a new key
-    works at once; a revoked key keeps working for up to ``ttl`` seconds. ``ttl`` 0 turns
-    the cache off. Keys are held by their SHA-256 only.
-    """
-
-    def __init__(self, ttl: float, max_entries: int = 10_000) -> None:
-        self._ttl = ttl
-        self._max = max_entries
-        self._entries: dict[str, tuple[float, store.Principal]] = {}
-
-    @staticmethod
-    def _digest(key: str) -> str:
-        return hashlib.sha256(key.encode("utf-8")).hexdigest()
-
-    def get(self, key: str) -> store.Principal | None:
-        if self._ttl <= 0:
-            return None
-        entry = self._entries.get(self._digest(key))
-        if entry is None or entry[0] < time.monotonic():
-            return None
-        return entry[1]
-
-    def put(self, key: str, principal: store.Principal) -> None:
-        if self._ttl <= 0:
-            return
-        if len(self._entries) >= self._max:
-            self._entries.clear()
-        self._entries[self._digest(key)] = (time.monotonic() + self._ttl, principal)
-
-
-def _principal(
-    request: Request, credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)]
-) -> store.Principal:
-    """Resolve the bearer API key to its namespace and role; 401 when missing or unknown."""
-    if credentials is None or not credentials.credentials:
-        raise errors.Unauthenticated("send the API key as `Authorization: Bearer <key>`")
-    cache: _KeyCache = request.app.state.key_cache
-    found = cache.get(credentials.credentials)
-    if found is None:
-        engine: Engine = request.app.state.engine
-        with engine.begin() as conn:
-            found = store.authenticate(conn, credentials.credentials)
-        if found is not None:
-            cache.put(credentials.credentials, found)
-    if found is None:
-        raise errors.Unauthenticated("the API key is unknown or revoked")
-    return found
-
-
-Caller = Annotated[store.Principal, Depends(_principal)]
 
 
 def problem_response(
@@ -328,7 +269,7 @@ def create_app(settings: ServerSettings | None = None, *, engine: Engine | None 
     )
     app.state.engine = the_engine
     metrics = Metrics()
-    app.state.key_cache = _KeyCache(settings.api_key_cache_seconds)
+    app.state.key_cache = KeyCache(settings.api_key_cache_seconds)
     app.state.settings = settings
     app.state.wakeup = wakeup
 
@@ -362,17 +303,6 @@ def create_app(settings: ServerSettings | None = None, *, engine: Engine | None 
         if exc.headers:
             response.headers.update(exc.headers)
         return response
-
-    # ------------------------------------------------------------------- auth
-
-    def authorize(caller: store.Principal, namespace: str, action: str) -> None:
-        # Another namespace's resources do not exist for this key: 404, not 403 (DESIGN §8).
-        if caller.namespace != namespace:
-            raise errors.NamespaceNotFound(f"namespace {namespace!r} does not exist")
-        if not caller.can(action):
-            raise errors.Forbidden(
-                f"a {caller.role!r} key cannot do this; it needs the {action!r} role or admin"
-            )
 
     # ------------------------------------------------------------------ routes
 
