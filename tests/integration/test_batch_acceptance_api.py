@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import os
 import random
+import subprocess
+import sys
 import threading
 import uuid
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -16,6 +20,8 @@ from orbit_client import BatchItem, OrbitClient, PermissionDeniedError, RetryPol
 from orbit_server.schema import submission_keys, task_events, tasks
 from tests.conftest import DatabaseFactory
 from tests.servers import RunningServer, run_server
+
+REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
@@ -383,3 +389,34 @@ def test_client_submit_tasks_against_the_server(server: RunningServer, ns: tuple
             )
     with OrbitClient(server.base_url, api_key=keys["read"]) as reader, pytest.raises(PermissionDeniedError):
         reader.submit_tasks(name, items)
+
+
+def test_openapi_documents_the_batch_endpoint(server: RunningServer):
+    spec = httpx.get(f"{server.base_url}/openapi.json").json()
+    operation = spec["paths"]["/v1/namespaces/{namespace}/tasks/batch"]["post"]
+    ok = operation["responses"]["200"]["content"]["application/json"]["schema"]
+    assert ok == {"$ref": "#/components/schemas/BatchSubmitResponse"}
+    assert operation["requestBody"]["content"]["application/json"]["schema"] == {
+        "$ref": "#/components/schemas/BatchSubmission"
+    }
+    schemas = spec["components"]["schemas"]
+    assert set(schemas["BatchItemResult"]["properties"]) == {"status", "task", "error", "replayed"}
+    items = schemas["BatchSubmission"]["properties"]["items"]
+    assert (items["minItems"], items["maxItems"]) == (1, 500)
+    assert set(items["items"]["required"]) == {"idempotency_key", "queue", "handler"}
+    assert {"400", "401", "403", "413", "422"} <= set(operation["responses"])
+
+
+def test_batch_example_runs(make_database: DatabaseFactory) -> None:
+    """examples/batch_example.py (the README's batch example) runs as written."""
+    with run_server(make_database("sqlite")) as running:
+        keys = running.add_namespace("shop", ("fulfilment",))
+        env = {**os.environ, "ORBIT_URL": running.base_url, "ORBIT_API_KEY": keys["submit"]}
+        done = subprocess.run(
+            [sys.executable, str(REPO / "examples" / "batch_example.py")], env=env, capture_output=True, text=True,
+            timeout=60,
+        )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    lines = [line.split() for line in done.stdout.splitlines()]
+    assert [line[1:3] for line in lines] == [["201", "new"], ["201", "new"], ["404", "queue_not_found"]]
+    assert [line[0].rsplit("-", 2)[1] for line in lines] == ["1001", "1002", "1003"]
