@@ -420,3 +420,26 @@ def test_batch_example_runs(make_database: DatabaseFactory) -> None:
     lines = [line.split() for line in done.stdout.splitlines()]
     assert [line[1:3] for line in lines] == [["201", "new"], ["201", "new"], ["404", "queue_not_found"]]
     assert [line[0].rsplit("-", 2)[1] for line in lines] == ["1001", "1002", "1003"]
+
+
+@pytest.mark.parametrize("kind", [pytest.param("sqlite"), pytest.param("mariadb", marks=pytest.mark.mariadb)])
+def test_statements_per_batch_do_not_grow_with_its_size(make_database: DatabaseFactory, kind: str):
+    """Set-based: a batch costs the same statements for 5 items as for 200, new or replayed."""
+    with run_server(make_database(kind), sweep_interval_seconds=0, api_key_cache_seconds=300) as running:
+        keys = running.add_namespace("acme")
+        statements: list[str] = []
+        with _client(running, keys["submit"]) as http:
+            _results(_batch(http, "acme", [_item(_new_key())]))  # warm-up: the key cache, the pool
+            sa.event.listen(
+                running.engine, "before_cursor_execute", lambda _c, _cur, sql, *_: statements.append(sql)
+            )
+            counts = []
+            for size in (5, 200):
+                batch = [_item(_new_key(), params=n) for n in range(size)]
+                for _ in ("new", "replay"):
+                    statements.clear()
+                    assert len(_results(_batch(http, "acme", batch))) == size
+                    counts.append(len(statements))
+    begin = 1 if kind == "sqlite" else 0  # BEGIN IMMEDIATE
+    # keys, queues, clock, 3 multi-row inserts, tasks; a replay: keys, tasks.
+    assert counts == [7 + begin, 2 + begin, 7 + begin, 2 + begin]
