@@ -15,7 +15,15 @@ from dataclasses import dataclass
 
 import httpx
 
-__all__ = ["MYSQL_SERVER", "ServerProcess", "cli", "orbit_server_processes", "orbit_servers", "peak_rss_mb"]
+__all__ = [
+    "MYSQL_SERVER",
+    "ServerProcess",
+    "cli",
+    "cpu_seconds",
+    "orbit_server_processes",
+    "orbit_servers",
+    "peak_rss_mb",
+]
 
 MYSQL_SERVER = os.environ.get("ORBIT_TEST_MYSQL_URL", "mysql+pymysql://root@127.0.0.1:3306/test")
 
@@ -55,6 +63,19 @@ def peak_rss_mb(pid: int) -> float:
     """Peak resident memory (``VmHWM``) of process ``pid`` so far, in MiB: the largest of the
     process and its descendants (``serve --workers N`` runs one process per worker)."""
     return max(_vm_hwm_kb(p) for p in [pid, *_children(pid)]) / 1024
+
+
+def cpu_seconds(pid: int) -> float:
+    """CPU time (user + system) used so far by process ``pid`` and its live descendants, in seconds."""
+    total = 0
+    for p in [pid, *_children(pid)]:
+        try:
+            with open(f"/proc/{p}/stat") as stat:
+                fields = stat.read().rpartition(")")[2].split()
+        except OSError:
+            continue
+        total += int(fields[11]) + int(fields[12])  # utime, stime (fields 14 and 15 of proc(5))
+    return total / os.sysconf("SC_CLK_TCK")
 
 
 @dataclass
