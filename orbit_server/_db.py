@@ -21,7 +21,15 @@ import sqlalchemy as sa
 from sqlalchemy import event
 from sqlalchemy.engine import URL, Connection, Engine, make_url
 
-__all__ = ["create_engine", "db_now", "is_lock_conflict", "is_sqlite", "to_utc"]
+__all__ = [
+    "as_db_time",
+    "create_engine",
+    "db_now",
+    "db_now_expression",
+    "is_lock_conflict",
+    "is_sqlite",
+    "to_utc",
+]
 
 #: MySQL/MariaDB error numbers meaning "another transaction got in the way; try again".
 _MYSQL_RETRYABLE = {1205, 1213}  # lock wait timeout, deadlock
@@ -190,6 +198,25 @@ def db_now(conn: Connection) -> datetime:
     else:  # pragma: no cover - other dialects are not supported
         raise RuntimeError(f"unsupported database dialect {name!r}")
     assert isinstance(value, datetime)
+    return value.replace(tzinfo=None)
+
+
+def db_now_expression(dialect: sa.Dialect) -> sa.ColumnElement[Any]:
+    """The database clock as a SQL expression, to read it within another statement (no extra
+    round trip); pass what it returns through :func:`as_db_time`."""
+    if dialect.name == "sqlite":
+        return sa.func.strftime("%Y-%m-%d %H:%M:%f", "now", type_=sa.String)
+    if dialect.name == "mysql":
+        return sa.func.utc_timestamp(6, type_=sa.DateTime)
+    if dialect.name == "postgresql":
+        return sa.func.timezone("UTC", sa.func.clock_timestamp(), type_=sa.DateTime)
+    raise RuntimeError(f"unsupported database dialect {dialect.name!r}")  # pragma: no cover
+
+
+def as_db_time(value: datetime | str) -> datetime:
+    """A value of :func:`db_now_expression` as a naive UTC datetime (like :func:`db_now`)."""
+    if isinstance(value, str):
+        return datetime.fromisoformat(value)
     return value.replace(tzinfo=None)
 
 
