@@ -1,15 +1,35 @@
 """The first answer to a submission is built without reading the task back: it must be the very
-bytes a replay (read from the database) answers, on SQLite and MariaDB (DESIGN §3)."""
+bytes a replay (read from the database) answers, on SQLite and MariaDB, with PyMySQL and with
+the C driver of the ``mysqlclient`` extra (DESIGN §3)."""
 
 from __future__ import annotations
 
 import uuid
+from collections.abc import Iterator
 from typing import Any
 
 import httpx
 import pytest
 
-from tests.servers import RunningServer
+from tests.conftest import DatabaseFactory
+from tests.servers import RunningServer, run_server
+
+
+@pytest.fixture(
+    scope="module",
+    params=[
+        pytest.param("sqlite", id="sqlite"),
+        pytest.param("pymysql", id="mariadb", marks=pytest.mark.mariadb),
+        pytest.param("mysqldb", id="mariadb-mysqlclient", marks=pytest.mark.mariadb),
+    ],
+)
+def server(request: pytest.FixtureRequest, make_database: DatabaseFactory) -> Iterator[RunningServer]:
+    """A real server over SQLite or MariaDB, the latter through either driver."""
+    url = make_database("sqlite" if request.param == "sqlite" else "mariadb")
+    if request.param != "sqlite":
+        url = url.set(drivername=f"mysql+{request.param}")
+    with run_server(url) as running:
+        yield running
 
 
 @pytest.fixture(scope="module")
