@@ -36,6 +36,9 @@ from orbit_client._models import (
     Attempt,
     AttemptError,
     AttemptState,
+    BatchItem,
+    BatchItemResult,
+    BatchSubmitResponse,
     CancelRequest,
     CompleteRequest,
     Delivery,
@@ -230,6 +233,58 @@ class _BaseClient:
             raise OrbitUsageError(f"invalid submission, nothing was sent: {problems}") from None
         body = submission.model_dump(mode="json", exclude_none=True)
         return path, body, {"Idempotency-Key": idempotency_key}
+
+    @classmethod
+    def _prepare_batch(
+        cls, namespace: str, items: Sequence[BatchItem | Mapping[str, Any]]
+    ) -> tuple[str, dict[str, Any]]:
+        """Validate a batch submission; return its path and JSON body. Sends nothing.
+
+        Raises :class:`OrbitUsageError` for an empty batch or a malformed item, naming the
+        item's index and the bad fields (never their values: params may be secret).
+        """
+        path = cls._path("/v1/namespaces/{}/tasks/batch", namespace)
+        if isinstance(items, str | bytes | Mapping) or not isinstance(items, Sequence):
+            raise OrbitUsageError(
+                "items is a list of BatchItem or mappings (one per submission); nothing was sent"
+            )
+        if not items:
+            raise OrbitUsageError("items is empty: a batch needs at least one item; nothing was sent")
+        bodies: list[dict[str, Any]] = []
+        for index, item in enumerate(items):
+            if not isinstance(item, BatchItem):
+                if not isinstance(item, Mapping):
+                    raise OrbitUsageError(
+                        f"items[{index}] is a {type(item).__name__}, not a BatchItem or a mapping; "
+                        "nothing was sent"
+                    )
+                try:
+                    item = BatchItem.model_validate(dict(item))
+                except ValidationError as exc:
+                    problems = "; ".join(
+                        f"items[{index}].{'.'.join(map(str, e['loc'])) or 'value'}: {e['msg']}"
+                        for e in exc.errors(include_url=False, include_input=False)
+                    )
+                    # ``from None``: pydantic's own message repeats the input (params may be secret).
+                    raise OrbitUsageError(f"invalid batch item, nothing was sent: {problems}") from None
+            bodies.append(item.model_dump(mode="json", exclude_none=True))
+        return path, {"items": bodies}
+
+    @classmethod
+    def _parse_batch(cls, response: httpx.Response, count: int) -> list[BatchItemResult]:
+        """The per-item results of a batch; a body that does not fit raises :class:`OrbitAPIError`."""
+        results = cls._parse_model(BatchSubmitResponse, response).items
+        if len(results) != count:
+            raise OrbitAPIError(
+                f"{_target(response.request)}: the server answered {len(results)} results for {count} "
+                "items; the items may have been accepted: send the same batch again (every item keeps "
+                "its idempotency key) or look the keys up with find_submission()",
+                status_code=response.status_code,
+                code="invalid_response",
+                request_id=response.headers.get("X-Request-Id"),
+                outcome_known=False,
+            )
+        return results
 
     @staticmethod
     def _body(model: type[BaseModel], what: str, **fields: Any) -> dict[str, Any]:
@@ -582,6 +637,46 @@ class OrbitClient(_BaseClient):
             namespace, queue, handler, params, idempotency_key, options
         )
         return self._parse_submit(self._request("POST", path, json=body, headers=headers))
+
+    def submit_tasks(
+        self, namespace: str, items: Sequence[BatchItem | Mapping[str, Any]]
+    ) -> list[BatchItemResult]:
+        """Submit many tasks in one request (``POST /v1/namespaces/{ns}/tasks/batch``).
+
+        Each item is handled exactly as :meth:`submit_task` would handle it alone (same
+        request digest, replay and ``idempotency_key_reused`` rules), all in one server
+        transaction; one bad item never fails the others. Two items with the same key are
+        handled one after the other (the second replays the first). Retried on retryable
+        errors like :meth:`submit_task`: safe, because every item carries its own key.
+
+        Args:
+            namespace: the namespace the API key belongs to.
+            items: 1 to ``ORBIT_MAX_BATCH_ITEMS`` (server setting, default 500) items, each a
+                :class:`BatchItem` or a mapping of its fields: ``{"idempotency_key": str,
+                "queue": str, "handler": str, "params": <JSON>, "options": {...}}``
+                (``params`` and ``options`` optional). The whole body must also fit the
+                server's ``ORBIT_MAX_BODY_BYTES`` (default 256 KiB).
+
+        Returns:
+            One :class:`BatchItemResult` per item, in the order given: ``status`` 201 (a new
+            ``task``), 200 (``replayed``: the original ``task``), or an error status with the
+            problem body the single endpoint would answer as ``error``: 400
+            ``idempotency_key_invalid``, 404 ``queue_not_found``, 409 ``request_in_progress``
+            (send that item again with the same key), 422 ``idempotency_key_reused`` or
+            ``validation_error``. Per-item errors are results, never raised.
+
+        Raises:
+            OrbitUsageError: ``items`` is empty or an item is malformed (bad key, queue name,
+                params or options); nothing was sent.
+            PayloadTooLargeError: the body exceeds the server's limit (413): split the batch.
+            UnprocessableEntityError: ``validation_error`` for the request as a whole, e.g.
+                more items than ``ORBIT_MAX_BATCH_ITEMS`` (422).
+            OrbitOutcomeUnknownError, ServerError: some or all items may have been accepted;
+                send the same batch again (same keys) or call :meth:`find_submission`.
+            OrbitAPIError: any other error status (401, 403, ...; see the exception tree).
+        """
+        path, body = self._prepare_batch(namespace, items)
+        return self._parse_batch(self._request("POST", path, json=body), len(body["items"]))
 
     def get_task(self, namespace: str, task_id: str) -> Task:
         """Fetch a task (``GET /v1/namespaces/{ns}/tasks/{id}``).
@@ -1018,6 +1113,13 @@ class AsyncOrbitClient(_BaseClient):
             namespace, queue, handler, params, idempotency_key, options
         )
         return self._parse_submit(await self._request("POST", path, json=body, headers=headers))
+
+    async def submit_tasks(
+        self, namespace: str, items: Sequence[BatchItem | Mapping[str, Any]]
+    ) -> list[BatchItemResult]:
+        """Async twin of :meth:`OrbitClient.submit_tasks` (same arguments, results and errors)."""
+        path, body = self._prepare_batch(namespace, items)
+        return self._parse_batch(await self._request("POST", path, json=body), len(body["items"]))
 
     async def get_task(self, namespace: str, task_id: str) -> Task:
         """Async twin of :meth:`OrbitClient.get_task`."""

@@ -37,6 +37,10 @@ __all__ = [
     "AttemptLease",
     "AttemptState",
     "AttemptStatus",
+    "BatchItem",
+    "BatchItemResult",
+    "BatchSubmission",
+    "BatchSubmitResponse",
     "CancelRequest",
     "CompleteRequest",
     "Delivery",
@@ -312,6 +316,102 @@ class SubmitResult(BaseModel):
 
     task: Task
     replayed: bool
+
+
+# --------------------------------------------------------------------------------------------------
+# Batch acceptance: POST /v1/namespaces/{ns}/tasks/batch (DESIGN §3 "Batch acceptance")
+
+
+def _check_idempotency_key(value: str) -> str:
+    if not is_valid_idempotency_key(value):
+        raise ValueError(
+            "an idempotency key is 1-255 printable ASCII characters (0x20-0x7E) without leading or "
+            "trailing spaces"
+        )
+    return value
+
+
+#: An idempotency key as a JSON string field: the same rule as the ``Idempotency-Key`` header.
+_IdempotencyKey = Annotated[
+    str, Field(min_length=1, max_length=IDEMPOTENCY_KEY_MAX_LENGTH), AfterValidator(_check_idempotency_key)
+]
+
+
+class BatchItem(_Wire):
+    """One item of ``POST /v1/namespaces/{ns}/tasks/batch``: a submission with its own key.
+
+    The fields are those of :class:`TaskSubmission` plus the idempotency key that the
+    single endpoint takes as a header. The server applies exactly the single endpoint's
+    rules to each item (same request digest, replay, ``idempotency_key_reused``).
+
+    Attributes:
+        idempotency_key: 1-255 printable ASCII characters (0x20-0x7E), no leading or
+            trailing space (the ``Idempotency-Key`` rule of DESIGN §3). The server checks it
+            per item, so one malformed key fails only its item (400).
+        queue, handler, params, options: as in :class:`TaskSubmission`.
+    """
+
+    idempotency_key: _IdempotencyKey
+    queue: str = Field(pattern=NAME_PATTERN)
+    handler: str = Field(min_length=1, max_length=255, pattern=r"^[\x21-\x7e]+$")
+    params: JsonData = None
+    options: SubmitOptions | None = None
+
+    def submission(self) -> TaskSubmission:
+        """The item without its key, as the single endpoint's body (its digest is the same)."""
+        return TaskSubmission(
+            queue=self.queue, handler=self.handler, params=self.params, options=self.options
+        )
+
+
+class BatchSubmission(_Wire):
+    """Body of ``POST /v1/namespaces/{ns}/tasks/batch``: ``{"items": [BatchItem, ...]}``.
+
+    1 to ``ORBIT_MAX_BATCH_ITEMS`` items (default 500), within the body size limit
+    (``ORBIT_MAX_BODY_BYTES``). Two items may carry the same key: they are handled as two
+    single submissions one after the other (the second replays the first, or is refused
+    with ``idempotency_key_reused`` if it asks for something else).
+    """
+
+    items: list[BatchItem] = Field(min_length=1)
+
+
+class BatchItemResult(BaseModel):
+    """The answer for one item of a batch submission (one per item, in request order).
+
+    Attributes:
+        status: what the single endpoint would have answered for this item: ``201`` a new
+            task; ``200`` a replay of an earlier submission with the same key and request
+            (``replayed`` is ``True``); ``400`` a missing or malformed idempotency key
+            (``idempotency_key_missing``/``idempotency_key_invalid``); ``404``
+            ``queue_not_found``; ``409`` ``request_in_progress`` (another request with the
+            key had not committed; retry the item with the same key); ``422``
+            ``idempotency_key_reused`` or ``validation_error`` (the item is not a valid
+            submission; ``error.errors`` says where).
+        task: the task (``201``, ``200``; on a replay the original task), else ``None``.
+        error: the RFC 9457 problem body the single endpoint would have answered, else ``None``.
+        replayed: ``True`` exactly when ``status`` is ``200``.
+    """
+
+    model_config = ConfigDict(frozen=True)
+
+    status: int
+    task: Task | None = None
+    error: Problem | None = None
+    replayed: bool = False
+
+    @property
+    def ok(self) -> bool:
+        """``True`` when the item names a task (``201`` created or ``200`` replayed)."""
+        return self.status in (200, 201) and self.task is not None
+
+
+class BatchSubmitResponse(BaseModel):
+    """The ``200`` answer of ``POST /v1/namespaces/{ns}/tasks/batch``: one result per item, in order."""
+
+    model_config = ConfigDict(frozen=True)
+
+    items: list[BatchItemResult]
 
 
 # --------------------------------------------------------------------------------------------------

@@ -63,6 +63,7 @@ from . import errors, execution, results, store
 from ._auth import Caller, KeyCache, authorize
 from ._db import create_engine
 from ._metrics import Metrics
+from .batch_api import batch_router
 from .settings import ServerSettings
 
 __all__ = ["create_app"]
@@ -726,5 +727,8 @@ def create_app(settings: ServerSettings | None = None, *, engine: Engine | None 
         """Prometheus metrics (text exposition format); no API key, like /healthz: expose it internally."""
         return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
+    app.include_router(
+        batch_router(engine=the_engine, settings=settings, metrics=metrics, on_created=wakeup.notify)
+    )
     app.add_middleware(RequestContextMiddleware, max_body_bytes=settings.max_body_bytes, metrics=metrics)
     return app

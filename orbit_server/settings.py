@@ -26,6 +26,12 @@ class ServerSettings(BaseSettings):
     max_body_bytes: int = Field(
         default=256 * 1024, ge=1024, description="Largest request body accepted, in bytes (413 above it)."
     )
+    max_batch_items: int = Field(
+        default=500,
+        ge=1,
+        le=5000,
+        description="Most items in one POST .../tasks/batch (422 validation_error above it).",
+    )
     default_max_attempts: int = Field(
         default=3, ge=1, le=1000, description="max_attempts of a task that gives none."
     )

@@ -31,6 +31,7 @@ from .schema import api_keys, namespaces, queues, submission_keys, task_events, 
 __all__ = [
     "ROLES",
     "Principal",
+    "accepted_event_row",
     "authenticate",
     "create_api_key",
     "create_namespace",
@@ -40,10 +41,15 @@ __all__ = [
     "get_queue",
     "get_task",
     "get_tasks",
+    "key_reused",
+    "key_row",
     "list_tasks",
+    "queue_missing",
     "request_digest",
     "submit_task",
     "task_from_row",
+    "task_gone",
+    "task_row",
 ]
 
 log = logging.getLogger("orbit_server.store")
@@ -321,13 +327,10 @@ def request_digest(submission: TaskSubmission) -> str:
 def _replay(conn: Connection, principal: Principal, found: RowMapping, digest: str) -> Task:
     """The original task of a key seen before (``found``: its digest and task id)."""
     if found["request_digest"] != digest:
-        raise errors.IdempotencyKeyReused(
-            "this Idempotency-Key was already used with a different queue, handler, params or options; "
-            "use a new key for a new task"
-        )
+        raise key_reused()
     task = get_task(conn, principal.namespace_id, found["task_id"])
     if task is None:  # pragma: no cover - keys are written with their task and outlive no purge yet
-        raise errors.TaskNotFound(f"the task {found['task_id']} created by this key no longer exists")
+        raise task_gone(found["task_id"])
     return task
 
 
@@ -379,6 +382,88 @@ def _answer_is_exact(conn: Connection, submission: TaskSubmission) -> bool:
     )
 
 
+# Acceptance pieces shared with the batch path (acceptance_batch.py), so both answer and write alike.
+
+
+def key_reused() -> errors.IdempotencyKeyReused:
+    """The 422 for a key already used with a different request digest."""
+    return errors.IdempotencyKeyReused(
+        "this Idempotency-Key was already used with a different queue, handler, params or options; "
+        "use a new key for a new task"
+    )
+
+
+def task_gone(task_id: str) -> errors.TaskNotFound:
+    """The 404 for a key whose task no longer exists."""
+    return errors.TaskNotFound(f"the task {task_id} created by this key no longer exists")
+
+
+def queue_missing(principal: Principal, queue: str) -> errors.QueueNotFound:
+    """The 404 for a submission to a queue the namespace does not have."""
+    return errors.QueueNotFound(
+        f"queue {queue!r} does not exist in namespace {principal.namespace!r}; "
+        "create it with `orbit-server queue create`"
+    )
+
+
+def key_row(
+    principal: Principal, key: str, digest: str, task_id: str, now: datetime, key_ttl: timedelta
+) -> dict[str, Any]:
+    """The ``submission_keys`` row of an accepted submission."""
+    return {
+        "namespace_id": principal.namespace_id,
+        "idempotency_key": key,
+        "request_digest": digest,
+        "task_id": task_id,
+        "created_at": now,
+        "expires_at": now + key_ttl,
+    }
+
+
+def task_row(
+    principal: Principal,
+    submission: TaskSubmission,
+    task_id: str,
+    queue_id: int,
+    now: datetime,
+    default_max_attempts: int,
+) -> dict[str, Any]:
+    """The ``tasks`` row of an accepted submission: ``WAITING``, version 1."""
+    options = submission.options
+    return {
+        "id": task_id,
+        "namespace_id": principal.namespace_id,
+        "queue_id": queue_id,
+        "handler": submission.handler,
+        "params": submission.params,
+        "status": TaskStatus.WAITING.value,
+        "state_version": 1,
+        "attempt_count": 0,
+        "max_attempts": (options and options.max_attempts) or default_max_attempts,
+        "retry_safe": bool(options and options.retry_safe),
+        "backoff_base_seconds": options.backoff_base_seconds if options else None,
+        "backoff_cap_seconds": options.backoff_cap_seconds if options else None,
+        "available_at": to_naive_utc(options.available_at) if options and options.available_at else now,
+        "deadline": to_naive_utc(options.deadline) if options else None,
+        "cancel_requested": False,
+        "created_at": now,
+        "updated_at": now,
+    }
+
+
+def accepted_event_row(principal: Principal, task_id: str, now: datetime) -> dict[str, Any]:
+    """The ``task_events`` row that records a task's acceptance."""
+    return {
+        "task_id": task_id,
+        "state_version": 1,
+        "event": "accepted",
+        "from_status": None,
+        "to_status": TaskStatus.WAITING.value,
+        "actor": f"api_key:{principal.key_id}",
+        "created_at": now,
+    }
+
+
 def submit_task(
     engine: Engine,
     principal: Principal,
@@ -413,7 +498,6 @@ def submit_task(
             the database kept reporting lock conflicts (409, retryable).
     """
     digest = request_digest(submission)
-    options = submission.options
     lookup_params = {"ns": principal.namespace_id, "key": idempotency_key, "queue": submission.queue}
     for _ in range(_SUBMIT_TRIES):
         try:
@@ -422,57 +506,15 @@ def submit_task(
                 if found["task_id"] is not None:
                     return _replay(conn, principal, found, digest), True
                 if found["queue_id"] is None:
-                    raise errors.QueueNotFound(
-                        f"queue {submission.queue!r} does not exist in namespace {principal.namespace!r}; "
-                        "create it with `orbit-server queue create`"
-                    )
+                    raise queue_missing(principal, submission.queue)
                 now = as_db_time(found["now"])
                 task_id = str(uuid.uuid4())
-                values: dict[str, Any] = {
-                    "id": task_id,
-                    "namespace_id": principal.namespace_id,
-                    "queue_id": found["queue_id"],
-                    "handler": submission.handler,
-                    "params": submission.params,
-                    "status": TaskStatus.WAITING.value,
-                    "state_version": 1,
-                    "attempt_count": 0,
-                    "max_attempts": (options and options.max_attempts) or default_max_attempts,
-                    "retry_safe": bool(options and options.retry_safe),
-                    "backoff_base_seconds": options.backoff_base_seconds if options else None,
-                    "backoff_cap_seconds": options.backoff_cap_seconds if options else None,
-                    "available_at": to_naive_utc(options.available_at)
-                    if options and options.available_at
-                    else now,
-                    "deadline": to_naive_utc(options.deadline) if options else None,
-                    "cancel_requested": False,
-                    "created_at": now,
-                    "updated_at": now,
-                }
-                conn.execute(
-                    _INSERT_KEY,
-                    {
-                        "namespace_id": principal.namespace_id,
-                        "idempotency_key": idempotency_key,
-                        "request_digest": digest,
-                        "task_id": task_id,
-                        "created_at": now,
-                        "expires_at": now + key_ttl,
-                    },
+                values = task_row(
+                    principal, submission, task_id, found["queue_id"], now, default_max_attempts
                 )
+                conn.execute(_INSERT_KEY, key_row(principal, idempotency_key, digest, task_id, now, key_ttl))
                 conn.execute(_INSERT_TASK, values)
-                conn.execute(
-                    _INSERT_EVENT,
-                    {
-                        "task_id": task_id,
-                        "state_version": 1,
-                        "event": "accepted",
-                        "from_status": None,
-                        "to_status": TaskStatus.WAITING.value,
-                        "actor": f"api_key:{principal.key_id}",
-                        "created_at": now,
-                    },
-                )
+                conn.execute(_INSERT_EVENT, accepted_event_row(principal, task_id, now))
                 if _answer_is_exact(conn, submission):
                     row = dict.fromkeys(_UNSET_ON_ACCEPT) | values
                     row.update(namespace_name=principal.namespace, queue_name=submission.queue)
