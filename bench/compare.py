@@ -746,6 +746,7 @@ def main() -> None:
     parser.add_argument("--server-driver", choices=["pymysql", "mysqldb"], default="pymysql",
                         help="MySQL driver of the Orbit server (mysqldb: the mysqlclient extra)")  # fmt: skip
     parser.add_argument("--json", action="store_true", help="print the figures as JSON instead of a table")
+    parser.add_argument("--json-file", help="also write the figures as JSON to this file")
     args = parser.parse_args()
     sections = [s for s in args.only.split(",") if s]
     if args.skip_claim and "claim" in sections:
@@ -770,9 +771,15 @@ def main() -> None:
     if "claim" in sections:
         run_claim(report)
     judge(report)
+    document = {
+        "figures": [asdict(f) for f in report.figures],
+        "explain": report.explain,
+        "meta": report.meta,
+    }
+    if args.json_file:
+        Path(args.json_file).write_text(json.dumps(document, indent=2, default=str))
     if args.json:
-        print(json.dumps({"figures": [asdict(f) for f in report.figures], "explain": report.explain,
-                          "meta": report.meta}, indent=2, default=str))  # fmt: skip
+        print(json.dumps(document, indent=2, default=str))
     else:
         print_report(report)
 
