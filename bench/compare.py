@@ -162,6 +162,9 @@ class Cost:
     """Database round trips (MariaDB's global counters: both Orbit databases, and any other client
     of the same MariaDB, so run on a quiet machine) and Orbit HTTP calls spent by a block of work."""
 
+    #: False under ``serve --workers N``: each process counts only its own requests in /metrics.
+    count_http = True
+
     def __init__(self, admin: sa.Engine, base: str) -> None:
         self.admin, self.base = admin, base
 
@@ -179,7 +182,12 @@ class Cost:
         report.add("orbit", f"DB round trips per {what}", trips, "round trips",
                    f"pings {self.db['Com_admin_commands'] / n:.2f}, COMMIT {self.db['Com_commit'] / n:.2f}, "
                    f"ROLLBACK {self.db['Com_rollback'] / n:.2f}")  # fmt: skip
-        report.add("orbit", f"HTTP calls per {what}", self.http / n, "calls")
+        if self.count_http:
+            report.add("orbit", f"HTTP calls per {what}", self.http / n, "calls")
+        else:
+            report.add(
+                "orbit", f"HTTP calls per {what}", None, "calls", "n/a under --workers (per-process /metrics)"
+            )
 
 
 @contextlib.contextmanager
@@ -531,6 +539,9 @@ def run_orbit(report: Report, n: int, concurrency: int, serve_args: list[str], d
                 .set(drivername=f"mysql+{driver}")
                 .render_as_string(hide_password=False)
             )
+            Cost.count_http = "--workers" not in serve_args or serve_args[
+                serve_args.index("--workers") + 1 :
+            ][:1] == ["1"]
             with orbit_server_processes(serve_url, serve_args=serve_args) as (server,):
                 base = server.base
                 with httpx.Client(base_url=base) as http:
