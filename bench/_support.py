@@ -1,18 +1,29 @@
-"""What the benchmarks share: the MySQL server to use, the admin CLI, and real server processes."""
+"""What the benchmarks share: the MySQL server to use, the admin CLI, real server processes and
+their peak memory."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass
 
 import httpx
 
-__all__ = ["MYSQL_SERVER", "cli", "orbit_servers"]
+__all__ = [
+    "MYSQL_SERVER",
+    "ServerProcess",
+    "cli",
+    "cpu_seconds",
+    "orbit_server_processes",
+    "orbit_servers",
+    "peak_rss_mb",
+]
 
 MYSQL_SERVER = os.environ.get("ORBIT_TEST_MYSQL_URL", "mysql+pymysql://root@127.0.0.1:3306/test")
 
@@ -28,49 +39,94 @@ def cli(*args: str, url: str) -> str:
     return done.stdout.strip().splitlines()[-1] if done.stdout.strip() else ""
 
 
+def _vm_hwm_kb(pid: int) -> int:
+    try:
+        with open(f"/proc/{pid}/status") as status:
+            for line in status:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1])
+    except OSError:
+        pass
+    return 0
+
+
+def _children(pid: int) -> list[int]:
+    try:
+        with open(f"/proc/{pid}/task/{pid}/children") as children:
+            direct = [int(p) for p in children.read().split()]
+    except OSError:
+        return []
+    return direct + [grandchild for child in direct for grandchild in _children(child)]
+
+
+def peak_rss_mb(pid: int) -> float:
+    """Peak resident memory (``VmHWM``) of process ``pid`` so far, in MiB: the largest of the
+    process and its descendants (``serve --workers N`` runs one process per worker)."""
+    return max(_vm_hwm_kb(p) for p in [pid, *_children(pid)]) / 1024
+
+
+def cpu_seconds(pid: int) -> float:
+    """CPU time (user + system) used so far by process ``pid`` and its live descendants, in seconds."""
+    total = 0
+    for p in [pid, *_children(pid)]:
+        try:
+            with open(f"/proc/{p}/stat") as stat:
+                fields = stat.read().rpartition(")")[2].split()
+        except OSError:
+            continue
+        total += int(fields[11]) + int(fields[12])  # utime, stime (fields 14 and 15 of proc(5))
+    return total / os.sysconf("SC_CLK_TCK")
+
+
+@dataclass
+class ServerProcess:
+    """One running ``orbit-server serve``: its base URL and process."""
+
+    base: str
+    proc: subprocess.Popen[bytes]
+
+
 @contextmanager
-def orbit_servers(url: str, count: int = 1) -> Iterator[list[str]]:
-    """Start ``count`` ``orbit-server serve`` processes on ``url``; yield their base URLs once all
-    answer ``/readyz`` (polled: a process has no start-up signal to await); stop them on exit."""
-    procs: list[subprocess.Popen[bytes]] = []
-    bases: list[str] = []
+def orbit_server_processes(
+    url: str, count: int = 1, *, serve_args: Sequence[str] = (), env: dict[str, str] | None = None
+) -> Iterator[list[ServerProcess]]:
+    """Start ``count`` ``orbit-server serve`` processes on ``url`` (``serve_args`` added to each
+    command line); yield them once all answer ``/readyz`` (polled: a process has no start-up
+    signal to await); stop them on exit."""
+    servers: list[ServerProcess] = []
     try:
         for _ in range(count):
             with socket.socket() as sock:
                 sock.bind(("127.0.0.1", 0))
                 port = sock.getsockname()[1]
-            bases.append(f"http://127.0.0.1:{port}")
-            procs.append(
-                subprocess.Popen(
-                    [
-                        sys.executable,
-                        "-m",
-                        "orbit_server",
-                        "--log-level",
-                        "warning",
-                        "serve",
-                        "--database-url",
-                        url,
-                        "--port",
-                        str(port),
-                    ],
-                    stdout=subprocess.DEVNULL,
-                    stderr=subprocess.DEVNULL,
-                )
+            command = [sys.executable, "-m", "orbit_server", "--log-level", "warning", "serve",
+                       "--database-url", url, "--port", str(port), *serve_args]  # fmt: skip
+            proc = subprocess.Popen(
+                command,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+                env={**os.environ, **(env or {})},
             )
-        for base in bases:
+            servers.append(ServerProcess(f"http://127.0.0.1:{port}", proc))
+        for server in servers:
             deadline = time.monotonic() + 30
             while True:
-                try:
-                    if httpx.get(f"{base}/readyz").status_code == 200:
+                with contextlib.suppress(httpx.TransportError):
+                    if httpx.get(f"{server.base}/readyz").status_code == 200:
                         break
-                except httpx.TransportError:
-                    if time.monotonic() > deadline:
-                        raise SystemExit("server did not start") from None
-                    time.sleep(0.1)
-        yield bases
+                if time.monotonic() > deadline or server.proc.poll() is not None:
+                    raise SystemExit("server did not start")
+                time.sleep(0.1)
+        yield servers
     finally:
-        for proc in procs:
-            proc.terminate()
-        for proc in procs:
-            proc.wait(timeout=30)
+        for server in servers:
+            server.proc.terminate()
+        for server in servers:
+            server.proc.wait(timeout=30)
+
+
+@contextmanager
+def orbit_servers(url: str, count: int = 1) -> Iterator[list[str]]:
+    """Start ``count`` ``orbit-server serve`` processes on ``url``; yield their base URLs."""
+    with orbit_server_processes(url, count) as servers:
+        yield [server.base for server in servers]

@@ -222,7 +222,11 @@ def create_app(settings: ServerSettings | None = None, *, engine: Engine | None 
     """
     settings = settings or ServerSettings()
     owns_engine = engine is None
-    the_engine = engine or create_engine(settings.database_url, pool_size=settings.db_pool_size)
+    the_engine = engine or create_engine(
+        settings.database_url,
+        pool_size=settings.db_pool_size,
+        ping_idle_seconds=settings.db_ping_idle_seconds,
+    )
     key_ttl = timedelta(seconds=settings.submission_key_ttl_seconds)
     wakeup = Wakeup()
 

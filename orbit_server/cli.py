@@ -8,6 +8,7 @@ exists, a namespace that does not), 2 bad usage, 3 the database is unreachable.
 from __future__ import annotations
 
 import logging
+import os
 import socket
 import sys
 from collections.abc import Callable, Iterator
@@ -106,7 +107,21 @@ def main(log_level: str) -> None:
     type=click.IntRange(min=1024),
     help="Largest request body accepted, in bytes.",
 )
-def serve(database_url: str, host: str, port: int, max_body_bytes: int) -> None:
+@click.option(
+    "--workers",
+    envvar="ORBIT_WORKERS",
+    show_envvar=True,
+    default=1,
+    show_default=True,
+    type=click.IntRange(min=1),
+    help=(
+        "Server processes sharing the port (one Python process is CPU-bound on one core: use about one per "
+        "core). Leases are coordinated by the database, so any number may run. A submission wakes the "
+        "long-polling lease calls of its own process at once; those waiting in another process find it "
+        "within ORBIT_LEASE_POLL_INTERVAL_SECONDS (default 0.5 s)."
+    ),
+)
+def serve(database_url: str, host: str, port: int, max_body_bytes: int, workers: int) -> None:
     """Serve the HTTP API. A SQLite database is migrated at start; others need `migrate`."""
     import uvicorn
 
@@ -121,8 +136,17 @@ def serve(database_url: str, host: str, port: int, max_body_bytes: int) -> None:
     except OSError as exc:
         click.echo(f"error: cannot listen on {host}:{port}: {exc.strerror}; choose another --port", err=True)
         sys.exit(1)
-    app = create_app(settings)
-    uvicorn.run(app, host=host, port=port, log_level=logging.getLevelName(logging.getLogger().level).lower())
+    log_level = logging.getLevelName(logging.getLogger().level).lower()
+    if workers == 1:
+        uvicorn.run(create_app(settings), host=host, port=port, log_level=log_level)
+        return
+    # Each worker process builds its own app (and engine) from ORBIT_* variables: pass the flags on.
+    os.environ.update(
+        ORBIT_DATABASE_URL=database_url, ORBIT_HOST=host, ORBIT_PORT=str(port),
+        ORBIT_MAX_BODY_BYTES=str(max_body_bytes),
+    )  # fmt: skip
+    uvicorn.run("orbit_server.app:create_app", factory=True, workers=workers, host=host, port=port,
+                log_level=log_level)  # fmt: skip
 
 
 @main.command()

@@ -43,6 +43,14 @@ class ServerSettings(BaseSettings):
     db_pool_size: int = Field(
         default=20, ge=1, description="Database connections kept open (as many may overflow)."
     )
+    db_ping_idle_seconds: float = Field(
+        default=10.0,
+        ge=0,
+        description=(
+            "A pooled database connection idle longer than this, in seconds, is pinged before use and "
+            "replaced if the database dropped it; a busy one is not (0: ping before every use)."
+        ),
+    )
     sweep_interval_seconds: float = Field(
         default=5.0,
         ge=0,

@@ -17,7 +17,7 @@ import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, cast
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine, RowMapping
@@ -25,7 +25,7 @@ from sqlalchemy.engine import Connection, Engine, RowMapping
 from orbit_client import Queue, Task, TaskPage, TaskStatus, TaskSubmission
 
 from . import errors
-from ._db import db_now, is_lock_conflict, to_naive_utc, to_utc
+from ._db import as_db_time, db_now, db_now_expression, is_lock_conflict, to_naive_utc, to_utc
 from .schema import api_keys, namespaces, queues, submission_keys, task_events, tasks
 
 __all__ = [
@@ -324,21 +324,62 @@ def request_digest(submission: TaskSubmission) -> str:
     return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 
-def _replay(conn: Connection, principal: Principal, key: str, digest: str) -> Task | None:
-    row = conn.execute(
-        sa.select(submission_keys.c.request_digest, submission_keys.c.task_id).where(
-            submission_keys.c.namespace_id == principal.namespace_id,
-            submission_keys.c.idempotency_key == key,
-        )
-    ).first()
-    if row is None:
-        return None
-    if row.request_digest != digest:
+def _replay(conn: Connection, principal: Principal, found: RowMapping, digest: str) -> Task:
+    """The original task of a key seen before (``found``: its digest and task id)."""
+    if found["request_digest"] != digest:
         raise key_reused()
-    task = get_task(conn, principal.namespace_id, row.task_id)
+    task = get_task(conn, principal.namespace_id, found["task_id"])
     if task is None:  # pragma: no cover - keys are written with their task and outlive no purge yet
-        raise task_gone(row.task_id)
+        raise task_gone(found["task_id"])
     return task
+
+
+#: Built once per dialect: the database clock, the key's digest and task (if any) and the queue's
+#: id, in one round trip (scalar subqueries, so it answers one row whatever exists).
+_LOOKUPS: dict[str, sa.Select[Any]] = {}
+_INSERT_KEY = submission_keys.insert()
+_INSERT_TASK = tasks.insert()
+_INSERT_EVENT = task_events.insert()
+#: Task columns a new task leaves NULL.
+_UNSET_ON_ACCEPT = ("result", "error", "retry_of", "current_attempt_id", "cancel_reason", "finished_at")
+
+
+def _lookup(conn: Connection) -> sa.Select[Any]:
+    name = conn.dialect.name
+    statement = _LOOKUPS.get(name)
+    if statement is None:
+        ns = sa.bindparam("ns", type_=sa.BigInteger)
+        key, queue = sa.bindparam("key", type_=sa.String), sa.bindparam("queue", type_=sa.String)
+        is_key = sa.and_(submission_keys.c.namespace_id == ns, submission_keys.c.idempotency_key == key)
+        built: sa.Select[Any] = sa.select(
+            db_now_expression(conn.dialect).label("now"),
+            sa.select(submission_keys.c.request_digest)
+            .where(is_key)
+            .scalar_subquery()
+            .label("request_digest"),
+            sa.select(submission_keys.c.task_id).where(is_key).scalar_subquery().label("task_id"),
+            sa.select(queues.c.id)
+            .where(queues.c.namespace_id == ns, queues.c.name == queue)
+            .scalar_subquery()
+            .label("queue_id"),
+        )
+        statement = _LOOKUPS[name] = built
+    return statement
+
+
+def _answer_is_exact(conn: Connection, submission: TaskSubmission) -> bool:
+    """Whether the task built from what was inserted equals what a replay reads back.
+
+    MariaDB and SQLite keep JSON text as written and ``DATETIME(6)`` keeps microseconds; MySQL's
+    binary JSON reorders object keys, and the backoff columns are single-precision ``FLOAT``.
+    """
+    options = submission.options
+    if options and (options.backoff_base_seconds is not None or options.backoff_cap_seconds is not None):
+        return False
+    dialect = conn.dialect
+    return dialect.name == "sqlite" or (
+        dialect.name == "mysql" and bool(getattr(dialect, "is_mariadb", False))
+    )
 
 
 # Acceptance pieces shared with the batch path (acceptance_batch.py), so both answer and write alike.
@@ -439,6 +480,13 @@ def submit_task(
     first: a concurrent first submission with the same key blocks on its unique
     index and, once the winner commits, fails and replays the winner's task.
 
+    Round trips of a first submission: one ``SELECT`` (database clock, the key, the
+    queue), three ``INSERT`` s and the ``COMMIT``. The answer is built from the values
+    written; where the database might store them differently (see
+    :func:`_answer_is_exact`) the task is read back, so a replay's answer is always
+    identical to the first one. A connection lost mid-way is retried like a lock
+    conflict: the key makes the retry a replay if the lost ``COMMIT`` had succeeded.
+
     Returns:
         ``(task, replayed)``: ``replayed`` is ``True`` when the key was seen before
         with the same request digest and ``task`` is the original task.
@@ -450,34 +498,31 @@ def submit_task(
             the database kept reporting lock conflicts (409, retryable).
     """
     digest = request_digest(submission)
+    lookup_params = {"ns": principal.namespace_id, "key": idempotency_key, "queue": submission.queue}
     for _ in range(_SUBMIT_TRIES):
         try:
             with engine.begin() as conn:
-                replay = _replay(conn, principal, idempotency_key, digest)
-                if replay is not None:
-                    return replay, True
-                queue_id = conn.execute(
-                    sa.select(queues.c.id).where(
-                        queues.c.namespace_id == principal.namespace_id, queues.c.name == submission.queue
-                    )
-                ).scalar()
-                if queue_id is None:
+                found = conn.execute(_lookup(conn), lookup_params).mappings().one()
+                if found["task_id"] is not None:
+                    return _replay(conn, principal, found, digest), True
+                if found["queue_id"] is None:
                     raise queue_missing(principal, submission.queue)
-                now = db_now(conn)
+                now = as_db_time(found["now"])
                 task_id = str(uuid.uuid4())
-                conn.execute(
-                    submission_keys.insert().values(
-                        key_row(principal, idempotency_key, digest, task_id, now, key_ttl)
-                    )
+                values = task_row(
+                    principal, submission, task_id, found["queue_id"], now, default_max_attempts
                 )
-                conn.execute(
-                    tasks.insert().values(
-                        task_row(principal, submission, task_id, queue_id, now, default_max_attempts)
-                    )
-                )
-                conn.execute(task_events.insert().values(accepted_event_row(principal, task_id, now)))
-                task = get_task(conn, principal.namespace_id, task_id)
-                assert task is not None
+                conn.execute(_INSERT_KEY, key_row(principal, idempotency_key, digest, task_id, now, key_ttl))
+                conn.execute(_INSERT_TASK, values)
+                conn.execute(_INSERT_EVENT, accepted_event_row(principal, task_id, now))
+                if _answer_is_exact(conn, submission):
+                    row = dict.fromkeys(_UNSET_ON_ACCEPT) | values
+                    row.update(namespace_name=principal.namespace, queue_name=submission.queue)
+                    task = task_from_row(cast(RowMapping, row))
+                else:
+                    read = get_task(conn, principal.namespace_id, task_id)
+                    assert read is not None
+                    task = read
             log.info(
                 "task accepted task_id=%s namespace=%s queue=%s",
                 task_id,
@@ -488,16 +533,16 @@ def submit_task(
         except sa.exc.IntegrityError:
             # A concurrent first submission inserted the key and committed first.
             with engine.begin() as conn:
-                replay = _replay(conn, principal, idempotency_key, digest)
-            if replay is not None:
-                return replay, True
+                found = conn.execute(_lookup(conn), lookup_params).mappings().one()
+                if found["task_id"] is not None:
+                    return _replay(conn, principal, found, digest), True
             raise errors.RequestInProgress(
                 "another request with this Idempotency-Key is being processed; retry shortly"
             ) from None
-        except sa.exc.OperationalError as exc:
-            if not is_lock_conflict(exc):
+        except sa.exc.DBAPIError as exc:
+            if not (exc.connection_invalidated or is_lock_conflict(exc)):
                 raise
-            log.debug("lock conflict while accepting a submission; retrying")
+            log.debug("lock conflict or lost connection while accepting a submission; retrying")
     raise errors.RequestInProgress(
         "the submission kept meeting concurrent requests with the same key; retry shortly"
     )

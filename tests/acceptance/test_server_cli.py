@@ -133,3 +133,94 @@ def test_serve_on_a_busy_port_says_so(tmp_path: Path) -> None:
         url = f"sqlite:///{tmp_path / 'orbit.db'}"
         code, _, err = _run("serve", "--database-url", url, "--port", str(port))
     assert code == 1 and f"cannot listen on 127.0.0.1:{port}" in err
+
+
+def _children(pid: int) -> list[int]:
+    with open(f"/proc/{pid}/task/{pid}/children") as children:
+        return [int(p) for p in children.read().split()]
+
+
+@pytest.mark.mariadb
+def test_serve_with_two_worker_processes_answers_accepts_and_wakes_long_polls(
+    make_database: DatabaseFactory,
+) -> None:
+    url = make_database("mariadb").render_as_string(hide_password=False)
+    assert _run("migrate", "--database-url", url)[0] == 0
+    assert _run("namespace", "create", "shop", "--database-url", url)[0] == 0
+    assert _run("queue", "create", "shop", "q", "--database-url", url)[0] == 0
+    keys = {
+        role: _run("api-key", "create", "shop", "--role", role, "--database-url", url)[1]
+        .strip()
+        .splitlines()[-1]
+        for role in ("submit", "work")
+    }
+    port = _free_port()
+    base = f"http://127.0.0.1:{port}"
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "orbit_server",
+            "serve",
+            "--database-url",
+            url,
+            "--port",
+            str(port),
+            "--workers",
+            "2",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while True:  # no start-up signal to await: poll readiness with a deadline
+            try:
+                if (
+                    httpx.get(f"{base}/readyz", timeout=1).status_code == 200
+                    and len(_children(proc.pid)) >= 2
+                ):
+                    break
+            except httpx.TransportError:
+                pass
+            assert proc.poll() is None, proc.stdout.read() if proc.stdout else ""
+            assert time.monotonic() < deadline, "server did not start"
+            time.sleep(0.05)
+        workers = [p for p in _children(proc.pid) if "spawn_main" in Path(f"/proc/{p}/cmdline").read_text()]
+        assert len(workers) == 2  # uvicorn's supervisor and its two worker processes
+
+        def submit(n: int) -> int:
+            with httpx.Client(base_url=base, timeout=30) as http:  # a new connection each time
+                return http.post(
+                    "/v1/namespaces/shop/tasks",
+                    json={"queue": "q", "handler": "h", "params": {"n": n}},
+                    headers={"Authorization": f"Bearer {keys['submit']}", "Idempotency-Key": f"k-{n}"},
+                ).status_code
+
+        from concurrent.futures import ThreadPoolExecutor
+
+        with ThreadPoolExecutor(8) as pool:
+            assert list(pool.map(submit, range(40))) == [201] * 40
+            assert list(pool.map(submit, range(40))) == [200] * 40  # replays, whichever process answers
+
+        # A lease call long-polling in either process gets a task submitted through either process
+        # well before its wait ends (at once in the same process, within the poll interval otherwise).
+        with httpx.Client(base_url=base, timeout=30) as http:
+            work = {"Authorization": f"Bearer {keys['work']}"}
+            while http.post("/v1/namespaces/shop/queues/q/leases", headers=work,
+                            json={"worker_id": "w", "max_tasks": 100, "lease_seconds": 60}).json():  # fmt: skip
+                pass  # drain the 40 tasks
+            with ThreadPoolExecutor(1) as pool:
+                started = time.monotonic()
+                waiting = pool.submit(
+                    http.post, "/v1/namespaces/shop/queues/q/leases", headers=work,
+                    json={"worker_id": "w", "max_tasks": 1, "lease_seconds": 60, "wait_seconds": 20},
+                )  # fmt: skip
+                assert submit(1000) == 201
+                grants = waiting.result().json()
+                assert len(grants) == 1 and time.monotonic() - started < 10
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        output, _ = proc.communicate(timeout=60)
+    assert proc.returncode in (0, -signal.SIGTERM), output

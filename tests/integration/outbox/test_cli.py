@@ -193,8 +193,8 @@ def test_help_shows_the_environment_variables_and_bad_urls_are_usage_errors() ->
     assert "(submit role)" in helps["relay"] and "(read role)" in helps["reconcile"]
     assert "(work role)" in helps["consume"]
     no_driver = _run(
-        "status", "--database-url", "mysql+mysqldb://app@127.0.0.1/shop"
-    )  # MySQLdb not installed
+        "status", "--database-url", "mysql+mysqlconnector://app@127.0.0.1/shop"
+    )  # mysql-connector is not installed (mysqlclient, MySQLdb, is: the server's C driver extra)
     assert no_driver.exit_code == 2 and "install orbit[mysql] or orbit[postgres]" in no_driver.stderr
     assert _run("status", "--database-url", "nonsense://").exit_code == 2
     down = _run("status", "--database-url", f"mysql+pymysql://root@127.0.0.1:{closed_port()}/x")

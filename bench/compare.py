@@ -1,0 +1,806 @@
+"""Orbit beside procrastinate, side by side in one run: hand-off, relay, worker, end to end.
+
+    python -m bench.compare [--n 2000] [--concurrency 4] [--skip-claim] [--only SECTION,...] [--json]
+
+Needs the ``bench`` extra (``pip install -e '.[bench]'``: procrastinate and psycopg), MariaDB at
+``ORBIT_TEST_MYSQL_URL`` (default ``mysql+pymysql://root@127.0.0.1:3306``) and PostgreSQL at
+``BENCH_POSTGRES_CONNINFO`` (default ``host=127.0.0.1 user=postgres``). Every database is new,
+uniquely named, and dropped at the end.
+
+Sections (``--only`` takes their names):
+
+- ``peer``: procrastinate on PostgreSQL: ``--n`` jobs each deferred in its own transaction
+  (defer/s); one worker process (``--concurrency``) draining no-op jobs (processed/s, from the
+  database's event timestamps, so process start-up is not counted); end to end: the worker
+  running, ``--n`` jobs deferred one after the other, until the last one is done.
+- ``orbit``: Orbit on MariaDB (a server database and a business database): ``--n`` business
+  transactions each inserting an order row, alternated in chunks with the same transaction
+  plus ``enqueue`` (the ratio is the price of the hand-off); the relay draining ``--n`` rows at
+  batch 1 and at batch 100; direct single submissions (8 threads) and, where the client has
+  ``submit_tasks``, batch submissions of 100; one worker process (``--concurrency``) with a
+  no-op handler (processed/s from the database's timestamps); end to end: worker and relay
+  processes running, ``--n`` business transactions with ``enqueue`` one after the other,
+  until the last task has succeeded. Also the peak RSS of the server, relay (batch 500) and
+  worker processes, and statements and round trips per submission (MariaDB's global
+  counters: other clients of the same MariaDB count too, so run it on a quiet machine).
+- ``claim``: the relay's claim with 1,000 vs 1,000,000 terminal (``DELIVERED``) rows in the
+  outbox, and its ``EXPLAIN`` (loading a million rows takes a while: ``--skip-claim``).
+
+Every figure is printed with its ratio to a baseline measured in the same run (these machines
+are noisy: compare ratios) and, where the issue sets one, its target with pass/miss.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import inspect
+import json
+import os
+import platform
+import signal
+import statistics
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import sqlalchemy as sa
+
+from bench._support import MYSQL_SERVER, cli, orbit_server_processes, peak_rss_mb
+from orbit_client import OrbitClient, RetryPolicy
+from outbox_adapter import Backoff, Outbox, OutboxTables, Relay, enqueue
+
+POSTGRES_CONNINFO = os.environ.get("BENCH_POSTGRES_CONNINFO", "host=127.0.0.1 user=postgres")
+SECTIONS = ("peer", "orbit", "claim")
+NS, QUEUE, HANDLER = "bench", "q", "bench.echo"
+
+
+@dataclass
+class Figure:
+    """One line of the table."""
+
+    section: str
+    name: str
+    value: float | None
+    unit: str
+    base: str | None = None  # the figure this one is compared with
+    ratio: float | None = None
+    target: str | None = None
+    passed: bool | None = None
+    note: str = ""
+
+
+@dataclass
+class Report:
+    figures: list[Figure] = field(default_factory=list)
+    explain: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    def add(self, section: str, name: str, value: float | None, unit: str, note: str = "") -> Figure:
+        figure = Figure(section, name, value, unit, note=note)
+        self.figures.append(figure)
+        return figure
+
+    def value(self, name: str) -> float | None:
+        return next((f.value for f in self.figures if f.name == name), None)
+
+    def compare(self, name: str, base: str, *, inverse: bool = False) -> None:
+        """Set ``name``'s ratio to ``base`` (``inverse``: base / value, for durations)."""
+        figure = next((f for f in self.figures if f.name == name), None)
+        base_value = self.value(base)
+        if figure is None or figure.value is None or not base_value:
+            return
+        figure.base = base
+        figure.ratio = base_value / figure.value if inverse else figure.value / base_value
+
+    def target(self, name: str, text: str, check: Callable[[Figure], bool | None]) -> None:
+        figure = next((f for f in self.figures if f.name == name), None)
+        if figure is None:
+            return
+        figure.target = text
+        if figure.value is not None:
+            figure.passed = check(figure)
+
+
+# ------------------------------------------------------------------ helpers
+
+
+def _timed(fn: Callable[[], Any]) -> float:
+    started = time.perf_counter()
+    fn()
+    return time.perf_counter() - started
+
+
+def _wait_until(check: Callable[[], bool], what: str, timeout: float = 900, every: float = 0.02) -> None:
+    """Poll ``check`` (a database count: there is no event to await across processes)."""
+    deadline = time.monotonic() + timeout
+    while not check():
+        if time.monotonic() > deadline:
+            raise SystemExit(f"timed out waiting for {what}")
+        time.sleep(every)
+
+
+def _stop(proc: subprocess.Popen[Any]) -> float:
+    """SIGTERM ``proc``, wait for it; return its peak RSS in MiB (``wait4``'s ``ru_maxrss``)."""
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+    try:
+        _pid, status, usage = os.wait4(proc.pid, 0)
+        proc.returncode = os.waitstatus_to_exitcode(status)
+        return usage.ru_maxrss / 1024
+    except ChildProcessError:  # already reaped
+        proc.wait(timeout=60)
+        return 0.0
+
+
+def _mysql_counters(engine: sa.Engine) -> dict[str, int]:
+    names = ("Questions", "Com_admin_commands", "Com_commit", "Com_rollback", "Com_select", "Com_insert")
+    with engine.connect() as conn:
+        rows = conn.exec_driver_sql(
+            "SHOW GLOBAL STATUS WHERE Variable_name IN (" + ",".join(f"'{n}'" for n in names) + ")"
+        ).all()
+    return {name: int(value) for name, value in rows}
+
+
+def _http_calls(base: str) -> float:
+    """API requests the server answered so far (its /metrics; one process's count under --workers)."""
+    total = 0.0
+    for line in httpx.get(f"{base}/metrics", timeout=30).text.splitlines():
+        if line.startswith("orbit_http_request_duration_seconds_count{") and "/v1/" in line:
+            total += float(line.rsplit(" ", 1)[1])
+    return total
+
+
+class Cost:
+    """Database round trips (MariaDB's global counters: both Orbit databases, and any other client
+    of the same MariaDB, so run on a quiet machine) and Orbit HTTP calls spent by a block of work."""
+
+    #: False under ``serve --workers N``: each process counts only its own requests in /metrics.
+    count_http = True
+
+    def __init__(self, admin: sa.Engine, base: str) -> None:
+        self.admin, self.base = admin, base
+
+    def __enter__(self) -> Cost:
+        self._db, self._http = _mysql_counters(self.admin), _http_calls(self.base)
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        after = _mysql_counters(self.admin)
+        self.db = {k: after[k] - self._db[k] for k in after}
+        self.http = _http_calls(self.base) - self._http
+
+    def report(self, report: Report, what: str, n: int) -> None:
+        trips = (self.db["Questions"] + self.db["Com_admin_commands"]) / n
+        report.add("orbit", f"DB round trips per {what}", trips, "round trips",
+                   f"pings {self.db['Com_admin_commands'] / n:.2f}, COMMIT {self.db['Com_commit'] / n:.2f}, "
+                   f"ROLLBACK {self.db['Com_rollback'] / n:.2f}")  # fmt: skip
+        if self.count_http:
+            report.add("orbit", f"HTTP calls per {what}", self.http / n, "calls")
+        else:
+            report.add(
+                "orbit", f"HTTP calls per {what}", None, "calls", "n/a under --workers (per-process /metrics)"
+            )
+
+
+@contextlib.contextmanager
+def mysql_databases(*roles: str) -> Iterator[dict[str, str]]:
+    """New MariaDB databases, one per role; yields their URLs; drops them on exit."""
+    admin = sa.create_engine(MYSQL_SERVER, isolation_level="AUTOCOMMIT")
+    names = {role: f"orbit_cmp_{role}_{uuid.uuid4().hex[:8]}" for role in roles}
+    try:
+        with admin.connect() as conn:
+            for name in names.values():
+                conn.exec_driver_sql(f"CREATE DATABASE `{name}` CHARACTER SET utf8mb4")
+        yield {
+            role: sa.make_url(MYSQL_SERVER).set(database=name).render_as_string(hide_password=False)
+            for role, name in names.items()
+        }
+    finally:
+        with admin.connect() as conn:
+            for name in names.values():
+                conn.exec_driver_sql(f"DROP DATABASE IF EXISTS `{name}`")
+        admin.dispose()
+
+
+# --------------------------------------------------------------------- peer
+
+
+def run_peer(report: Report, n: int, concurrency: int) -> None:
+    import psycopg
+
+    name = f"orbit_cmp_peer_{uuid.uuid4().hex[:8]}"
+    with psycopg.connect(POSTGRES_CONNINFO, autocommit=True) as admin:
+        admin.execute(f'CREATE DATABASE "{name}"')
+        report.meta["postgres"] = {
+            "version": admin.execute("SHOW server_version").fetchone()[0],  # type: ignore[index]
+            "synchronous_commit": admin.execute("SHOW synchronous_commit").fetchone()[0],  # type: ignore[index]
+            "fsync": admin.execute("SHOW fsync").fetchone()[0],  # type: ignore[index]
+        }
+    conninfo = f"{POSTGRES_CONNINFO} dbname={name}"
+    env = {**os.environ, "BENCH_PEER_CONNINFO": conninfo, "BENCH_PEER_CONCURRENCY": str(concurrency)}
+    os.environ["BENCH_PEER_CONNINFO"] = conninfo
+    try:
+        from bench import _peer_app
+
+        app = _peer_app.app
+        noop = app.tasks["bench.noop"]
+        with app.open():
+            app.schema_manager.apply_schema()
+            elapsed = _timed(lambda: [noop.defer(n=i) for i in range(n)])
+        report.add("peer", "peer: defer", n / elapsed, "jobs/s", "each job its own transaction")
+
+        # One worker drains the n jobs; rate from the events' timestamps (no start-up counted).
+        worker = subprocess.Popen(
+            [sys.executable, "-m", "bench._peer_app"], env=env, stdout=subprocess.DEVNULL
+        )
+        worker_rss = _stop_when_exits(worker)
+        with psycopg.connect(conninfo) as conn:
+            first, last, done = conn.execute(
+                "SELECT min(at) FILTER (WHERE type = 'started'), max(at) FILTER (WHERE type = 'succeeded'), "
+                "count(*) FILTER (WHERE type = 'succeeded') FROM procrastinate_events"
+            ).fetchone()  # type: ignore[misc]
+        if done != n:
+            raise SystemExit(f"peer worker finished {done} of {n} jobs")
+        report.add("peer", "peer: worker processed", n / (last - first).total_seconds(), "jobs/s",
+                   f"1 worker process, concurrency {concurrency}")  # fmt: skip
+        report.add("peer", "peer: worker RSS", worker_rss, "MiB")
+
+        # End to end: the worker waits for jobs; defer n, one after the other, until all are done.
+        worker = subprocess.Popen(
+            [sys.executable, "-m", "bench._peer_app", "--wait"], env=env, stdout=subprocess.DEVNULL
+        )
+        try:
+            with psycopg.connect(conninfo, autocommit=True) as conn:
+
+                def succeeded() -> int:
+                    row = conn.execute("SELECT count(*) FROM procrastinate_jobs WHERE status = 'succeeded'")
+                    return int(row.fetchone()[0])  # type: ignore[index]
+
+                _wait_until(lambda: _worker_registered(conn), "the peer worker to start", timeout=60)
+                with app.open():
+                    started = time.perf_counter()
+                    for i in range(n):
+                        noop.defer(n=i)
+                    _wait_until(lambda: succeeded() >= 2 * n, "the peer's end-to-end jobs")
+                    elapsed = time.perf_counter() - started
+        finally:
+            _stop(worker)
+        report.add("peer", "peer: end to end", n / elapsed, "jobs/s", "defer → done, worker running")
+    finally:
+        with psycopg.connect(POSTGRES_CONNINFO, autocommit=True) as admin:
+            admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+def _worker_registered(conn: Any) -> bool:
+    return bool(conn.execute("SELECT count(*) FROM procrastinate_workers").fetchone()[0])
+
+
+def _stop_when_exits(proc: subprocess.Popen[Any]) -> float:
+    _pid, status, usage = os.wait4(proc.pid, 0)
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    if proc.returncode != 0:
+        raise SystemExit(f"{proc.args!r} exited with status {proc.returncode}")
+    return usage.ru_maxrss / 1024
+
+
+# -------------------------------------------------------------------- orbit
+
+
+def _orders_table(metadata: sa.MetaData) -> sa.Table:
+    return sa.Table(
+        f"bench_orders_{uuid.uuid4().hex[:8]}",
+        metadata,
+        sa.Column("id", sa.BigInteger, primary_key=True, autoincrement=True),
+        sa.Column("ref", sa.String(64), nullable=False),
+        sa.Column("amount_cents", sa.Integer, nullable=False),
+        sa.Column("created_at", sa.DateTime, nullable=False, server_default=sa.func.current_timestamp()),
+    )
+
+
+def _new_outbox(engine: sa.Engine) -> OutboxTables:
+    tables = OutboxTables(name=f"bench_{uuid.uuid4().hex[:8]}")
+    Outbox(engine, tables=tables).migrate()
+    return tables
+
+
+def _fill_outbox(engine: sa.Engine, tables: OutboxTables, n: int) -> None:
+    with engine.begin() as conn:
+        for i in range(n):
+            enqueue(conn, namespace=NS, queue=QUEUE, handler=HANDLER, params={"n": i}, tables=tables)
+
+
+def business_transactions(report: Report, engine: sa.Engine, n: int) -> OutboxTables:
+    """``n`` order transactions without and ``n`` with ``enqueue``, alternated in chunks of 50."""
+    metadata = sa.MetaData()
+    orders = _orders_table(metadata)
+    metadata.create_all(engine)
+    tables = _new_outbox(engine)
+    insert = orders.insert()
+    plain = with_enqueue = 0.0
+    chunk = 50
+    for start in range(0, n, chunk):
+        count = min(chunk, n - start)
+
+        def without(start: int = start, count: int = count) -> None:
+            for i in range(start, start + count):
+                with engine.begin() as conn:
+                    conn.execute(insert, {"ref": f"order-{i}", "amount_cents": i})
+
+        def with_(start: int = start, count: int = count) -> None:
+            for i in range(start, start + count):
+                with engine.begin() as conn:
+                    conn.execute(insert, {"ref": f"order-e-{i}", "amount_cents": i})
+                    enqueue(conn, namespace=NS, queue=QUEUE, handler=HANDLER, params={"n": i}, tables=tables)
+
+        plain += _timed(without)
+        with_enqueue += _timed(with_)
+    report.add("orbit", "business txn without enqueue (base)", n / plain, "txn/s", "INSERT order, COMMIT")
+    report.add("orbit", "business txn with enqueue", n / with_enqueue, "txn/s", "INSERT order + enqueue")
+    report.add("orbit", "enqueue cost (time with / without)", with_enqueue / plain, "×")
+    return tables
+
+
+def relay_round(engine: sa.Engine, base: str, key: str, tables: OutboxTables, n: int, batch: int) -> float:
+    with OrbitClient(base, api_key=key, retry=RetryPolicy(max_attempts=1)) as client:
+        relay = Relay(
+            client=client, engine=engine, tables=tables, batch_size=batch, backoff=Backoff.no_wait()
+        )
+        started = time.perf_counter()
+        stats = relay.run_once()
+        elapsed = time.perf_counter() - started
+    if stats.delivered != n:
+        raise SystemExit(f"relay batch {batch}: delivered {stats.delivered} of {n}: {stats}")
+    return n / elapsed
+
+
+def direct_single(base: str, key: str, n: int, threads: int = 8) -> float:
+    run = uuid.uuid4().hex[:8]
+    per = n // threads
+    barrier = threading.Barrier(threads + 1)
+
+    def work(index: int) -> None:
+        with OrbitClient(base, api_key=key, retry=RetryPolicy(max_attempts=1)) as client:
+            barrier.wait()
+            for i in range(per):
+                client.submit_task(NS, QUEUE, HANDLER, {"n": i}, idempotency_key=f"d-{run}-{index}-{i}")
+
+    pool = [threading.Thread(target=work, args=(i,)) for i in range(threads)]
+    for thread in pool:
+        thread.start()
+    barrier.wait()
+    started = time.perf_counter()
+    for thread in pool:
+        thread.join()
+    return per * threads / (time.perf_counter() - started)
+
+
+def direct_batch(base: str, key: str, n: int, queue: str = QUEUE, size: int = 100, threads: int = 2) -> float:
+    run = uuid.uuid4().hex[:8]
+    batches = [
+        [
+            {"idempotency_key": f"b-{run}-{i}", "queue": queue, "handler": HANDLER, "params": {"n": i}}
+            for i in range(start, min(start + size, n))
+        ]
+        for start in range(0, n, size)
+    ]
+    lock = threading.Lock()
+    failures: list[str] = []
+
+    def work() -> None:
+        with OrbitClient(base, api_key=key, retry=RetryPolicy(max_attempts=1)) as client:
+            while True:
+                with lock:
+                    if not batches:
+                        return
+                    items = batches.pop()
+                for result in client.submit_tasks(NS, items):
+                    if result.status not in (200, 201):
+                        failures.append(str(result.status))
+
+    pool = [threading.Thread(target=work) for _ in range(threads)]
+    started = time.perf_counter()
+    for thread in pool:
+        thread.start()
+    for thread in pool:
+        thread.join()
+    elapsed = time.perf_counter() - started
+    if failures:
+        raise SystemExit(f"{len(failures)} batch items failed, e.g. {failures[0]}")
+    return n / elapsed
+
+
+def _submit_untimed(base: str, key: str, n: int, queue: str) -> None:
+    if hasattr(OrbitClient, "submit_tasks"):
+        direct_batch(base, key, n, queue=queue)
+        return
+    run = uuid.uuid4().hex[:8]
+    with httpx.Client(base_url=base, headers={"Authorization": f"Bearer {key}"}, timeout=60) as http:
+
+        def submit(i: int) -> None:
+            http.post(f"/v1/namespaces/{NS}/tasks", json={"queue": queue, "handler": HANDLER, "params": {"n": i}},
+                      headers={"Idempotency-Key": f"w-{run}-{i}"}).raise_for_status()  # fmt: skip
+
+        from concurrent.futures import ThreadPoolExecutor
+
+        with ThreadPoolExecutor(8) as pool:
+            list(pool.map(submit, range(n)))
+
+
+def _succeeded(server: sa.Engine, queue: str) -> int:
+    with server.connect() as conn:
+        return int(
+            conn.execute(
+                sa.text(
+                    "SELECT COUNT(*) FROM tasks t JOIN queues q ON q.id = t.queue_id "
+                    "WHERE q.name = :q AND t.status = 'SUCCEEDED'"
+                ),
+                {"q": queue},
+            ).scalar_one()
+        )
+
+
+def _worker(base: str, key: str, queue: str, concurrency: int) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "bench.worker_process", base, key, NS, queue, str(concurrency)],
+        stdout=subprocess.DEVNULL,
+    )
+
+
+def worker_round(
+    report: Report, server: sa.Engine, base: str, keys: dict[str, str], n: int, concurrency: int
+) -> None:
+    queue = "worker"
+    _submit_untimed(base, keys["submit"], n, queue)
+    with Cost(server, base) as cost:
+        worker = _worker(base, keys["work"], queue, concurrency)
+        try:
+            _wait_until(lambda: _succeeded(server, queue) >= n, "the worker to finish", every=0.2)
+            rss = peak_rss_mb(worker.pid)
+        finally:
+            _stop(worker)
+    with server.connect() as conn:
+        first, last = conn.execute(
+            sa.text(
+                "SELECT MIN(a.started_at), MAX(t.finished_at) FROM tasks t JOIN queues q ON q.id = t.queue_id "
+                "JOIN task_attempts a ON a.task_id = t.id WHERE q.name = :q"
+            ),
+            {"q": queue},
+        ).one()
+    report.add("orbit", "orbit: worker processed", n / (last - first).total_seconds(), "tasks/s",
+               f"1 worker process, concurrency {concurrency}")  # fmt: skip
+    cost.report(report, "task (worker: lease, start, complete)", n)
+    report.add("orbit", "orbit: worker RSS", rss, "MiB", "the bench's own progress polls count in the trips")
+
+
+def end_to_end(
+    report: Report, business: sa.Engine, business_url: str, server: sa.Engine, base: str,
+    keys: dict[str, str], n: int, concurrency: int,
+) -> None:  # fmt: skip
+    queue = "e2e"
+    tables = _new_outbox(business)
+    relay_env = {
+        **os.environ,
+        "ORBIT_OUTBOX_DATABASE_URL": business_url,
+        "ORBIT_URL": base,
+        "ORBIT_API_KEY": keys["submit"],
+        "ORBIT_OUTBOX_TABLE": tables.name,
+        "ORBIT_OUTBOX_BATCH_SIZE": "100",
+        "ORBIT_OUTBOX_POLL_INTERVAL": "0.05",
+    }
+    orbit_outbox = str(Path(sys.executable).with_name("orbit-outbox"))
+    worker = _worker(base, keys["work"], queue, concurrency)
+    relay = subprocess.Popen([orbit_outbox, "--log-level", "warning", "relay"], env=relay_env,
+                             stdout=subprocess.DEVNULL)  # fmt: skip
+    try:
+        time.sleep(1.0)  # let both processes start (their start-up is not what is measured)
+        started = time.perf_counter()
+        for i in range(n):
+            with business.begin() as conn:
+                enqueue(conn, namespace=NS, queue=queue, handler=HANDLER, params={"n": i}, tables=tables)
+        _wait_until(lambda: _succeeded(server, queue) >= n, "the end-to-end tasks")
+        elapsed = time.perf_counter() - started
+    finally:
+        _stop(relay)
+        _stop(worker)
+    report.add("orbit", "orbit: end to end", n / elapsed, "tasks/s",
+               "enqueue → relay (batch 100) → worker → SUCCEEDED")  # fmt: skip
+
+
+def relay_rss(business: sa.Engine, business_url: str, base: str, key: str, n: int) -> tuple[float, float]:
+    """The relay CLI at batch 500 over ``n`` rows (``--once``): its rows/s and peak RSS."""
+    tables = _new_outbox(business)
+    _fill_outbox(business, tables, n)
+    env = {**os.environ, "ORBIT_OUTBOX_DATABASE_URL": business_url, "ORBIT_URL": base, "ORBIT_API_KEY": key,
+           "ORBIT_OUTBOX_TABLE": tables.name, "ORBIT_OUTBOX_BATCH_SIZE": "500"}  # fmt: skip
+    orbit_outbox = str(Path(sys.executable).with_name("orbit-outbox"))
+    started = time.perf_counter()
+    proc = subprocess.Popen([orbit_outbox, "--log-level", "warning", "relay", "--once"], env=env,
+                            stdout=subprocess.DEVNULL)  # fmt: skip
+    rss = _stop_when_exits(proc)
+    return n / (time.perf_counter() - started), rss
+
+
+def run_orbit(report: Report, n: int, concurrency: int, serve_args: list[str], driver: str) -> None:
+    with mysql_databases("server", "business") as urls:
+        server_url = urls["server"]
+        cli("migrate", url=server_url)
+        cli("namespace", "create", NS, url=server_url)
+        for queue in (QUEUE, "worker", "e2e"):
+            cli("queue", "create", NS, queue, url=server_url)
+        keys = {
+            role: cli("api-key", "create", NS, "--role", role, url=server_url) for role in ("submit", "work")
+        }
+        business = sa.create_engine(urls["business"])
+        server_db = sa.create_engine(server_url)
+        try:
+            serve_url = (
+                sa.make_url(server_url)
+                .set(drivername=f"mysql+{driver}")
+                .render_as_string(hide_password=False)
+            )
+            Cost.count_http = "--workers" not in serve_args or serve_args[
+                serve_args.index("--workers") + 1 :
+            ][:1] == ["1"]
+            with orbit_server_processes(serve_url, serve_args=serve_args) as (server,):
+                base = server.base
+                with httpx.Client(base_url=base) as http:
+                    elapsed = _timed(lambda: [http.get("/healthz") for _ in range(500)])
+                report.add(
+                    "orbit", "server GET /healthz (base)", 500 / elapsed, "req/s", "1 client, no database"
+                )
+
+                tables = business_transactions(report, business, n)
+                with Cost(server_db, base) as cost:
+                    rate = relay_round(business, base, keys["submit"], tables, n, 100)
+                report.add(
+                    "orbit",
+                    "relay batch 100",
+                    rate,
+                    "rows/s",
+                    "in-process Relay.run_once, defaults otherwise",
+                )
+                cost.report(report, "relayed row, batch 100", n)
+                tables = _new_outbox(business)
+                _fill_outbox(business, tables, n)
+                with Cost(server_db, base) as cost:
+                    rate = relay_round(business, base, keys["submit"], tables, n, 1)
+                report.add("orbit", "relay batch 1", rate, "rows/s")
+                cost.report(report, "relayed row, batch 1", n)
+
+                with Cost(server_db, base) as cost:
+                    rate = direct_single(base, keys["submit"], n)
+                report.add("orbit", "direct single submissions", rate, "tasks/s", "8 threads")
+                cost.report(report, "single submission", n)
+                if hasattr(OrbitClient, "submit_tasks"):
+                    with Cost(server_db, base) as cost:
+                        rate = direct_batch(base, keys["submit"], n)
+                    report.add(
+                        "orbit", "direct batch submissions", rate, "tasks/s", "batches of 100, 2 threads"
+                    )
+                    cost.report(report, "batch-submitted task", n)
+                else:
+                    report.add("orbit", "direct batch submissions", None, "tasks/s", "n/a (no submit_tasks)")
+
+                worker_round(report, server_db, base, keys, n, concurrency)
+                end_to_end(report, business, urls["business"], server_db, base, keys, n, concurrency)
+                rate, rss = relay_rss(business, urls["business"], base, keys["submit"], n)
+                report.add(
+                    "orbit", "relay CLI batch 500 (--once)", rate, "rows/s", "process start-up included"
+                )
+                report.add("orbit", "relay RSS at batch 500", rss, "MiB")
+                report.add("orbit", "server RSS", peak_rss_mb(server.proc.pid), "MiB",
+                           f"peak over the run; driver {driver} {' '.join(serve_args)}")  # fmt: skip
+        finally:
+            business.dispose()
+            server_db.dispose()
+
+
+# -------------------------------------------------------------------- claim
+
+
+def _claim_kwargs() -> dict[str, Any]:
+    from outbox_adapter import _queries
+
+    accepted = inspect.signature(_queries.claim_batch).parameters
+    kwargs: dict[str, Any] = {"owner": "bench", "lease_seconds": 60.0, "limit": 100,
+                              "default_max_attempts": 5, "actor": "bench"}  # fmt: skip
+    return {k: v for k, v in kwargs.items() if k in accepted}
+
+
+def _claim_once(engine: sa.Engine, tables: OutboxTables) -> float:
+    """Time one claim of 100 rows (``claim_batch``), rolled back so the next sees the same rows."""
+    from outbox_adapter import _queries
+
+    with engine.connect() as conn:
+        tx = conn.begin()
+        started = time.perf_counter()
+        claims, _spent = _queries.claim_batch(conn, tables, **_claim_kwargs())
+        elapsed = time.perf_counter() - started
+        tx.rollback()
+    if len(claims) != 100:
+        raise SystemExit(f"the claim found {len(claims)} rows, expected 100")
+    return elapsed
+
+
+def _load_delivered(engine: sa.Engine, tables: OutboxTables, first: int, last: int) -> None:
+    with engine.begin() as conn:
+        conn.exec_driver_sql(
+            f"INSERT INTO `{tables.name}` (idempotency_key, namespace, queue, handler, params, state, attempts, "
+            "send_count, available_at, orbit_task_id, created_at, updated_at, delivered_at) "
+            f"SELECT CONCAT('done-', seq), '{NS}', '{QUEUE}', '{HANDLER}', '{{}}', 'DELIVERED', 1, 1, "
+            "UTC_TIMESTAMP(6) - INTERVAL 1 HOUR, UUID(), UTC_TIMESTAMP(6) - INTERVAL 1 HOUR, "
+            f"UTC_TIMESTAMP(6), UTC_TIMESTAMP(6) FROM seq_{first}_to_{last}"
+        )
+    with engine.connect() as conn:
+        conn.exec_driver_sql(f"ANALYZE TABLE `{tables.name}`").all()
+
+
+def run_claim(report: Report, repeats: int = 30) -> None:
+    with mysql_databases("claim") as urls:
+        engine = sa.create_engine(urls["claim"])
+        try:
+            tables = _new_outbox(engine)
+            _load_delivered(engine, tables, 1, 1000)
+            _fill_outbox(engine, tables, 100)  # the due rows the claim finds
+            _claim_once(engine, tables)  # warm up
+            small = statistics.median(_claim_once(engine, tables) for _ in range(repeats))
+            report.add(
+                "claim", "claim of 100, 1k DELIVERED rows (base)", small * 1000, "ms", f"median of {repeats}"
+            )
+            report.explain["claim at 1k"] = _explain_claim(engine, tables)
+            started = time.perf_counter()
+            for first in range(1001, 1_000_001, 100_000):
+                _load_delivered(engine, tables, first, min(first + 99_999, 1_000_000))
+            load = time.perf_counter() - started
+            big = statistics.median(_claim_once(engine, tables) for _ in range(repeats))
+            report.add("claim", "claim of 100, 1M DELIVERED rows", big * 1000, "ms",
+                       f"median of {repeats}; 1M rows loaded in {load:.0f} s")  # fmt: skip
+            report.explain["claim at 1M"] = _explain_claim(engine, tables)
+        finally:
+            engine.dispose()
+
+
+def _explain_claim(engine: sa.Engine, tables: OutboxTables) -> list[dict[str, Any]]:
+    """EXPLAIN the claim's ``SELECT ... FOR UPDATE`` as the driver received it."""
+    statements: list[tuple[str, Any]] = []
+
+    def record(_conn: Any, _cursor: Any, statement: str, parameters: Any, *_args: Any) -> None:
+        if statement.lstrip().upper().startswith("SELECT") and "FOR UPDATE" in statement:
+            statements.append((statement, parameters))
+
+    with engine.connect() as conn:
+        sa.event.listen(conn, "before_cursor_execute", record)
+        tx = conn.begin()
+        from outbox_adapter import _queries
+
+        _queries.claim_batch(conn, tables, **_claim_kwargs())
+        tx.rollback()
+        sa.event.remove(conn, "before_cursor_execute", record)
+        if not statements:
+            return []
+        statement, parameters = statements[0]
+        result = conn.exec_driver_sql("EXPLAIN " + statement, parameters)
+        return [{k: (str(v) if v is not None else None) for k, v in row._mapping.items()} for row in result]
+
+
+# -------------------------------------------------------------------- table
+
+
+def judge(report: Report) -> None:
+    r = report
+    r.compare("peer: worker processed", "peer: defer")
+    r.compare("peer: end to end", "peer: defer")
+    r.compare("business txn with enqueue", "business txn without enqueue (base)")
+    r.compare("relay batch 100", "peer: end to end")
+    r.compare("relay batch 1", "peer: end to end")
+    r.compare("direct single submissions", "server GET /healthz (base)")
+    r.compare("direct batch submissions", "direct single submissions")
+    r.compare("orbit: worker processed", "peer: worker processed")
+    r.compare("orbit: end to end", "peer: end to end")
+    r.compare("claim of 100, 1M DELIVERED rows", "claim of 100, 1k DELIVERED rows (base)")
+    b1, b100, peer_e2e = r.value("relay batch 1"), r.value("relay batch 100"), r.value("peer: end to end")
+    if b1 and b100:
+        r.add("orbit", "relay batching gain (batch 100 / batch 1)", b100 / b1, "×")
+    r.target("relay batch 100", "≥ 2,000 rows/s and ≥ 3× peer e2e",
+             lambda f: f.value is not None and f.value >= 2000 and (peer_e2e is None or f.value >= 3 * peer_e2e))  # fmt: skip
+    r.target("relay batching gain (batch 100 / batch 1)", "≥ 10×", lambda f: (f.value or 0) >= 10)
+    r.target("direct batch submissions", "≥ 4,000 tasks/s", lambda f: (f.value or 0) >= 4000)
+    r.target("orbit: worker processed", "≥ 1.0× peer", lambda f: None if f.ratio is None else f.ratio >= 1.0)
+    r.target("orbit: end to end", "≥ 1.0× peer", lambda f: None if f.ratio is None else f.ratio >= 1.0)
+    r.target("enqueue cost (time with / without)", "≤ 1.3×", lambda f: (f.value or 99) <= 1.3)
+    r.target(
+        "claim of 100, 1M DELIVERED rows",
+        "≤ 1.5× claim at 1k",
+        lambda f: None if f.ratio is None else f.ratio <= 1.5,
+    )
+    r.target("relay RSS at batch 500", "≤ 150 MiB", lambda f: (f.value or 0) <= 150)
+
+
+def print_report(report: Report) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console(width=max(Console().width, 170))
+    table = Table(title="Orbit vs procrastinate, one run", show_lines=False)
+    for column, justify in (("figure", "left"), ("value", "right"), ("unit", "left"), ("ratio", "right"),
+                            ("against", "left"), ("target", "left"), ("", "left"), ("note", "left")):  # fmt: skip
+        table.add_column(column, justify=justify)  # type: ignore[arg-type]
+    for f in report.figures:
+        value = "n/a" if f.value is None else (f"{f.value:,.0f}" if f.value >= 100 else f"{f.value:,.2f}")
+        verdict = "" if f.passed is None else ("[green]pass[/]" if f.passed else "[red]miss[/]")
+        ratio = "" if f.ratio is None else f"{f.ratio:.2f}×"
+        table.add_row(f.name, value, f.unit, ratio, f.base or "", f.target or "", verdict, f.note)
+    console.print(table)
+    console.print(report.meta)
+    for label, rows in report.explain.items():
+        console.print(f"EXPLAIN ({label}):")
+        for row in rows:
+            console.print("  " + ", ".join(f"{k}={v}" for k, v in row.items()))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--n", type=int, default=2000, help="jobs / rows / tasks per figure (default 2000)")
+    parser.add_argument(
+        "--concurrency", type=int, default=4, help="worker concurrency, both sides (default 4)"
+    )
+    parser.add_argument("--skip-claim", action="store_true", help="skip the 1M-row claim section")
+    parser.add_argument(
+        "--only", default=",".join(SECTIONS), help=f"sections to run, of {','.join(SECTIONS)}"
+    )
+    parser.add_argument(
+        "--serve-args", default="", help="extra `orbit-server serve` arguments, e.g. '--workers 2'"
+    )
+    parser.add_argument("--server-driver", choices=["pymysql", "mysqldb"], default="pymysql",
+                        help="MySQL driver of the Orbit server (mysqldb: the mysqlclient extra)")  # fmt: skip
+    parser.add_argument("--json", action="store_true", help="print the figures as JSON instead of a table")
+    parser.add_argument("--json-file", help="also write the figures as JSON to this file")
+    args = parser.parse_args()
+    sections = [s for s in args.only.split(",") if s]
+    if args.skip_claim and "claim" in sections:
+        sections.remove("claim")
+    report = Report(meta={"n": args.n, "concurrency": args.concurrency, "cpus": os.cpu_count(),
+                          "python": platform.python_version(), "sections": sections})  # fmt: skip
+    admin = sa.create_engine(MYSQL_SERVER)
+    with admin.connect() as conn:
+        report.meta["mariadb"] = dict(
+            conn.exec_driver_sql(
+                "SELECT VERSION() AS version, @@innodb_flush_log_at_trx_commit AS flush_log_at_trx_commit, "
+                "@@sync_binlog AS sync_binlog"
+            )
+            .one()
+            ._mapping
+        )
+    admin.dispose()
+    if "peer" in sections:
+        run_peer(report, args.n, args.concurrency)
+    if "orbit" in sections:
+        run_orbit(report, args.n, args.concurrency, args.serve_args.split(), args.server_driver)
+    if "claim" in sections:
+        run_claim(report)
+    judge(report)
+    document = {
+        "figures": [asdict(f) for f in report.figures],
+        "explain": report.explain,
+        "meta": report.meta,
+    }
+    if args.json_file:
+        Path(args.json_file).write_text(json.dumps(document, indent=2, default=str))
+    if args.json:
+        print(json.dumps(document, indent=2, default=str))
+    else:
+        print_report(report)
+
+
+if __name__ == "__main__":
+    main()

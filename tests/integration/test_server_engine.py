@@ -1,0 +1,99 @@
+"""The server's connection pool: no round trip that buys nothing, and no transaction outlives a checkout."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import sqlalchemy as sa
+from sqlalchemy.engine import Engine
+
+from orbit_server._db import create_engine
+from tests.conftest import DatabaseFactory
+
+pytestmark = pytest.mark.mariadb
+
+
+@pytest.fixture(scope="module")
+def engine(make_database: DatabaseFactory) -> Iterator[Engine]:
+    engine = create_engine(make_database("mariadb"), pool_size=1)
+    with engine.begin() as conn:
+        conn.exec_driver_sql("CREATE TABLE t (id INT PRIMARY KEY) ENGINE=InnoDB")
+    yield engine
+    engine.dispose()
+
+
+def _statements(engine: Engine, work: Any) -> list[str]:
+    """What ``work()`` sent on the wire besides its own statements: pings and rollbacks."""
+    sent: list[str] = []
+    pool_dbapi = engine.pool
+
+    def on_checkout(dbapi_connection: Any, _record: Any, _proxy: Any) -> None:
+        real_ping, real_rollback = dbapi_connection.ping, dbapi_connection.rollback
+
+        def ping(*args: Any) -> Any:
+            sent.append("PING")
+            return real_ping(*args)
+
+        def rollback() -> Any:
+            sent.append("ROLLBACK")
+            return real_rollback()
+
+        dbapi_connection.ping, dbapi_connection.rollback = ping, rollback
+
+    sa.event.listen(pool_dbapi, "checkout", on_checkout, insert=True)
+    try:
+        work()
+    finally:
+        sa.event.remove(pool_dbapi, "checkout", on_checkout)
+    return sent
+
+
+def test_a_committed_transaction_costs_no_ping_and_no_rollback(engine: Engine) -> None:
+    def work() -> None:
+        for n in range(3):
+            with engine.begin() as conn:
+                conn.exec_driver_sql("INSERT INTO t VALUES (%s)", (n + 100,))
+
+    assert _statements(engine, work) == []
+
+
+def test_a_connection_returned_inside_a_transaction_is_rolled_back(engine: Engine) -> None:
+    raw = engine.raw_connection()  # bypasses Connection, as a careless caller could
+    cursor = raw.cursor()
+    cursor.execute("INSERT INTO t VALUES (1)")
+    cursor.close()
+    raw.close()  # back to the pool with the insert (and its row lock) uncommitted
+    with engine.connect() as conn:
+        assert conn.exec_driver_sql("SELECT COUNT(*) FROM t WHERE id = 1").scalar_one() == 0
+
+
+def test_a_failed_statement_leaves_no_open_transaction(engine: Engine) -> None:
+    with engine.begin() as conn:
+        conn.exec_driver_sql("INSERT INTO t VALUES (2)")
+    with pytest.raises(sa.exc.IntegrityError), engine.begin() as conn:
+        conn.exec_driver_sql("INSERT INTO t VALUES (3)")
+        conn.exec_driver_sql("INSERT INTO t VALUES (2)")
+    with engine.connect() as conn:
+        assert conn.exec_driver_sql("SELECT COUNT(*) FROM t WHERE id = 3").scalar_one() == 0
+
+
+def test_an_idle_connection_is_pinged_and_a_dropped_one_replaced(make_database: DatabaseFactory) -> None:
+    # ping_idle_seconds=0: every reused connection counts as idle (SQLAlchemy's pool_pre_ping).
+    engine = create_engine(make_database("mariadb"), pool_size=1, ping_idle_seconds=0)
+    try:
+        first_id = _connection_id(engine)
+        with sa.create_engine(engine.url, poolclass=sa.pool.NullPool).connect() as admin:
+            admin.exec_driver_sql(f"KILL {first_id}")  # the server drops the pooled connection
+        ids: list[int] = []
+        sent = _statements(engine, lambda: ids.append(_connection_id(engine)))
+        assert sent[:1] == ["PING"]
+        assert ids[0] != first_id  # a new connection, and no error for the caller
+    finally:
+        engine.dispose()
+
+
+def _connection_id(engine: Engine) -> int:
+    with engine.begin() as conn:
+        return int(conn.exec_driver_sql("SELECT CONNECTION_ID()").scalar_one())
