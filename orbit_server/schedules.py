@@ -22,8 +22,7 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine, RowMapping
 
-from orbit_client import SubmitOptions, TaskStatus, TaskSubmission
-from orbit_client._schedule_models import (
+from orbit_client import (
     MisfirePolicy,
     OccurrenceStatus,
     OverlapPolicy,
@@ -31,6 +30,9 @@ from orbit_client._schedule_models import (
     ScheduleCreate,
     ScheduleOccurrence,
     ScheduleUpdate,
+    SubmitOptions,
+    TaskStatus,
+    TaskSubmission,
 )
 
 from . import errors

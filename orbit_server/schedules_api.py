@@ -12,8 +12,7 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Path, Query, Response
 from sqlalchemy.engine import Engine
 
-from orbit_client import NAME_PATTERN, Problem
-from orbit_client._schedule_models import Schedule, ScheduleCreate, ScheduleOccurrence, ScheduleUpdate
+from orbit_client import NAME_PATTERN, Problem, Schedule, ScheduleCreate, ScheduleOccurrence, ScheduleUpdate
 
 from . import schedules
 from ._auth import Caller, authorize
