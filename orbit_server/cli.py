@@ -223,3 +223,8 @@ def _check_name(what: str, name: str) -> None:
         raise click.BadParameter(
             "use 1-64 letters, digits, '.', '_' or '-', starting with a letter or digit", param_hint=what
         )
+
+
+from .schedule_cli import schedule  # noqa: E402 - it uses the helpers above
+
+main.add_command(schedule)

@@ -171,6 +171,11 @@ def _read(conn: Connection, principal: Principal, name: str, *, lock: bool = Fal
     return row
 
 
+def _actor(principal: Principal) -> str:
+    """Who made a change: the API key, or the ``orbit-server`` command line (key id 0)."""
+    return f"api_key:{principal.key_id}" if principal.key_id else "orbit-server cli"
+
+
 def _audit(
     conn: Connection, principal: Principal, row: RowMapping | dict[str, Any], event: str, version: int,
     now: datetime, data: dict[str, Any] | None = None,
@@ -182,7 +187,7 @@ def _audit(
             schedule_name=row["name"],
             event=event,
             version=version,
-            actor=f"api_key:{principal.key_id}",
+            actor=_actor(principal),
             data=data,
             created_at=now,
         )
