@@ -9,9 +9,11 @@ cronsim implements and the unit tests pin):
 - **A local time that does not exist** (spring forward, e.g. 02:30 Europe/Berlin on the last
   Sunday of March) fires **once, at the first valid instant after the gap** (03:00 local).
 - **A local time that occurs twice** (fall back, e.g. 02:30 Europe/Berlin on the last Sunday of
-  October) fires **once, at its first occurrence** (``fold=0``, still summer time) when the
-  expression names the hour. An expression with ``*`` in the hour field (every N minutes,
-  hourly) keeps its real-time cadence and also fires during the repeated hour.
+  October) fires **once, at its first occurrence** (``fold=0``, still summer time).
+- Both rules are for expressions that name the hour. An expression with ``*`` in the hour field
+  (hourly, every N minutes) keeps its real-time cadence through both transitions: it fires
+  nothing extra at the end of the gap, and it fires during the repeated hour too (its times
+  there are one real hour apart from those of the first pass).
 
 Intervals are plain UTC arithmetic: ``start_at + k * interval_seconds`` for k = 0, 1, 2, ...
 Both kinds are bounded by ``start_at`` and ``end_at`` (inclusive).
