@@ -481,9 +481,12 @@ def _fire_one(
     conn: Connection, row: dict[str, Any], now: datetime, *, default_max_attempts: int, key_ttl: timedelta
 ) -> int:
     """The writes of one schedule's fire; 0 tasks if another process fired it first."""
+    due_from = row["next_fire_at"]
+    if row["last_fired_at"] is not None:  # never a fire time already handled, whatever next_fire_at says
+        due_from = max(due_from, row["last_fired_at"] + timedelta(microseconds=1))
     fires, following = plan_fires(
         _trigger(row),
-        row["next_fire_at"],
+        due_from,
         now,
         policy=MisfirePolicy(row["misfire_policy"]),
         catch_up_max=row["catch_up_max"],
