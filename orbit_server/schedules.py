@@ -36,7 +36,7 @@ from orbit_client import (
 )
 
 from . import errors
-from ._db import db_now, is_lock_conflict, to_naive_utc, to_utc
+from ._db import as_db_time, db_now, db_now_expression, is_lock_conflict, to_naive_utc, to_utc
 from .firetimes import Trigger, bad_cron, bad_timezone, format_fire_time
 from .schema import (
     namespaces,
@@ -438,13 +438,14 @@ def fire_due(engine: Engine, *, default_max_attempts: int, key_ttl: timedelta) -
 
 def _fire_batch(conn: Connection, *, default_max_attempts: int, key_ttl: timedelta) -> tuple[int, int]:
     """Claim up to ``_CLAIM_LIMIT`` due schedules and fire each; ``(claimed, tasks created)``."""
-    now = db_now(conn)
+    # One statement when nothing is due (the idle case): the database clock is read in the claim.
     # Lock only schedules rows (no join: MariaDB has no FOR UPDATE OF, and locking namespace or
     # queue rows would make concurrent passes skip each other's schedules).
+    clock = db_now_expression(conn.dialect)
     locked = (
         conn.execute(
-            sa.select(schedules)
-            .where(schedules.c.paused == sa.false(), schedules.c.next_fire_at <= now)
+            sa.select(schedules, clock.label("db_now"))
+            .where(schedules.c.paused == sa.false(), schedules.c.next_fire_at <= clock)
             .order_by(schedules.c.next_fire_at)
             .limit(_CLAIM_LIMIT)
             .with_for_update(skip_locked=True)
@@ -454,6 +455,7 @@ def _fire_batch(conn: Connection, *, default_max_attempts: int, key_ttl: timedel
     )
     if not locked:
         return 0, 0
+    now = as_db_time(locked[0]["db_now"])
     names = {
         (r.ns_id, r.q_id): (r.ns_name, r.q_name)
         for r in conn.execute(
@@ -470,7 +472,9 @@ def _fire_batch(conn: Connection, *, default_max_attempts: int, key_ttl: timedel
     claimed = []
     for r in locked:
         ns_name, q_name = names[(r["namespace_id"], r["queue_id"])]
-        claimed.append(dict(r) | {"namespace_name": ns_name, "queue_name": q_name})
+        claimed.append(
+            {k: v for k, v in r.items() if k != "db_now"} | {"namespace_name": ns_name, "queue_name": q_name}
+        )
     made = 0
     for row in claimed:
         made += _fire_one(conn, row, now, default_max_attempts=default_max_attempts, key_ttl=key_ttl)
