@@ -477,7 +477,18 @@ def _fire_batch(conn: Connection, *, default_max_attempts: int, key_ttl: timedel
         )
     made = 0
     for row in claimed:
-        made += _fire_one(conn, row, now, default_max_attempts=default_max_attempts, key_ttl=key_ttl)
+        # A savepoint each: a schedule that cannot fire (a bug, bad stored data) leaves the others firing.
+        try:
+            with conn.begin_nested():
+                made += _fire_one(conn, row, now, default_max_attempts=default_max_attempts, key_ttl=key_ttl)
+        except sa.exc.DBAPIError:
+            raise  # the database's own trouble (lock conflicts, lost connection): the whole pass ends
+        except Exception:
+            log.exception(
+                "schedule %r of namespace %r could not fire; it is tried again in the next pass",
+                row["name"],
+                row["namespace_name"],
+            )
     return len(claimed), made
 
 

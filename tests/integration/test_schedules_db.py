@@ -238,3 +238,16 @@ def test_concurrent_passes_give_one_task_per_fire_time(db: Db) -> None:
     assert len({(o.schedule_id, o.scheduled_at) for o in occurrences}) == 36
     assert len({o.task_id for o in occurrences}) == 36 == keys
     assert sum(created) <= 36
+
+
+def test_a_schedule_that_cannot_fire_leaves_the_others_firing(
+    db: Db, caplog: pytest.LogCaptureFixture
+) -> None:
+    broken = db.create(interval_seconds=60, past_seconds=30)
+    healthy = db.create(interval_seconds=60, past_seconds=20)
+    with db.engine.begin() as conn:  # stored data no task can be built from (not reachable through the API)
+        conn.execute(schedules_table.update().where(schedules_table.c.name == broken).values(handler=""))
+    assert db.fire() == 1
+    assert db.occurrences(broken) == [] and len(db.occurrences(healthy)) == 1
+    assert f"schedule {broken!r}" in caplog.text and "could not fire" in caplog.text
+    assert db.schedule(broken)["next_fire_at"] < db.now()  # still due: tried again in the next pass
