@@ -46,17 +46,48 @@ def problem(status: int, code: str, **headers: str) -> httpx.Response:
 
 
 class FakeServer:
-    """Answers queue checks with 200 and submissions with what ``submit`` returns."""
+    """Answers queue checks with 200 and submissions with what ``submit`` returns for each row.
 
-    def __init__(self, submit: Handler) -> None:
+    A batch request (``POST .../tasks/batch``) is answered item by item: ``submit`` sees each
+    item as the single request it stands for; a status a batch item cannot have (429, 5xx, ...)
+    answers the whole request, as does an exception. With ``batch_route=False`` it is an older
+    server: the batch route answers 405.
+    """
+
+    def __init__(self, submit: Handler, *, batch_route: bool = True) -> None:
         self.submit = submit
-        self.posts: list[str] = []
+        self.batch_route = batch_route
+        self.posts: list[str] = []  # idempotency keys, one per row sent
+        self.requests: list[str] = []  # "batch" or "single", one per POST
 
     def __call__(self, request: httpx.Request) -> httpx.Response:
         if request.method == "GET":
             return httpx.Response(200, json=QUEUE)
+        if request.url.path.endswith("/tasks/batch"):
+            if not self.batch_route:
+                return problem(405, "method_not_allowed")
+            self.requests.append("batch")
+            return self._batch(request)
+        self.requests.append("single")
         self.posts.append(request.headers["Idempotency-Key"])
         return self.submit(request)
+
+    def _batch(self, request: httpx.Request) -> httpx.Response:
+        results = []
+        for item in json.loads(request.content)["items"]:
+            key = item.pop("idempotency_key")
+            self.posts.append(key)
+            single = httpx.Request("POST", request.url.copy_with(path=request.url.path[: -len("/batch")]),
+                                   headers={"Idempotency-Key": key}, json=item)  # fmt: skip
+            response = self.submit(single)
+            if response.status_code not in (200, 201, 400, 404, 409, 422):
+                return response
+            if response.status_code in (200, 201):
+                results.append({"status": response.status_code, "task": response.json(),
+                                "replayed": response.status_code == 200})  # fmt: skip
+            else:
+                results.append({"status": response.status_code, "error": response.json()})
+        return httpx.Response(200, json={"items": results})
 
 
 def accepted(request: httpx.Request) -> httpx.Response:
@@ -204,7 +235,8 @@ def test_on_delivered_runs_in_the_recording_transaction_and_a_failure_leaves_onl
 
 
 def test_stop_releases_unsent_claims_and_finishes_the_sends_in_flight(engine: sa.Engine) -> None:
-    ids = add(engine, 5)
+    with engine.begin() as conn:  # five namespaces: one claim, five batch requests, one in flight at a time
+        ids = [enqueue(conn, namespace=f"shop{i}", queue="default", handler="h", params={}).id for i in range(5)]
     arrived, release = threading.Event(), threading.Event()
 
     def slow(request: httpx.Request) -> httpx.Response:
