@@ -107,8 +107,10 @@ def item_outcome(result: BatchItemResult, *, namespace: str, queue: str, row_id:
     status, problem = result.status, result.error
     code = problem.code if problem is not None else None
     request_id = problem.request_id if problem is not None else None
-    detail = (problem.detail or problem.title) if problem is not None else ""
-    message = f"{status} {code or ''}: {detail} (request id {request_id or '-'})"
+    if problem is not None:
+        message = f"{status} {code}: {problem.detail or problem.title} (request id {request_id or '-'})"
+    else:
+        message = f"{status} without a problem body"
     if status in (200, 201) and result.task is not None:
         return SendOutcome(
             verdict=Verdict.DELIVERED, task_id=result.task.id, replayed=status == 200, status_code=status

@@ -31,7 +31,7 @@ class Rule:
     """What the proxy does with matching requests.
 
     ``action``: ``"respond"`` (answer ``status``/``headers``/``body`` itself, forwarding
-    nothing), ``"forward_then_drop"`` (forward to the server, then never answer: the
+    nothing), ``"delay"`` (wait ``seconds``, then forward: a slow server), ``"forward_then_drop"`` (forward to the server, then never answer: the
     client's read timeout fires after the server accepted), ``"drop"`` (forward nothing,
     never answer), ``"block"`` (set ``arrived``, wait for ``release``, then forward).
     ``times``: how many requests it applies to (``None``: all). ``key`` matches a single
@@ -48,6 +48,7 @@ class Rule:
     body: dict[str, Any] | None = None
     arrived: threading.Event = field(default_factory=threading.Event)
     release: threading.Event = field(default_factory=threading.Event)
+    seconds: float = 0.0
     hits: int = 0
 
     def matches(self, method: str, path: str, keys: list[str]) -> bool:
@@ -64,6 +65,8 @@ class FaultProxy:
     def __init__(self, target: str) -> None:
         self.target = target
         self.rules: list[Rule] = []
+        #: Called (in a worker thread) with the idempotency keys of each request as it arrives.
+        self.observer: Callable[[list[str]], None] | None = None
         self.seen: list[tuple[str, str, str | None]] = []
         self._lock = threading.Lock()
 
@@ -97,6 +100,8 @@ class FaultProxy:
         key = dict((k.lower(), v) for k, v in headers).get("idempotency-key")
         keys = [key] if key is not None else _batch_keys(scope["path"], body)
         path = scope["path"] + (("?" + scope["query_string"].decode()) if scope["query_string"] else "")
+        if self.observer is not None and keys:
+            await anyio.to_thread.run_sync(self.observer, keys)
         rule = self._match(scope["method"], scope["path"], keys)
         if rule is not None and rule.action == "respond":
             await _respond(send, rule.status, rule.headers, rule.body or {})
@@ -104,6 +109,8 @@ class FaultProxy:
         if rule is not None and rule.action == "drop":
             await _until_disconnect(receive)
             return
+        if rule is not None and rule.action == "delay":
+            await anyio.sleep(rule.seconds)
         if rule is not None and rule.action == "block":
             rule.arrived.set()
             await anyio.to_thread.run_sync(rule.release.wait)

@@ -236,7 +236,9 @@ def test_on_delivered_runs_in_the_recording_transaction_and_a_failure_leaves_onl
 
 def test_stop_releases_unsent_claims_and_finishes_the_sends_in_flight(engine: sa.Engine) -> None:
     with engine.begin() as conn:  # five namespaces: one claim, five batch requests, one in flight at a time
-        ids = [enqueue(conn, namespace=f"shop{i}", queue="default", handler="h", params={}).id for i in range(5)]
+        ids = [
+            enqueue(conn, namespace=f"shop{i}", queue="default", handler="h", params={}).id for i in range(5)
+        ]
     arrived, release = threading.Event(), threading.Event()
 
     def slow(request: httpx.Request) -> httpx.Response:
@@ -406,3 +408,69 @@ def test_reconcile_leaves_a_mismatch_for_a_person_and_says_nothing_was_applied(e
     assert f"orbit-outbox resolve {row_id}" in decision.detail
     row = Outbox(engine).get(row_id)
     assert row.state == "NEEDS_RECONCILE" and "a person must decide" in (row.last_error or "")
+
+
+def test_one_request_per_batch_and_a_whole_request_failure_counts_every_row(engine: sa.Engine) -> None:
+    ids = add(engine, 3, max_attempts=2)
+    answers = iter(["timeout", "ok"])
+
+    def flaky(request: httpx.Request) -> httpx.Response:
+        if next(answers) == "timeout":
+            raise httpx.ReadTimeout("timed out", request=request)
+        return accepted(request)
+
+    class Once(FakeServer):  # the outcome of the whole request is unknown once, then all are accepted
+        def _batch(self, request: httpx.Request) -> httpx.Response:
+            if next(answers) == "timeout":
+                self.posts.extend(item["idempotency_key"] for item in json.loads(request.content)["items"])
+                raise httpx.ReadTimeout("timed out", request=request)
+            return super()._batch(request)
+
+    server = Once(accepted)
+    stats = relay(engine, server, batch_size=10).run_once()
+    assert server.requests == ["batch", "batch"] and (stats.retried, stats.delivered) == (3, 3)
+    rows = Outbox(engine).list_rows()
+    assert [(r.id, r.state, r.attempts) for r in rows] == [(i, "DELIVERED", 2) for i in ids]
+
+
+def test_once_unknown_a_later_refusal_needs_reconcile_never_dead(engine: sa.Engine) -> None:
+    [row_id] = add(engine, max_attempts=3)
+    answers = iter([None, problem(422, "validation_error")])
+
+    def submit(request: httpx.Request) -> httpx.Response:
+        answer = next(answers)
+        if answer is None:
+            raise httpx.ReadTimeout("timed out", request=request)
+        return answer
+
+    stats = relay(engine, FakeServer(submit)).run_once()
+    assert (stats.retried, stats.dead, stats.needs_reconcile) == (1, 0, 1)
+    row = Outbox(engine).get(row_id)
+    assert row.state == "NEEDS_RECONCILE" and "earlier send(s) had an unknown outcome" in (
+        row.last_error or ""
+    )
+
+
+def test_an_older_server_gets_single_submissions_with_queue_checks(engine: sa.Engine) -> None:
+    add(engine, 3)
+    server = FakeServer(accepted, batch_route=False)
+    seen: list[str] = []
+
+    def transport(request: httpx.Request) -> httpx.Response:
+        seen.append(request.method)
+        return server(request)
+
+    stats = relay(engine, transport, batch_size=3, concurrency=1).run_once()
+    assert (stats.delivered, stats.released) == (3, 3) and server.requests == ["single"] * 3
+    assert seen.count("GET") == 1  # the queue check, cached
+
+
+def test_the_on_delivered_hook_runs_once_per_row_of_a_batch_in_one_transaction(engine: sa.Engine) -> None:
+    ids = add(engine, 4)
+    calls: list[tuple[int, int]] = []
+
+    def hook(conn: sa.Connection, row: Any) -> None:
+        calls.append((id(conn), row.row_id))
+
+    relay(engine, FakeServer(accepted), on_delivered=hook, batch_size=4).run_once()
+    assert [row_id for _, row_id in calls] == ids and len({conn for conn, _ in calls}) == 1
