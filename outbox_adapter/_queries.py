@@ -49,6 +49,7 @@ __all__ = [
     "inbox_contains",
     "insert_inbox_row",
     "insert_row",
+    "insert_statement",
     "list_events",
     "list_inbox",
     "list_rows",
@@ -112,14 +113,50 @@ class Claim:
 # --- enqueue -----------------------------------------------------------------------------------------
 
 
-def insert_row(t: OutboxTables, values: Mapping[str, Any], dialect_name: str) -> sa.Insert:
-    """The ``INSERT`` of a new ``PENDING`` row; ``created_at``/``updated_at`` (and ``available_at``
-    unless given) come from the database clock. The caller executes it on its own connection."""
+_insert_statements: weakref.WeakKeyDictionary[OutboxTables, dict[str, sa.Insert]] = (
+    weakref.WeakKeyDictionary()
+)
+#: The values :func:`insert_row` takes, one bound parameter each.
+_INSERT_COLUMNS = (
+    "idempotency_key", "namespace", "queue", "handler", "params", "options", "ordering_key", "business_ref",
+    "max_attempts",
+)  # fmt: skip
+
+
+def insert_statement(t: OutboxTables, dialect_name: str) -> sa.Insert:
+    """The ``INSERT`` of a new ``PENDING`` row, built once per tables and dialect: every value a bound
+    parameter (``b_<column>``, and ``b_available_at``: ``None`` means now); ``created_at``,
+    ``updated_at`` (and a missing ``available_at``) from the database clock, in the same statement."""
+    with _statements_lock:
+        found = _insert_statements.setdefault(t, {}).get(dialect_name)
+    if found is not None:
+        return found
+    o = t.outbox
     now = now_sql(dialect_name)
-    row = {"state": PENDING, "attempts": 0, "send_count": 0, "created_at": now, "updated_at": now, **values}
-    if row.get("available_at") is None:
-        row["available_at"] = now
-    return t.outbox.insert().values(row)
+    values: dict[str, Any] = {c: sa.bindparam(f"b_{c}", type_=o.c[c].type) for c in _INSERT_COLUMNS}
+    values.update(
+        state=PENDING,
+        attempts=0,
+        send_count=0,
+        created_at=now,
+        updated_at=now,
+        available_at=sa.func.coalesce(sa.bindparam("b_available_at", type_=o.c.available_at.type), now),
+    )
+    stmt = o.insert().values(values)
+    with _statements_lock:
+        _insert_statements[t][dialect_name] = stmt
+    return stmt
+
+
+def insert_row(
+    t: OutboxTables, values: Mapping[str, Any], dialect_name: str
+) -> tuple[sa.Insert, dict[str, Any]]:
+    """The statement (:func:`insert_statement`) and parameters inserting one new ``PENDING`` row with
+    ``values`` (the columns of ``_INSERT_COLUMNS`` and ``available_at``). The caller executes it on
+    its own connection."""
+    params = {f"b_{c}": values.get(c) for c in _INSERT_COLUMNS}
+    params["b_available_at"] = values.get("available_at")
+    return insert_statement(t, dialect_name), params
 
 
 # --- relay -------------------------------------------------------------------------------------------
