@@ -33,10 +33,13 @@ __all__ = [
     "create_engine",
     "db_now",
     "describe_url",
+    "needs_read_committed",
     "now_sql",
+    "pin_connection",
     "short_transaction",
     "to_aware_utc",
     "to_naive_utc",
+    "transaction_on",
     "translate_db_error",
 ]
 
@@ -233,21 +236,61 @@ def short_transaction(engine: Engine, *, read_committed: bool = True) -> Iterato
     :func:`translate_db_error`.
     """
     with engine.connect() as conn:
-        name = conn.dialect.name
-        set_level = False
-        if read_committed and name in ("mysql", "postgresql"):
-            needed = _needs_read_committed.get(engine)
-            if needed is None:
-                needed = _needs_read_committed[engine] = _isolation_of(conn) not in _WEAK_ENOUGH
-            set_level = needed
-        with conn.begin():
-            if set_level:
-                conn.exec_driver_sql("SET TRANSACTION ISOLATION LEVEL READ COMMITTED")
-            elif name == "sqlite":
-                raw = conn.connection.driver_connection
-                if isinstance(raw, sqlite3.Connection) and not raw.in_transaction:
-                    conn.exec_driver_sql("BEGIN IMMEDIATE")
-            yield conn
+        set_level = read_committed and needs_read_committed(conn)
+        with transaction_on(conn, set_read_committed=set_level) as inner:
+            yield inner
+
+
+def needs_read_committed(conn: Connection) -> bool:
+    """Whether transactions on ``conn``'s engine run stricter than ``READ COMMITTED`` (MySQL/MariaDB,
+    PostgreSQL; read from the database once per engine)."""
+    if conn.dialect.name not in ("mysql", "postgresql"):
+        return False
+    engine = conn.engine
+    needed = _needs_read_committed.get(engine)
+    if needed is None:
+        needed = _needs_read_committed[engine] = _isolation_of(conn) not in _WEAK_ENOUGH
+    return needed
+
+
+@contextmanager
+def transaction_on(conn: Connection, *, set_read_committed: bool = False) -> Iterator[Connection]:
+    """One transaction on ``conn``, committed on success: SQLite ``BEGIN IMMEDIATE`` (unless the
+    engine's ``begin`` hook opened it), or first ``SET TRANSACTION ISOLATION LEVEL READ COMMITTED``
+    when ``set_read_committed``."""
+    with conn.begin():
+        if set_read_committed:
+            conn.exec_driver_sql("SET TRANSACTION ISOLATION LEVEL READ COMMITTED")
+        elif conn.dialect.name == "sqlite":
+            raw = conn.connection.driver_connection
+            if isinstance(raw, sqlite3.Connection) and not raw.in_transaction:
+                conn.exec_driver_sql("BEGIN IMMEDIATE")
+        yield conn
+
+
+def pin_connection(engine: Engine) -> Connection:
+    """A connection of ``engine`` for a run of short transactions (:func:`transaction_on`): at
+    ``READ COMMITTED`` for its session while it is checked out (the pool restores the engine's
+    level when it is closed), so those transactions need no ``SET`` and no checkout or checkin
+    (the pool's reset ``ROLLBACK``, an application's pre-ping) each. Driver errors while setting
+    the level are wrapped as a ``DBAPIError`` marked ``connection_invalidated`` (transient).
+    """
+    conn = engine.connect()
+    try:
+        if needs_read_committed(conn):
+            dbapi_error = conn.dialect.loaded_dbapi.Error
+            try:
+                conn.execution_options(isolation_level="READ COMMITTED")
+            except dbapi_error as exc:
+                conn.invalidate()
+                raise sa.exc.DBAPIError.instance(
+                    "SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED", None, exc, dbapi_error,
+                    connection_invalidated=True, dialect=conn.dialect,
+                ) from exc  # fmt: skip
+    except BaseException:
+        conn.close()
+        raise
+    return conn
 
 
 def _isolation_of(conn: Connection) -> str:

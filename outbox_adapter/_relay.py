@@ -414,6 +414,8 @@ class Relay:
             ", once" if once else "",
             extra={"event": "relay_started", "owner": self.owner},
         )
+        pin = self.outbox.pinned()  # claims and records all run on this thread: one connection for them
+        pin.__enter__()
         try:
             while not self._stopping.is_set():
                 self._collect(outstanding, finished, timeout=None)
@@ -448,10 +450,13 @@ class Relay:
                 elif claimed < limit or len(outstanding) >= self.concurrency:
                     self._collect(outstanding, finished, timeout=self.poll_interval, at_least_one=True)
         finally:
-            self._shut_down(executor, outstanding, finished, stats)
-            if previous is not None:
-                for signum, handler in previous.items():
-                    signal.signal(signum, handler)
+            try:
+                self._shut_down(executor, outstanding, finished, stats)
+            finally:
+                pin.__exit__(None, None, None)
+                if previous is not None:
+                    for signum, handler in previous.items():
+                        signal.signal(signum, handler)
         stats.orbit_unavailable = len(self._unavailable)
         log.info(
             "relay %s stopped: %s",
