@@ -20,6 +20,7 @@ recording of others.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import queue
@@ -133,6 +134,30 @@ class _HookFailed(Exception):
         self.row_id, self.cause = row_id, cause
 
 
+#: Most items in one batch request (the server's default ``ORBIT_MAX_BATCH_ITEMS``).
+MAX_BATCH_ITEMS = 500
+#: Largest estimated body of one batch request, in bytes: well under the server's default
+#: ``ORBIT_MAX_BODY_BYTES`` (256 KiB), so a batch of large params is split, not refused.
+MAX_BATCH_BYTES = 192 * 1024
+
+
+def _requests_of(claims: list[q.Claim]) -> list[list[q.Claim]]:
+    """Split the claims of one namespace into batch requests of at most :data:`MAX_BATCH_ITEMS` items
+    and about :data:`MAX_BATCH_BYTES` of JSON each (a row alone over the limit is a request alone)."""
+    requests: list[list[q.Claim]] = [[]]
+    size = 0
+    for claim in claims:
+        item = 120 + len(claim.idempotency_key) + len(claim.queue) + len(claim.handler)
+        item += len(json.dumps(claim.params, separators=(",", ":"), ensure_ascii=False))
+        item += len(json.dumps(claim.options, separators=(",", ":"))) if claim.options else 0
+        if requests[-1] and (len(requests[-1]) >= MAX_BATCH_ITEMS or size + item > MAX_BATCH_BYTES):
+            requests.append([])
+            size = 0
+        requests[-1].append(claim)
+        size += item
+    return requests
+
+
 def _route_missing(exc: BaseException) -> bool:
     """Whether a batch request was refused because the server has no batch route (an older server):
     404 ``not_found`` (no such path) or 405 (``POST .../tasks/{id}`` has no POST)."""
@@ -189,8 +214,9 @@ class Relay:
         engine: the business database engine the application built (never disposed of).
         database_url: or a URL to build the relay's own engine from (disposed in :meth:`close`).
         tables: the outbox tables; ``None`` means ``OutboxTables()``.
-        batch_size: most rows claimed, and sent in one request, at once. Default ``50``; at
-            most the server's ``ORBIT_MAX_BATCH_ITEMS`` (default 500).
+        batch_size: most rows claimed, and sent, at once. Default ``50``. One request carries
+            at most 500 items (the server's default ``ORBIT_MAX_BATCH_ITEMS``) and about
+            192 KiB of JSON; a larger batch goes as several requests.
         concurrency: batch requests in flight at once. Default ``4``. A new batch is
             claimed when fewer than ``concurrency`` requests are in flight, so at most
             ``concurrency`` claimed batches are unfinished.
@@ -512,7 +538,7 @@ class Relay:
         by_namespace: dict[str, list[q.Claim]] = {}
         for claim in claims:
             by_namespace.setdefault(claim.namespace, []).append(claim)
-        return [batch(members, False) for members in by_namespace.values()]
+        return [batch(chunk, False) for members in by_namespace.values() for chunk in _requests_of(members)]
 
     # --- sending (thread pool) -----------------------------------------------------------------------
 
@@ -583,9 +609,14 @@ class Relay:
                 )
                 return [None] * len(claims)  # released: claimed again, one row per request
             status = getattr(exc, "status_code", None)
-            if len(claims) > 1 and (isinstance(exc, OrbitUsageError) or status == 413):
-                # One row the client refuses, or a body over the server's limit: nothing was
-                # accepted; send each row alone so that only the culprit is refused.
+            if len(claims) > 1 and (
+                isinstance(exc, OrbitUsageError)
+                or status == 413
+                or (status == 422 and getattr(exc, "code", None) != "idempotency_key_reused")
+            ):
+                # The request as a whole was refused (one row the client refuses, a body over the
+                # server's limit, more items than it takes): nothing was accepted; send each row
+                # alone so that only a culprit is refused.
                 return self._send_each(batch)
             outcome = classify_error(exc)
             if outcome.verdict is Verdict.DEAD and status == 404:

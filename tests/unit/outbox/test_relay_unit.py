@@ -7,6 +7,7 @@ import json
 import logging
 import threading
 from collections.abc import Callable, Iterator
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -474,3 +475,32 @@ def test_the_on_delivered_hook_runs_once_per_row_of_a_batch_in_one_transaction(e
 
     relay(engine, FakeServer(accepted), on_delivered=hook, batch_size=4).run_once()
     assert [row_id for _, row_id in calls] == ids and len({conn for conn, _ in calls}) == 1
+
+
+def test_a_claim_goes_as_requests_the_server_takes(engine: sa.Engine) -> None:
+    from outbox_adapter._relay import MAX_BATCH_BYTES, MAX_BATCH_ITEMS, _requests_of
+
+    def claim(i: int, params: Any) -> q.Claim:
+        return q.Claim(id=i, idempotency_key=f"k{i}", namespace="shop", queue="default", handler="h",
+                       ordering_key=None, business_ref=None, attempts=1, send_count=1, budget=5, token="t",
+                       lease_expires_at=datetime(2030, 1, 1), params=params)  # fmt: skip
+
+    small = [claim(i, {"i": i}) for i in range(1200)]
+    assert [len(r) for r in _requests_of(small)] == [MAX_BATCH_ITEMS, MAX_BATCH_ITEMS, 200]
+    big = "x" * (MAX_BATCH_BYTES // 2)
+    mixed = [claim(0, {"b": big}), claim(1, {"b": big}), claim(2, {}), claim(3, {"b": "x" * MAX_BATCH_BYTES})]
+    assert [[c.id for c in r] for r in _requests_of(mixed)] == [[0], [1, 2], [3]]
+
+
+def test_a_batch_refused_as_a_whole_is_sent_row_by_row(engine: sa.Engine) -> None:
+    add(engine, 2)
+    server = FakeServer(accepted)
+
+    def transport(request: httpx.Request) -> httpx.Response:
+        if request.url.path.endswith("/tasks/batch"):  # e.g. a server taking fewer items per request
+            server.requests.append("batch")
+            return problem(422, "validation_error")
+        return server(request)
+
+    stats = relay(engine, transport, batch_size=2).run_once()
+    assert stats.delivered == 2 and server.requests == ["batch", "single", "single"]
