@@ -18,9 +18,11 @@ One transaction per batch, whatever its size:
 A concurrent batch or single submission that inserted one of the keys first makes the
 ``INSERT`` fail (unique index) once it commits; a deadlock or lock wait timeout can also
 end the transaction. Either way the whole transaction is rolled back and run again; the
-new run sees the winner's keys as replays. After :data:`TRIES` runs, one last read-only
-run answers what it can and ``409 request_in_progress`` for the items it would have
-created. Every statement is built once, at import.
+new run sees the winner's keys as replays. After :data:`TRIES` runs, a read-only run
+answers what is settled and each item that would create a task gets one transaction of its
+own; an item that still meets a concurrent request with its key answers
+``409 request_in_progress`` (retryable, as on the single endpoint). Every statement is built
+once, at import.
 """
 
 from __future__ import annotations
@@ -102,7 +104,7 @@ def submit_batch(
         For each item, :class:`Accepted` or the error the single endpoint would raise
         for it alone (:class:`errors.IdempotencyKeyReused`, :class:`errors.QueueNotFound`,
         :class:`errors.RequestInProgress` when it still met a concurrent request with the
-        same key after :data:`TRIES` transactions).
+        same key after :data:`TRIES` transactions and one of its own).
 
     Raises:
         sqlalchemy.exc.SQLAlchemyError: a database failure that is not a lock conflict or
@@ -121,8 +123,31 @@ def submit_batch(
             if not is_lock_conflict(exc):
                 raise
             log.debug("lock conflict while accepting a batch; retrying")
+    # Still conflicting: answer what is settled, then try each item that would create a task
+    # on its own (in order, so a repeated key replays its first item), so only the items that
+    # really meet a concurrent request answer 409.
     with engine.begin() as conn:
-        return _run(conn, principal, items, default_max_attempts, key_ttl, create=False)
+        answers = _run(conn, principal, items, default_max_attempts, key_ttl, create=False)
+    for position, answer in enumerate(answers):
+        if isinstance(answer, errors.RequestInProgress):
+            answers[position] = _alone(engine, principal, items[position], default_max_attempts, key_ttl)
+    return answers
+
+
+def _alone(
+    engine: Engine, principal: store.Principal, item: Pending, default_max_attempts: int, key_ttl: timedelta
+) -> Accepted | errors.OrbitServerError:
+    """One try of one item in its own transaction; 409 if it still meets a concurrent request."""
+    try:
+        with engine.begin() as conn:
+            return _run(conn, principal, [item], default_max_attempts, key_ttl, create=True)[0]
+    except sa.exc.IntegrityError:
+        pass
+    except sa.exc.OperationalError as exc:
+        if not is_lock_conflict(exc):
+            raise
+    with engine.begin() as conn:  # the other request may have committed by now: then it is a replay
+        return _run(conn, principal, [item], default_max_attempts, key_ttl, create=False)[0]
 
 
 def _run(
