@@ -20,7 +20,6 @@ recording of others.
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import queue
@@ -31,7 +30,6 @@ import time
 import uuid
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
 from datetime import datetime, timedelta
 from types import FrameType, TracebackType
 from typing import Any, Self
@@ -54,6 +52,7 @@ from outbox_adapter._outcomes import (
     classify_error,
     item_outcome,
 )
+from outbox_adapter._sending import Batch, Done, QueueCache, requests_of, route_missing
 from outbox_adapter._settings import OutboxSettings
 from outbox_adapter._tables import OutboxTables
 
@@ -65,65 +64,6 @@ log = logging.getLogger("outbox_adapter.relay")
 DEFAULT_MAX_ATTEMPTS = 5
 
 
-class _QueueCache:
-    """Remembers which (namespace, queue) exist, so most sends skip the check (DESIGN §5 "cached")."""
-
-    def __init__(self, client: OrbitClient, ttl: float) -> None:
-        self._client = client
-        self._ttl = ttl
-        self._negative_ttl = min(ttl, 5.0)
-        self._lock = threading.Lock()
-        self._known: dict[tuple[str, str], tuple[float, OrbitError | None]] = {}
-
-    def check(self, namespace: str, queue_name: str) -> None:
-        """Return if the queue exists; raise the ``OrbitError`` of the lookup otherwise.
-
-        A found queue is remembered ``ttl`` seconds, a missing one (404) ``min(ttl, 5)``
-        seconds; other failures are not remembered.
-        """
-        key = (namespace, queue_name)
-        now = time.monotonic()
-        with self._lock:
-            cached = self._known.get(key)
-        if cached is not None and cached[0] > now:
-            if cached[1] is not None:
-                raise cached[1]
-            return
-        try:
-            self._client.get_queue(namespace, queue_name)
-        except OrbitError as exc:
-            if getattr(exc, "status_code", None) == 404:
-                with self._lock:
-                    self._known[key] = (now + self._negative_ttl, exc)
-            raise
-        with self._lock:
-            self._known[key] = (now + self._ttl, None)
-
-    def found(self, namespace: str, queue_name: str) -> None:
-        """Remember that a queue exists (a batch item was accepted into it): no check needed."""
-        with self._lock:
-            self._known[(namespace, queue_name)] = (time.monotonic() + self._ttl, None)
-
-
-@dataclass
-class _Batch:
-    """Rows of one claim and one namespace, sent as one request (or, for an older server, one row)."""
-
-    namespace: str
-    claims: list[q.Claim]
-    token: str
-    lease_expires_at: datetime  # database clock
-    claimed_at: datetime  # database clock, read by the claim
-    claimed_mono: float  # time.monotonic() just before the claim's transaction began
-    single: bool = False  # submit with submit_task (an older server without the batch route)
-
-
-@dataclass(frozen=True)
-class _Done:
-    batch: _Batch
-    outcomes: list[SendOutcome | None]  # one per claim; None: released unsent
-
-
 class _LeaseLost(Exception):
     """A set-based record came up short: roll back, then record only the rows still ours."""
 
@@ -132,38 +72,6 @@ class _HookFailed(Exception):
     def __init__(self, row_id: int, cause: Exception) -> None:
         super().__init__(str(cause))
         self.row_id, self.cause = row_id, cause
-
-
-#: Most items in one batch request (the server's default ``ORBIT_MAX_BATCH_ITEMS``).
-MAX_BATCH_ITEMS = 500
-#: Largest estimated body of one batch request, in bytes: well under the server's default
-#: ``ORBIT_MAX_BODY_BYTES`` (256 KiB), so a batch of large params is split, not refused.
-MAX_BATCH_BYTES = 192 * 1024
-
-
-def _requests_of(claims: list[q.Claim]) -> list[list[q.Claim]]:
-    """Split the claims of one namespace into batch requests of at most :data:`MAX_BATCH_ITEMS` items
-    and about :data:`MAX_BATCH_BYTES` of JSON each (a row alone over the limit is a request alone)."""
-    requests: list[list[q.Claim]] = [[]]
-    size = 0
-    for claim in claims:
-        item = 120 + len(claim.idempotency_key) + len(claim.queue) + len(claim.handler)
-        item += len(json.dumps(claim.params, separators=(",", ":"), ensure_ascii=False))
-        item += len(json.dumps(claim.options, separators=(",", ":"))) if claim.options else 0
-        if requests[-1] and (len(requests[-1]) >= MAX_BATCH_ITEMS or size + item > MAX_BATCH_BYTES):
-            requests.append([])
-            size = 0
-        requests[-1].append(claim)
-        size += item
-    return requests
-
-
-def _route_missing(exc: BaseException) -> bool:
-    """Whether a batch request was refused because the server has no batch route (an older server):
-    404 ``not_found`` (no such path) or 405 (``POST .../tasks/{id}`` has no POST)."""
-    status = getattr(exc, "status_code", None)
-    code = getattr(exc, "code", None)
-    return status == 405 or (status == 404 and code in (None, "", "not_found"))
 
 
 class Relay:
@@ -318,9 +226,9 @@ class Relay:
                 self.send_window,
                 extra={"event": "lease_short"},
             )
-        self._queues = _QueueCache(client, queue_cache_ttl)
+        self._queues = QueueCache(client, queue_cache_ttl)
         self._faults = Faults.from_env()
-        self._events: queue.SimpleQueue[_Done | None] = queue.SimpleQueue()
+        self._events: queue.SimpleQueue[Done | None] = queue.SimpleQueue()
         self._stopping = threading.Event()
         self._database = Outage("database", "business database", self.db_backoff, log)
         self._owned_client: OrbitClient | None = None
@@ -428,8 +336,8 @@ class Relay:
         stats = RelayStats()
         previous = self._install_signal_handlers() if self.install_signal_handlers else None
         executor = ThreadPoolExecutor(max_workers=self.concurrency, thread_name_prefix="outbox-send")
-        outstanding: dict[int, tuple[_Batch, Future[None]]] = {}
-        finished: list[_Done] = []
+        outstanding: dict[int, tuple[Batch, Future[None]]] = {}
+        finished: list[Done] = []
         refused_once: set[int] = set()
         log.info(
             "relay %s started (batch size %d, concurrency %d, lease %.1f s%s)",
@@ -494,7 +402,7 @@ class Relay:
 
     # --- claiming ------------------------------------------------------------------------------------
 
-    def _claim(self, stats: RelayStats, *, once: bool, limit: int, exclude: set[int]) -> list[_Batch] | None:
+    def _claim(self, stats: RelayStats, *, once: bool, limit: int, exclude: set[int]) -> list[Batch] | None:
         """Claim up to ``limit`` rows, as one batch per namespace (one per row for an older server);
         ``None`` when the database is unreachable (after waiting a backoff)."""
         started = time.monotonic()
@@ -528,9 +436,9 @@ class Relay:
         first = claims[0]
         assert first.claimed_at is not None
 
-        def batch(members: list[q.Claim], single: bool) -> _Batch:
+        def batch(members: list[q.Claim], single: bool) -> Batch:
             assert first.claimed_at is not None
-            return _Batch(members[0].namespace, members, first.token, first.lease_expires_at, first.claimed_at,
+            return Batch(members[0].namespace, members, first.token, first.lease_expires_at, first.claimed_at,
                           started, single)  # fmt: skip
 
         if not self._batch_route:
@@ -538,17 +446,17 @@ class Relay:
         by_namespace: dict[str, list[q.Claim]] = {}
         for claim in claims:
             by_namespace.setdefault(claim.namespace, []).append(claim)
-        return [batch(chunk, False) for members in by_namespace.values() for chunk in _requests_of(members)]
+        return [batch(chunk, False) for members in by_namespace.values() for chunk in requests_of(members)]
 
     # --- sending (thread pool) -----------------------------------------------------------------------
 
-    def _lease_left(self, batch: _Batch) -> float:
+    def _lease_left(self, batch: Batch) -> float:
         """Seconds of lease left now, by the database time of the claim plus the time elapsed since
         (measured from before the claim began, so never more than is really left)."""
         now = batch.claimed_at + timedelta(seconds=time.monotonic() - batch.claimed_mono)
         return (batch.lease_expires_at - now).total_seconds()
 
-    def _may_send(self, batch: _Batch) -> bool:
+    def _may_send(self, batch: Batch) -> bool:
         left = self._lease_left(batch)
         if left >= self.send_window:
             return True
@@ -567,14 +475,14 @@ class Relay:
         )
         return False
 
-    def _send_and_report(self, batch: _Batch) -> None:
+    def _send_and_report(self, batch: Batch) -> None:
         try:
             outcomes = self._send_batch(batch)
         except BaseException as exc:  # never lose a claim: anything unexpected may have been sent
             outcomes = [classify_error(exc)] * len(batch.claims)
-        self._events.put(_Done(batch, outcomes))
+        self._events.put(Done(batch, outcomes))
 
-    def _send_batch(self, batch: _Batch) -> list[SendOutcome | None]:
+    def _send_batch(self, batch: Batch) -> list[SendOutcome | None]:
         """Send ``batch`` as one request; outside any transaction. One outcome per claim."""
         claims = batch.claims
         if self._faults is not None:
@@ -589,7 +497,7 @@ class Relay:
             self._faults.after_send(claims[0].id)
         return outcomes
 
-    def _submit_batch(self, batch: _Batch) -> list[SendOutcome | None]:
+    def _submit_batch(self, batch: Batch) -> list[SendOutcome | None]:
         claims = batch.claims
         items = [
             {"idempotency_key": c.idempotency_key, "queue": c.queue, "handler": c.handler, "params": c.params,
@@ -599,7 +507,7 @@ class Relay:
         try:
             results = self.client.submit_tasks(batch.namespace, items)
         except OrbitError as exc:
-            if _route_missing(exc):
+            if route_missing(exc):
                 self._batch_route = False
                 log.warning(
                     "the Orbit server has no batch submission route (%s); submitting rows one by one from now on "
@@ -639,7 +547,7 @@ class Relay:
             outcomes.append(outcome)
         return outcomes
 
-    def _send_each(self, batch: _Batch) -> list[SendOutcome | None]:
+    def _send_each(self, batch: Batch) -> list[SendOutcome | None]:
         """Send the rows of ``batch`` one by one, each only while its lease allows it."""
         return [self._send_one(claim) if self._may_send(batch) else None for claim in batch.claims]
 
@@ -684,8 +592,8 @@ class Relay:
 
     def _collect(
         self,
-        outstanding: dict[int, tuple[_Batch, Future[None]]],
-        finished: list[_Done],
+        outstanding: dict[int, tuple[Batch, Future[None]]],
+        finished: list[Done],
         *,
         timeout: float | None,
         at_least_one: bool = False,
@@ -712,7 +620,7 @@ class Relay:
 
     # --- recording -----------------------------------------------------------------------------------
 
-    def _record_all(self, finished: list[_Done], stats: RelayStats, *, once: bool) -> bool:
+    def _record_all(self, finished: list[Done], stats: RelayStats, *, once: bool) -> bool:
         """Record each finished batch (one transaction each) and take it off ``finished``.
 
         Returns ``False`` when the database is unreachable: what is left unrecorded stays in
@@ -730,7 +638,7 @@ class Relay:
             self._database.up()
         return True
 
-    def _record_batch(self, done: _Done, stats: RelayStats) -> None:
+    def _record_batch(self, done: Done, stats: RelayStats) -> None:
         """Record the outcomes of one batch in one transaction: one conditional update per outcome
         class, fenced on ``(id, lease_token)`` with a live lease, row counts checked; audit events in
         one insert; ``on_delivered`` per delivered row in the same transaction.
@@ -956,15 +864,15 @@ class Relay:
     def _shut_down(
         self,
         executor: ThreadPoolExecutor,
-        outstanding: dict[int, tuple[_Batch, Future[None]]],
-        finished: list[_Done],
+        outstanding: dict[int, tuple[Batch, Future[None]]],
+        finished: list[Done],
         stats: RelayStats,
     ) -> None:
         """Release unsent claims, wait for in-flight sends (``shutdown_timeout``), record everything."""
         for key, (batch, future) in list(outstanding.items()):
             if future.cancel():
                 outstanding.pop(key)
-                finished.append(_Done(batch, [None] * len(batch.claims)))
+                finished.append(Done(batch, [None] * len(batch.claims)))
         deadline = time.monotonic() + self.shutdown_timeout
         if outstanding:
             log.info(

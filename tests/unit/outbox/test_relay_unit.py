@@ -478,7 +478,7 @@ def test_the_on_delivered_hook_runs_once_per_row_of_a_batch_in_one_transaction(e
 
 
 def test_a_claim_goes_as_requests_the_server_takes(engine: sa.Engine) -> None:
-    from outbox_adapter._relay import MAX_BATCH_BYTES, MAX_BATCH_ITEMS, _requests_of
+    from outbox_adapter._sending import MAX_BATCH_BYTES, MAX_BATCH_ITEMS, requests_of
 
     def claim(i: int, params: Any) -> q.Claim:
         return q.Claim(id=i, idempotency_key=f"k{i}", namespace="shop", queue="default", handler="h",
@@ -486,10 +486,10 @@ def test_a_claim_goes_as_requests_the_server_takes(engine: sa.Engine) -> None:
                        lease_expires_at=datetime(2030, 1, 1), params=params)  # fmt: skip
 
     small = [claim(i, {"i": i}) for i in range(1200)]
-    assert [len(r) for r in _requests_of(small)] == [MAX_BATCH_ITEMS, MAX_BATCH_ITEMS, 200]
+    assert [len(r) for r in requests_of(small)] == [MAX_BATCH_ITEMS, MAX_BATCH_ITEMS, 200]
     big = "x" * (MAX_BATCH_BYTES // 2)
     mixed = [claim(0, {"b": big}), claim(1, {"b": big}), claim(2, {}), claim(3, {"b": "x" * MAX_BATCH_BYTES})]
-    assert [[c.id for c in r] for r in _requests_of(mixed)] == [[0], [1, 2], [3]]
+    assert [[c.id for c in r] for r in requests_of(mixed)] == [[0], [1, 2], [3]]
 
 
 def test_a_batch_refused_as_a_whole_is_sent_row_by_row(engine: sa.Engine) -> None:
