@@ -8,13 +8,17 @@ forged token is ``409 lease_lost``, an unknown attempt ``404 attempt_not_found``
 before ``start`` ``409 invalid_transition``, and a terminal transition writes its result event
 in the transaction that makes it.
 
-One transaction per request, one savepoint per item: an item that is refused rolls back to its
-savepoint (or, for a refusal that keeps its writes, such as a lapsed lease being expired or a
-late report being kept as evidence, releases it), so one item never undoes another. A
-``concurrent_update`` of an item runs that item again (up to 5 times in all, as
-:func:`~orbit_server.execution.transact` does for a single call); a deadlock or lock wait
-timeout runs the whole request again, which is safe because every item is idempotent for its
-token and body. Only authentication, the role, the body size and a malformed body (including
+One transaction per request, and one item's refusal never undoes another's. The common
+refusals need no savepoint: ``attempt_not_found`` and a wrong token are found before the item
+writes anything, and every other ``lease_lost`` keeps what its item wrote (the expiry of a
+lapsed lease, a late report kept as evidence), exactly as the single call commits it. Any
+other refusal (``invalid_transition``, ``concurrent_update``) may come after the item wrote:
+then the whole transaction is rolled back and the batch runs again with one savepoint per item,
+where a refused item rolls back to its savepoint and a ``concurrent_update`` runs that item
+again (up to 5 times in all, as :func:`~orbit_server.execution.transact` does for a single
+call). A deadlock or lock wait timeout runs the whole request again. Running items again is
+safe because every item is idempotent for its token and body, and nothing of a rolled-back
+try is left. Only authentication, the role, the body size and a malformed body (including
 more than :data:`orbit_client.MAX_ATTEMPT_BATCH_ITEMS` items) fail the whole request.
 """
 
@@ -47,7 +51,7 @@ from orbit_client import (
 from . import errors, execution
 from ._auth import Caller, authorize
 
-__all__ = ["attempt_batch_router", "run_items"]
+__all__ = ["Redo", "attempt_batch_router", "run_items"]
 
 log = logging.getLogger("orbit_server.attempt_batches")
 
@@ -58,20 +62,37 @@ NamespaceName = Annotated[str, Path(pattern=NAME_PATTERN, description="Namespace
 Item = Callable[[Connection], AttemptState]
 
 
-def run_items(conn: Connection, items: Sequence[Item]) -> list[AttemptState | errors.OrbitServerError]:
-    """Run each ``item(conn)`` in its own savepoint of the caller's transaction, in order.
+class Redo(Exception):
+    """An item was refused after it may have written: roll back, run again with savepoints."""
 
-    Returns, per item, its :class:`AttemptState` or the domain error it was refused with. A
-    refusal with ``keep_writes`` (e.g. :class:`errors.LeaseLost` after expiring the attempt)
-    keeps the item's writes; any other refusal rolls them back. An item that meets
-    :class:`errors.ConcurrentUpdate` is run again on fresh rows, up to 5 times in all.
+
+def run_items(
+    conn: Connection, items: Sequence[Item], *, savepoints: bool = False
+) -> list[AttemptState | errors.OrbitServerError]:
+    """Run each ``item(conn)`` in the caller's transaction, in order (module docstring).
+
+    Returns, per item, its :class:`AttemptState` or the domain error it was refused with.
+    Without ``savepoints``, only refusals that leave nothing to undo are answered
+    (:class:`errors.AttemptNotFound`, :class:`errors.LeaseLost`); with them, each item runs in
+    its own savepoint: a refusal with ``keep_writes`` keeps the item's writes, any other rolls
+    them back, and :class:`errors.ConcurrentUpdate` runs the item again, up to 5 times in all.
 
     Raises:
+        Redo: without ``savepoints``, an item was refused otherwise; roll back and run the
+            batch again with them.
         sqlalchemy.exc.DBAPIError: a database error, e.g. a deadlock (the caller's
             :func:`~orbit_server.execution.transact` rolls back and runs everything again).
     """
     out: list[AttemptState | errors.OrbitServerError] = []
     for item in items:
+        if not savepoints:
+            try:
+                out.append(item(conn))
+            except (errors.AttemptNotFound, errors.LeaseLost) as exc:
+                out.append(exc)  # refused before writing, or with writes to keep (``keep_writes``)
+            except errors.OrbitServerError:
+                raise Redo from None
+            continue
         for tries_left in range(_ITEM_TRIES - 1, -1, -1):
             savepoint = conn.begin_nested()
             try:
@@ -144,7 +165,11 @@ def attempt_batch_router(engine: Engine) -> APIRouter:
     }
 
     def run(request: Request, items: list[Item]) -> AttemptBatchResponse:
-        return _answer(execution.transact(engine, run_items, items), request)
+        try:
+            outcomes = execution.transact(engine, run_items, items)
+        except Redo:
+            outcomes = execution.transact(engine, run_items, items, savepoints=True)
+        return _answer(outcomes, request)
 
     @router.post(f"{path}/start", response_model=AttemptBatchResponse, responses=problems)
     def start_attempts(

@@ -10,15 +10,19 @@ from __future__ import annotations
 import uuid
 from collections.abc import Iterator
 from datetime import datetime, timedelta
+from functools import partial
 from typing import Any
 
 import httpx
 import pytest
 import sqlalchemy as sa
+from sqlalchemy.engine import Connection
 
-from orbit_client import MAX_ATTEMPT_BATCH_ITEMS
+from orbit_client import MAX_ATTEMPT_BATCH_ITEMS, AttemptState
+from orbit_server import errors, execution
 from orbit_server._db import db_now
-from orbit_server.schema import result_events, task_attempts
+from orbit_server.attempt_batches import Redo, run_items
+from orbit_server.schema import result_events, task_attempts, tasks
 from tests.conftest import DatabaseFactory
 from tests.execution_support import check_attempt_history
 from tests.integration.conftest import BACKENDS
@@ -211,3 +215,49 @@ def test_whole_request_refusals(api: Api, quiet_server: RunningServer) -> None:
     assert api.task(grant["task"]["id"])["status"] == "LEASED"
     # The full batch size is accepted.
     assert len(ok_batch(api, "heartbeat", [item(grant)] * MAX_ATTEMPT_BATCH_ITEMS)) == MAX_ATTEMPT_BATCH_ITEMS
+
+
+def test_an_item_refused_after_writing_is_undone_alone(api: Api) -> None:
+    """The savepoint path: an item that wrote and was then refused leaves nothing; the others stay."""
+    queue = api.queue()
+    first, middle, last = leased(api, queue, 3)
+    with api.server.engine.connect() as conn:
+        ns_id = conn.scalar(sa.select(tasks.c.namespace_id).where(tasks.c.id == first["task"]["id"]))
+    calls: list[str] = []
+
+    def start(grant: dict[str, Any]) -> Any:
+        attempt = grant["attempt"]
+        return partial(
+            execution.start_attempt,
+            namespace_id=ns_id,
+            attempt_id=attempt["id"],
+            lease_token=attempt["lease_token"],
+        )
+
+    def writes_then_refused(conn: Connection) -> Any:
+        calls.append("refused")
+        conn.execute(
+            tasks.update().where(tasks.c.id == middle["task"]["id"]).values(cancel_reason="half-written")
+        )
+        raise errors.InvalidTransition("refused after a write")
+
+    def conflicts_once(conn: Connection) -> Any:
+        calls.append("conflict")
+        if calls.count("conflict") == 1:
+            raise errors.ConcurrentUpdate("changed")
+        return start(last)(conn)
+
+    items = [start(first), writes_then_refused, conflicts_once]
+    with pytest.raises(Redo):
+        execution.transact(api.server.engine, run_items, items)
+    assert api.task(first["task"]["id"])["status"] == "LEASED"  # the first try was rolled back whole
+    outcomes = execution.transact(api.server.engine, run_items, items, savepoints=True)
+    assert isinstance(outcomes[0], AttemptState) and outcomes[0].status == "RUNNING"
+    assert isinstance(outcomes[1], errors.InvalidTransition)
+    assert isinstance(outcomes[2], AttemptState) and outcomes[2].status == "RUNNING"
+    assert api.task(middle["task"]["id"])["cancel_reason"] is None
+    assert [api.task(g["task"]["id"])["status"] for g in (first, middle, last)] == [
+        "RUNNING",
+        "LEASED",
+        "RUNNING",
+    ]
