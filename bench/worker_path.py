@@ -1,13 +1,14 @@
 """What one task costs the server on the worker path: HTTP requests, transactions and SQL statements.
 
     python -m bench.worker_path [--database sqlite|mariadb] [--tasks 200] [--concurrency 8]
-                                [--linger 0 0.003]
+                                [--linger none 0 0.003]
 
 Serves the API in this process (uvicorn in a thread, on a real port) so that the server's
 engine can be watched: a ``before_cursor_execute`` listener counts statements and a ``begin``
 listener counts transactions. A :class:`orbit_client.Worker` with a no-op handler drains
 ``--tasks`` tasks through a counting transport, once per ``--linger`` value (the worker's
-``report_linger``, seconds; 0 sends every report on its own, as before batching). Prints
+``report_linger`` in seconds; ``none`` sends every report as its own single call, as before
+batching; 0 batches only reports that are waiting anyway). Prints
 requests, transactions and statements per task (lease + start + complete), and the
 statements per request kind. Counts, not times: they do not depend on the machine's load.
 """
@@ -118,7 +119,7 @@ def run(base: str, engine: Engine, counts: Counts, keys: dict[str, str], tasks: 
         return None
 
     options: dict[str, Any] = {}
-    if linger is not None and "report_linger" in inspect.signature(Worker).parameters:
+    if "report_linger" in inspect.signature(Worker).parameters:
         options["report_linger"] = linger
     with OrbitClient(base, api_key=keys["work"], timeout=60, transport=transport) as client:
         worker = Worker(client, "bench", queue, {"noop": noop}, concurrency=concurrency, poll_wait_seconds=0.2,
@@ -139,13 +140,19 @@ def run(base: str, engine: Engine, counts: Counts, keys: dict[str, str], tasks: 
     return {"requests": transport.requests, "elapsed": elapsed, "tasks": tasks}
 
 
+def _linger(value: str) -> float | None:
+    return None if value.lower() == "none" else float(value)
+
+
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--database", choices=["mariadb", "sqlite"], default="sqlite")
     parser.add_argument("--tasks", type=int, default=200)
     parser.add_argument("--concurrency", type=int, default=8)
-    parser.add_argument("--linger", type=float, nargs="*", default=[0.0, 0.003],
-                        help="report_linger values to compare, in seconds (ignored by a worker without it)")  # fmt: skip
+    parser.add_argument("--linger", type=_linger, nargs="*", default=[None, 0.0, 0.003],
+                        help="report_linger values to compare, in seconds, or none (ignored by a worker without it)")  # fmt: skip
     args = parser.parse_args()
 
     admin = None
@@ -166,7 +173,9 @@ def main() -> None:
             # Statements are attributed by polling thread: the completion poll runs on this thread.
             counts.kind.name = "poll"
             print(f"database={args.database} tasks={args.tasks} concurrency={args.concurrency}")
-            print(f"{'report_linger':>14}{'requests/task':>15}{'tx/task':>10}{'stmts/task':>12}{'tasks/s':>10}  requests")
+            print(
+                f"{'report_linger':>14}{'requests/task':>15}{'tx/task':>10}{'stmts/task':>12}{'tasks/s':>10}  requests"
+            )
             for linger in args.linger:
                 out = run(base, engine, counts, keys, args.tasks, args.concurrency, linger)
                 polls = counts.statements.pop("poll", 0)
@@ -174,7 +183,7 @@ def main() -> None:
                 transactions = counts.transactions - polls
                 n = out["tasks"]
                 requests = sum(out["requests"].values())
-                print(f"{linger:>14g}{requests / n:>15.2f}{transactions / n:>10.2f}{statements / n:>12.2f}"
+                print(f"{linger!s:>14}{requests / n:>15.2f}{transactions / n:>10.2f}{statements / n:>12.2f}"
                       f"{n / out['elapsed']:>10.1f}  {dict(out['requests'])}")  # fmt: skip
     finally:
         if admin is not None:

@@ -6,6 +6,9 @@ The rules, from §2, §3 and §5 of the reliability model (seed 001) and DESIGN 
   conditional ``UPDATE`` on the status and ``state_version`` it read, which bumps the version,
   checks the affected-row count and appends a ``task_events`` row in the same transaction
   (and, for a result state, a ``result_events`` row with its deliveries: :mod:`.results`).
+  The one exception is its set-based twin in :func:`lease_tasks`, which makes the same
+  conditional update (``WAITING → LEASED``) for every claimed row in one statement, checks
+  that every row was updated, and inserts their events in one multi-row ``INSERT``.
 - Each grant of a task is a ``task_attempts`` row with a monotonic ``generation`` (the fencing
   number) and a secret lease token (only its SHA-256 is stored). Every later write to an attempt
   is a conditional ``UPDATE`` on its id, token digest and status, and its row count is checked.
@@ -51,7 +54,7 @@ from orbit_client import (
 
 from . import errors, results, store
 from ._db import db_now, is_lock_conflict, to_naive_utc, to_utc
-from .schema import queues, task_attempts, task_events, tasks
+from .schema import namespaces, queues, task_attempts, task_events, tasks
 
 __all__ = [
     "DEFAULT_BACKOFF_BASE_SECONDS",
@@ -377,16 +380,18 @@ def lease_tasks(
     Raises:
         errors.QueueNotFound: no such queue in the namespace (404).
     """
-    queue_id = conn.execute(
-        sa.select(queues.c.id).where(queues.c.namespace_id == namespace_id, queues.c.name == queue)
-    ).scalar()
-    if queue_id is None:
+    found = conn.execute(
+        sa.select(queues.c.id, namespaces.c.name, _clock(conn).label("db_now"))
+        .select_from(queues.join(namespaces, namespaces.c.id == queues.c.namespace_id))
+        .where(queues.c.namespace_id == namespace_id, queues.c.name == queue)
+    ).first()
+    if found is None:
         raise errors.QueueNotFound(f"queue {queue!r} does not exist in this namespace")
-    now = db_now(conn)
+    queue_id, namespace_name, now = found.id, found.name, _naive(found.db_now)
     _sweep(conn, now, queue_id=queue_id, limit=_SWEEP_BATCH)
     due = (
         conn.execute(
-            sa.select(*_TASK_COLUMNS)
+            sa.select(tasks)
             .where(
                 tasks.c.queue_id == queue_id,
                 tasks.c.status == TaskStatus.WAITING.value,
@@ -400,42 +405,70 @@ def lease_tasks(
         .mappings()
         .all()
     )
+    if not due:
+        return []
+    # Set-based: one conditional UPDATE of every claimed row (each at the status and version it was
+    # read at; the row count is checked, so correctness never rests on SKIP LOCKED alone), then one
+    # multi-row INSERT of their events and one of their attempts (WAITING → LEASED, §2).
     expires = now + timedelta(seconds=lease_seconds)
-    leases: list[AttemptLease] = []
+    attempt_ids = {row["id"]: str(uuid.uuid4()) for row in due}
+    claimed = conn.execute(
+        tasks.update()
+        .where(
+            sa.tuple_(tasks.c.id, tasks.c.state_version).in_(
+                [(row["id"], row["state_version"]) for row in due]
+            ),
+            tasks.c.status == TaskStatus.WAITING.value,
+        )
+        .values(
+            status=TaskStatus.LEASED.value,
+            state_version=tasks.c.state_version + 1,
+            attempt_count=tasks.c.attempt_count + 1,
+            current_attempt_id=sa.case(attempt_ids, value=tasks.c.id),
+            updated_at=now,
+        )
+    )
+    if claimed.rowcount != len(due):
+        raise errors.ConcurrentUpdate("a claimed task changed while it was being leased")
+    actor = f"worker:{worker_id}"
+    events: list[dict[str, Any]] = []
+    attempts: list[dict[str, Any]] = []
+    grants: list[LeaseGrant] = []
     for row in due:
-        attempt_id = str(uuid.uuid4())
+        attempt_id = attempt_ids[row["id"]]
         token = secrets.token_urlsafe(32)
         generation = int(row["attempt_count"]) + 1
-        apply_transition(
-            conn,
-            dict(row),
-            TaskStatus.LEASED,
-            event="leased",
-            now=now,
-            actor=f"worker:{worker_id}",
-            data={"attempt_id": attempt_id, "generation": generation},
-            values={"current_attempt_id": attempt_id, "attempt_count": generation},
+        version = int(row["state_version"]) + 1
+        events.append(
+            {
+                "task_id": row["id"], "state_version": version, "event": "leased",
+                "from_status": TaskStatus.WAITING.value, "to_status": TaskStatus.LEASED.value,
+                "actor": actor, "reason": None, "data": {"attempt_id": attempt_id, "generation": generation},
+                "created_at": now,
+            }
+        )  # fmt: skip
+        attempts.append(
+            {
+                "id": attempt_id, "task_id": row["id"], "generation": generation,
+                "lease_token_hash": _hash_token(token), "worker_id": worker_id,
+                "status": AttemptStatus.LEASED.value, "lease_seconds": lease_seconds, "leased_at": now,
+                "lease_expires_at": expires,
+            }
+        )  # fmt: skip
+        task = store.task_from_row(
+            {
+                **row, "status": TaskStatus.LEASED.value, "state_version": version,
+                "attempt_count": generation, "current_attempt_id": attempt_id, "updated_at": now,
+                "namespace_name": namespace_name, "queue_name": queue,
+            }  # type: ignore[arg-type]
+        )  # fmt: skip
+        lease = AttemptLease(
+            id=attempt_id, generation=generation, lease_token=token, lease_expires_at=_at(expires)
         )
-        conn.execute(
-            task_attempts.insert().values(
-                id=attempt_id,
-                task_id=row["id"],
-                generation=generation,
-                lease_token_hash=_hash_token(token),
-                worker_id=worker_id,
-                status=AttemptStatus.LEASED.value,
-                lease_seconds=lease_seconds,
-                leased_at=now,
-                lease_expires_at=expires,
-            )
-        )
-        leases.append(
-            AttemptLease(
-                id=attempt_id, generation=generation, lease_token=token, lease_expires_at=_at(expires)
-            )
-        )
-    granted = store.get_tasks(conn, namespace_id, [row["id"] for row in due])
-    return [LeaseGrant(task=task, attempt=lease) for task, lease in zip(granted, leases, strict=True)]
+        grants.append(LeaseGrant(task=task, attempt=lease))
+    conn.execute(task_events.insert(), events)
+    conn.execute(task_attempts.insert(), attempts)
+    return grants
 
 
 def expire_leases(conn: Connection, *, limit: int = _SWEEP_BATCH) -> int:
