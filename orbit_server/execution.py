@@ -38,7 +38,7 @@ from datetime import datetime, timedelta
 from typing import Any, Concatenate, Final, ParamSpec, TypeVar
 
 import sqlalchemy as sa
-from sqlalchemy.engine import Connection, Engine, RowMapping
+from sqlalchemy.engine import Connection, Engine
 
 from orbit_client import (
     Attempt,
@@ -537,7 +537,9 @@ def _sweep(conn: Connection, now: datetime, *, queue_id: int | None, limit: int)
     return changed
 
 
-def _expire_attempt(conn: Connection, task: dict[str, Any], attempt: RowMapping, now: datetime) -> bool:
+def _expire_attempt(
+    conn: Connection, task: dict[str, Any], attempt: Mapping[Any, Any], now: datetime
+) -> bool:
     """Settle one lapsed live attempt of a locked task; ``False`` if it was renewed or finished first."""
     was = AttemptStatus(attempt["status"])
     done = conn.execute(
@@ -639,48 +641,92 @@ def _expire_attempt(conn: Connection, task: dict[str, Any], attempt: RowMapping,
 # -------------------------------------------------------------------- attempts
 
 
+#: The attempt columns :func:`_locked_attempt` reads.
+_ATTEMPT_COLUMNS = (
+    task_attempts.c.id,
+    task_attempts.c.task_id,
+    task_attempts.c.generation,
+    task_attempts.c.lease_token_hash,
+    task_attempts.c.worker_id,
+    task_attempts.c.status,
+    task_attempts.c.lease_seconds,
+    task_attempts.c.lease_expires_at,
+    task_attempts.c.result,
+    task_attempts.c.error,
+)
+#: :func:`_locked_attempt`'s statement, built once per dialect.
+_LOCKED_ATTEMPT: dict[str, sa.Executable] = {}
+
+
+def _locked_attempt_statement(conn: Connection) -> sa.Executable:
+    """``SELECT <task>, <clock>, <attempt columns as scalar subqueries> FROM tasks WHERE id = <the
+    attempt's task> AND namespace_id = :namespace_id FOR UPDATE``, with ``:attempt_id``.
+
+    The attempt's columns come from subqueries, so the locking clause locks the task row alone
+    (MySQL/MariaDB and PostgreSQL lock no rows read by a nested subquery): the lock order stays
+    task first.
+    """
+    name = conn.dialect.name
+    statement = _LOCKED_ATTEMPT.get(name)
+    if statement is None:
+        attempt_id = sa.bindparam("attempt_id", type_=task_attempts.c.id.type)
+
+        def of(column: sa.Column[Any]) -> sa.Label[Any]:
+            return (
+                sa.select(column)
+                .where(task_attempts.c.id == attempt_id)
+                .scalar_subquery()
+                .label(f"attempt_{column.name}")
+            )
+
+        task_of_attempt = sa.select(task_attempts.c.task_id).where(task_attempts.c.id == attempt_id)
+        statement = _LOCKED_ATTEMPT[name] = (
+            sa.select(*_TASK_COLUMNS, _clock(conn).label("db_now"), *(of(c) for c in _ATTEMPT_COLUMNS))
+            .where(
+                tasks.c.id == task_of_attempt.scalar_subquery(),
+                tasks.c.namespace_id == sa.bindparam("namespace_id"),
+            )
+            .with_for_update()
+        )
+    return statement
+
+
 def _locked_attempt(
     conn: Connection, namespace_id: int, attempt_id: str
-) -> tuple[dict[str, Any], RowMapping, datetime]:
-    """Read the attempt, then lock its task and read the database clock in one statement.
+) -> tuple[dict[str, Any], dict[str, Any], datetime]:
+    """Lock the attempt's task, and read it, the attempt and the database clock in one statement.
 
-    Returns ``(task, attempt, now)``. The attempt is read before the lock (lock order: task
-    first). Every change to an attempt is made under its task's lock, so a change that landed
-    in between can only make a later conditional update miss: it then raises
-    :class:`errors.ConcurrentUpdate` and :func:`transact` runs the call again on fresh rows.
+    Returns ``(task, attempt, now)``. The task row is read under its lock; the attempt row is
+    read by a subquery of the same statement, without a lock (lock order: task first), so it
+    may be as old as the statement's start. Every change to an attempt is made under its task's
+    lock, so a change that landed in between can only make a later conditional update miss: it
+    then raises :class:`errors.ConcurrentUpdate` and :func:`transact` runs the call again on
+    fresh rows.
+
+    Raises:
+        errors.AttemptNotFound: no such attempt in the namespace (404).
     """
-    attempt = (
+    row = (
         conn.execute(
-            sa.select(task_attempts)
-            .join(tasks, tasks.c.id == task_attempts.c.task_id)
-            .where(task_attempts.c.id == attempt_id, tasks.c.namespace_id == namespace_id)
+            _locked_attempt_statement(conn), {"attempt_id": attempt_id, "namespace_id": namespace_id}
         )
         .mappings()
         .first()
     )
-    if attempt is None:
+    if row is None:
         raise errors.AttemptNotFound(f"no attempt {attempt_id!r} in this namespace")
-    row = (
-        conn.execute(
-            sa.select(*_TASK_COLUMNS, _clock(conn).label("db_now"))
-            .where(tasks.c.id == attempt["task_id"])
-            .with_for_update()
-        )
-        .mappings()
-        .one()
-    )
-    task = dict(row)
-    now = _naive(task.pop("db_now"))
-    return task, attempt, now
+    task = {column.name: row[column.name] for column in _TASK_COLUMNS}
+    attempt = {column.name: row[f"attempt_{column.name}"] for column in _ATTEMPT_COLUMNS}
+    return task, attempt, _naive(row["db_now"])
 
 
-def _check_token(attempt: RowMapping, lease_token: str) -> None:
+def _check_token(attempt: Mapping[Any, Any], lease_token: str) -> None:
     if not hmac.compare_digest(attempt["lease_token_hash"], _hash_token(lease_token)):
         raise errors.LeaseLost("the lease token does not belong to this attempt")
 
 
 def _lapsed(
-    conn: Connection, task: dict[str, Any], attempt: RowMapping, now: datetime
+    conn: Connection, task: dict[str, Any], attempt: Mapping[Any, Any], now: datetime
 ) -> AttemptStatus | None:
     """``None`` while the attempt holds the lease, else its final status (a lapsed lease is expired now)."""
     status = AttemptStatus(attempt["status"])
@@ -695,7 +741,7 @@ def _lapsed(
 
 def _state(
     task: Mapping[str, Any],
-    attempt: RowMapping,
+    attempt: Mapping[Any, Any],
     *,
     status: AttemptStatus | None = None,
     lease_expires_at: datetime | None = None,
@@ -712,7 +758,7 @@ def _state(
     )
 
 
-def _lost(attempt: RowMapping, status: AttemptStatus, *, kept: bool | None = None) -> errors.LeaseLost:
+def _lost(attempt: Mapping[Any, Any], status: AttemptStatus, *, kept: bool | None = None) -> errors.LeaseLost:
     why = "its lease lapsed" if status is AttemptStatus.EXPIRED else f"it is {status.value}"
     detail = f"attempt {attempt['generation']} no longer holds the task's lease ({why}); stop working on it"
     if kept is not None:
@@ -722,7 +768,7 @@ def _lost(attempt: RowMapping, status: AttemptStatus, *, kept: bool | None = Non
     return errors.LeaseLost(detail, evidence_recorded=bool(kept))
 
 
-def _update_attempt(conn: Connection, attempt: RowMapping, now: datetime, **values: Any) -> None:
+def _update_attempt(conn: Connection, attempt: Mapping[Any, Any], now: datetime, **values: Any) -> None:
     """The conditional update of a live attempt: same id, token digest and status, lease not lapsed."""
     done = conn.execute(
         task_attempts.update()
@@ -807,7 +853,9 @@ def _canonical(value: Any) -> str:
     return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
 
 
-def _keep_late_report(conn: Connection, attempt: RowMapping, now: datetime, report: dict[str, Any]) -> bool:
+def _keep_late_report(
+    conn: Connection, attempt: Mapping[Any, Any], now: datetime, report: dict[str, Any]
+) -> bool:
     """Keep the first too-late report on the attempt, as evidence only (§2: 迟到结果可以作为证据保存)."""
     done = conn.execute(
         task_attempts.update()

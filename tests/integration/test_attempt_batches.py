@@ -261,3 +261,28 @@ def test_an_item_refused_after_writing_is_undone_alone(api: Api) -> None:
         "LEASED",
         "RUNNING",
     ]
+
+
+def test_an_attempt_call_locks_the_task_row_and_not_the_attempt_row(api: Api) -> None:
+    """Lock order (task first) holds with the one-statement read of task, attempt and clock."""
+    if api.server.engine.dialect.name != "mysql":
+        pytest.skip("SQLite has no row locks: one writer at a time")
+    queue = api.queue()
+    (grant,) = leased(api, queue, 1)
+    engine = api.server.engine
+    with engine.connect() as holder, engine.connect() as probe:
+        held = holder.begin()
+        ns_id = holder.scalar(sa.select(tasks.c.namespace_id).where(tasks.c.id == grant["task"]["id"]))
+        task, attempt, _ = execution._locked_attempt(holder, ns_id, grant["attempt"]["id"])
+        assert task["id"] == grant["task"]["id"] and attempt["id"] == grant["attempt"]["id"]
+        assert attempt["status"] == "LEASED" and attempt["generation"] == 1
+        with probe.begin():
+            probe.execute(
+                sa.text("SELECT id FROM task_attempts WHERE id = :a FOR UPDATE NOWAIT"),
+                {"a": grant["attempt"]["id"]},
+            ).all()
+        with probe.begin(), pytest.raises(sa.exc.OperationalError):
+            probe.execute(
+                sa.text("SELECT id FROM tasks WHERE id = :t FOR UPDATE NOWAIT"), {"t": grant["task"]["id"]}
+            ).all()
+        held.rollback()
