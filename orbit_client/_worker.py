@@ -359,6 +359,13 @@ class Worker:
             with self._lock:
                 while self._in_flight >= config.concurrency and not self._stopping.is_set():
                     self._lock.wait()
+                # A batched report frees its tasks' slots one after the other: lease them together.
+                linger = config.report_linger or 0.0
+                until = time.monotonic() + linger
+                while 0 < self._in_flight < config.concurrency and not self._stopping.is_set():
+                    left = until - time.monotonic()
+                    if left <= 0 or not self._lock.wait(left):
+                        break
                 free = config.concurrency - self._in_flight
             if self._stopping.is_set():
                 return
@@ -633,6 +640,9 @@ class AsyncWorker:
                 stop_wait = asyncio.ensure_future(stopping.wait())
                 await asyncio.wait({*in_flight, stop_wait}, return_when=asyncio.FIRST_COMPLETED)
                 stop_wait.cancel()
+                if config.report_linger and in_flight:
+                    # A batched report frees its tasks' slots one after the other: lease them together.
+                    await asyncio.sleep(config.report_linger)
                 continue
             try:
                 grants = await self._client.lease_tasks(
