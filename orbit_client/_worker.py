@@ -387,9 +387,9 @@ class Worker:
                 self._stopping.wait(delay)
                 continue
             failures = 0
+            with self._lock:  # all at once: a report waits for the others of its batch (Reports)
+                self._in_flight += len(grants)
             for grant in grants:
-                with self._lock:
-                    self._in_flight += 1
                 pool.submit(self._execute, grant)
 
     def _drain(self) -> None:
