@@ -130,6 +130,22 @@ _TASK_COLUMNS = (
 P = ParamSpec("P")
 T = TypeVar("T")
 
+# Statements built once (the SET columns come from the parameters of each execution).
+#: The conditional update of :func:`apply_transition`: ``:b_id``, ``:b_status``, ``:b_version``.
+_UPDATE_TASK = tasks.update().where(
+    tasks.c.id == sa.bindparam("b_id"),
+    tasks.c.status == sa.bindparam("b_status"),
+    tasks.c.state_version == sa.bindparam("b_version"),
+)
+#: :func:`_update_attempt`: ``:b_id``, ``:b_hash``, ``:b_status``, ``:b_now``.
+_UPDATE_LIVE_ATTEMPT = task_attempts.update().where(
+    task_attempts.c.id == sa.bindparam("b_id"),
+    task_attempts.c.lease_token_hash == sa.bindparam("b_hash"),
+    task_attempts.c.status == sa.bindparam("b_status"),
+    task_attempts.c.lease_expires_at > sa.bindparam("b_now", type_=task_attempts.c.lease_expires_at.type),
+)
+_INSERT_EVENT = task_events.insert()
+
 
 # ---------------------------------------------------------------- transactions
 
@@ -226,13 +242,8 @@ def apply_transition(
     if to.is_terminal:
         changes["finished_at"] = now
     result = conn.execute(
-        tasks.update()
-        .where(
-            tasks.c.id == task["id"],
-            tasks.c.status == current.value,
-            tasks.c.state_version == task["state_version"],
-        )
-        .values(**changes)
+        _UPDATE_TASK,
+        {"b_id": task["id"], "b_status": current.value, "b_version": task["state_version"], **changes},
     )
     if result.rowcount != 1:
         raise errors.ConcurrentUpdate(f"task {task['id']} changed while it was being updated")
@@ -256,17 +267,18 @@ def _append_event(
     data: Any = None,
 ) -> None:
     conn.execute(
-        task_events.insert().values(
-            task_id=task_id,
-            state_version=state_version,
-            event=event,
-            from_status=from_status.value if from_status else None,
-            to_status=to_status.value if to_status else None,
-            actor=actor,
-            reason=reason,
-            data=data,
-            created_at=now,
-        )
+        _INSERT_EVENT,
+        {
+            "task_id": task_id,
+            "state_version": state_version,
+            "event": event,
+            "from_status": from_status.value if from_status else None,
+            "to_status": to_status.value if to_status else None,
+            "actor": actor,
+            "reason": reason,
+            "data": data,
+            "created_at": now,
+        },
     )
 
 
@@ -771,14 +783,14 @@ def _lost(attempt: Mapping[Any, Any], status: AttemptStatus, *, kept: bool | Non
 def _update_attempt(conn: Connection, attempt: Mapping[Any, Any], now: datetime, **values: Any) -> None:
     """The conditional update of a live attempt: same id, token digest and status, lease not lapsed."""
     done = conn.execute(
-        task_attempts.update()
-        .where(
-            task_attempts.c.id == attempt["id"],
-            task_attempts.c.lease_token_hash == attempt["lease_token_hash"],
-            task_attempts.c.status == attempt["status"],
-            task_attempts.c.lease_expires_at > now,
-        )
-        .values(**values)
+        _UPDATE_LIVE_ATTEMPT,
+        {
+            "b_id": attempt["id"],
+            "b_hash": attempt["lease_token_hash"],
+            "b_status": attempt["status"],
+            "b_now": now,
+            **values,
+        },
     )
     if done.rowcount != 1:
         raise errors.ConcurrentUpdate(f"attempt {attempt['id']} changed while it was being updated")
