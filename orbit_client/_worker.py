@@ -293,7 +293,9 @@ class Worker:
         self._stopping = threading.Event()
         self._lock = threading.Condition()
         self._active: dict[str, _Active] = {}
+        #: Tasks leased and not yet done (their reports included); ``_running``: handler slots taken.
         self._in_flight = 0
+        self._running = 0
         self._reports = Reports(client, namespace, linger=report_linger, in_flight=lambda: self._in_flight)
 
     @property
@@ -328,7 +330,9 @@ class Worker:
             target=self._heartbeat_loop, args=(beat_stop,), name="orbit-heartbeat", daemon=True
         )
         beater.start()
-        pool = ThreadPoolExecutor(max_workers=config.concurrency, thread_name_prefix="orbit-handler")
+        # A task frees its slot when its handler returns, before its report is answered, so the next
+        # task can be leased meanwhile: up to twice as many threads as slots, half of them reporting.
+        pool = ThreadPoolExecutor(max_workers=2 * config.concurrency, thread_name_prefix="orbit-handler")
         logger.info("worker %s serving %s/%s", config.worker_id, config.namespace, config.queue)
         try:
             with self._signals():
@@ -364,16 +368,16 @@ class Worker:
         failures = 0
         while not self._stopping.is_set():
             with self._lock:
-                while self._in_flight >= config.concurrency and not self._stopping.is_set():
+                while self._running >= config.concurrency and not self._stopping.is_set():
                     self._lock.wait()
-                # A batched report frees its tasks' slots one after the other: lease them together.
+                # Handlers that finish together free their slots one after the other: lease them together.
                 linger = config.report_linger or 0.0
                 until = time.monotonic() + linger
-                while 0 < self._in_flight < config.concurrency and not self._stopping.is_set():
+                while 0 < self._running < config.concurrency and not self._stopping.is_set():
                     left = until - time.monotonic()
                     if left <= 0 or not self._lock.wait(left):
                         break
-                free = config.concurrency - self._in_flight
+                free = config.concurrency - self._running
             if self._stopping.is_set():
                 return
             try:
@@ -396,6 +400,7 @@ class Worker:
             failures = 0
             with self._lock:  # all at once: a report waits for the others of its batch (Reports)
                 self._in_flight += len(grants)
+                self._running += len(grants)
             for grant in grants:
                 pool.submit(self._execute, grant)
 
@@ -414,17 +419,28 @@ class Worker:
                 self._lock.wait(remaining)
 
     def _execute(self, grant: LeaseGrant) -> None:
+        held = True
+
+        def free_slot() -> None:
+            nonlocal held
+            if held:
+                held = False
+                with self._lock:
+                    self._running -= 1
+                    self._lock.notify_all()
+
         try:
-            self._run_one(grant)
+            self._run_one(grant, free_slot)
         except Exception:  # never let one task kill the pool thread silently
             logger.exception("unexpected error while running task %s", grant.task.id)
         finally:
+            free_slot()
             with self._lock:
                 self._active.pop(grant.attempt.id, None)
                 self._in_flight -= 1
                 self._lock.notify_all()
 
-    def _run_one(self, grant: LeaseGrant) -> None:
+    def _run_one(self, grant: LeaseGrant, free_slot: Callable[[], None]) -> None:
         config, reports = self._config, self._reports
         task, attempt = grant.task, grant.attempt
         handler = config.handlers.get(task.handler)
@@ -434,6 +450,7 @@ class Worker:
                 message=f"worker {config.worker_id} has no handler {task.handler!r}",
                 retryable=False,
             )
+            free_slot()
             self._report(grant, lambda: reports.fail(attempt, error))
             return
         try:
@@ -448,10 +465,12 @@ class Worker:
         try:
             result = handler(ctx)
         except Exception as exc:
+            free_slot()
             error = _error_for(exc)
             logger.info("task %s attempt %d failed: %s", task.id, attempt.generation, error.type)
             self._report(grant, lambda: reports.fail(attempt, error))
             return
+        free_slot()
         try:
             self._report(grant, lambda: reports.complete(attempt, result))
         except OrbitUsageError as exc:  # the result is not JSON
@@ -571,7 +590,10 @@ class AsyncWorker:
         self._stopping: asyncio.Event | None = None
         self._stop_requested = False
         self._active: dict[str, _Active] = {}
+        #: Tasks leased and not yet done (their reports included); ``_running``: handler slots taken.
         self._in_flight: set[asyncio.Task[None]] = set()
+        self._running = 0
+        self._slot_freed: asyncio.Event | None = None
         self._reports = AsyncReports(
             client, namespace, linger=report_linger, in_flight=lambda: len(self._in_flight)
         )
@@ -597,7 +619,7 @@ class AsyncWorker:
         """Async twin of :meth:`Worker.run` (same behaviour and errors)."""
         config = self._config
         loop = asyncio.get_running_loop()
-        self._loop, self._stopping = loop, asyncio.Event()
+        self._loop, self._stopping, self._slot_freed = loop, asyncio.Event(), asyncio.Event()
         if self._stop_requested:
             self._stopping.set()
         signals = self._add_signal_handlers(loop)
@@ -642,13 +664,17 @@ class AsyncWorker:
         assert stopping is not None
         failures = 0
         while not stopping.is_set():
-            free = config.concurrency - len(in_flight)
+            free = config.concurrency - self._running
             if free <= 0:
+                assert self._slot_freed is not None
+                self._slot_freed.clear()
                 stop_wait = asyncio.ensure_future(stopping.wait())
-                await asyncio.wait({*in_flight, stop_wait}, return_when=asyncio.FIRST_COMPLETED)
+                slot_wait = asyncio.ensure_future(self._slot_freed.wait())
+                await asyncio.wait({slot_wait, stop_wait}, return_when=asyncio.FIRST_COMPLETED)
                 stop_wait.cancel()
-                if config.report_linger and in_flight:
-                    # A batched report frees its tasks' slots one after the other: lease them together.
+                slot_wait.cancel()
+                if config.report_linger and self._running:
+                    # Handlers that finish together free their slots one after the other: lease them together.
                     await asyncio.sleep(config.report_linger)
                 continue
             try:
@@ -670,20 +696,32 @@ class AsyncWorker:
                     await asyncio.wait_for(stopping.wait(), delay)
                 continue
             failures = 0
+            self._running += len(grants)
             for grant in grants:
                 task = asyncio.create_task(self._execute(grant), name=f"orbit-task-{grant.task.id}")
                 in_flight.add(task)
                 task.add_done_callback(in_flight.discard)
 
     async def _execute(self, grant: LeaseGrant) -> None:
+        held = True
+
+        def free_slot() -> None:
+            nonlocal held
+            if held:
+                held = False
+                self._running -= 1
+                if self._slot_freed is not None:
+                    self._slot_freed.set()
+
         try:
-            await self._run_one(grant)
+            await self._run_one(grant, free_slot)
         except Exception:
             logger.exception("unexpected error while running task %s", grant.task.id)
         finally:
+            free_slot()
             self._active.pop(grant.attempt.id, None)
 
-    async def _run_one(self, grant: LeaseGrant) -> None:
+    async def _run_one(self, grant: LeaseGrant, free_slot: Callable[[], None]) -> None:
         config, reports = self._config, self._reports
         task, attempt = grant.task, grant.attempt
         handler = config.handlers.get(task.handler)
@@ -694,6 +732,7 @@ class AsyncWorker:
                 message=f"worker {config.worker_id} has no handler {task.handler!r}",
                 retryable=False,
             )
+            free_slot()
             await self._report(grant, lambda: reports.fail(attempt, error))
             return
         try:
@@ -706,10 +745,12 @@ class AsyncWorker:
         try:
             result = await handler(ctx)
         except Exception as exc:
+            free_slot()
             error = _error_for(exc)
             logger.info("task %s attempt %d failed: %s", task.id, attempt.generation, error.type)
             await self._report(grant, lambda: reports.fail(attempt, error))
             return
+        free_slot()
         try:
             await self._report(grant, lambda: reports.complete(attempt, result))
         except OrbitUsageError as exc:
