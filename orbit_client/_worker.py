@@ -212,7 +212,8 @@ _DOC_ARGS = """
         queue: the queue to lease tasks from.
         handlers: handler name → function; a task whose ``handler`` is not here fails
             (error type ``unknown_handler``, not retryable) without being started.
-        concurrency: most tasks run at the same time. Default 1.
+        concurrency: most handlers running at the same time. Default 1. A task's slot is free
+            again once its handler returns, while its report is still on its way.
         lease_seconds: lease asked for each task, in seconds; the worker heartbeats every
             third of it while the handler runs. Default 30.
         poll_wait_seconds: how long one lease call long-polls when nothing is due, in seconds;
