@@ -148,6 +148,7 @@ class _Batcher(Generic[_Item]):
                 if _missing_route(exc):
                     self.supported = False
                     error = _Unsupported()
+                    logger.info("the server has no batched attempt calls (404); reporting with single calls")
                 for n, (_, future) in enumerate(chunk):
                     future.set_exception(_copy_error(error, n == 0))
                 continue
@@ -194,7 +195,7 @@ class Reports:
             try:
                 return batcher.submit(item).raise_for_status()
             except _Unsupported:
-                logger.info("the server has no batched attempt calls; reporting with single calls")
+                pass  # the server has no batched calls: send it on its own
         return single()
 
     def start(self, attempt: AttemptLease) -> AttemptState:
@@ -298,6 +299,7 @@ class _AsyncBatcher(Generic[_Item]):
                 if _missing_route(exc):
                     self.supported = False
                     error = _Unsupported()
+                    logger.info("the server has no batched attempt calls (404); reporting with single calls")
                 for n, (_, future) in enumerate(chunk):
                     if not future.done():
                         future.set_exception(_copy_error(error, n == 0))
@@ -345,7 +347,7 @@ class AsyncReports:
             try:
                 return (await batcher.submit(item)).raise_for_status()
             except _Unsupported:
-                logger.info("the server has no batched attempt calls; reporting with single calls")
+                pass  # the server has no batched calls: send it on its own
         return await single()
 
     async def start(self, attempt: AttemptLease) -> AttemptState:
