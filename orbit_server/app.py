@@ -63,6 +63,7 @@ from . import errors, execution, results, store
 from ._auth import Caller, KeyCache, authorize
 from ._db import create_engine
 from ._metrics import Metrics
+from .attempt_batches import attempt_batch_router
 from .batch_api import batch_router
 from .settings import ServerSettings
 
@@ -559,6 +560,8 @@ def create_app(settings: ServerSettings | None = None, *, engine: Engine | None 
             the_engine, execution.fail_attempt, caller.namespace_id, attempt_id, body.lease_token, body.error
         )
         return state
+
+    app.include_router(attempt_batch_router(the_engine))
 
     task_path = "/v1/namespaces/{namespace}/tasks/{task_id}"
 
