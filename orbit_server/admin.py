@@ -49,6 +49,7 @@ __all__ = [
     "TaskFilter",
     "TaskListPage",
     "api_key_principal",
+    "aware",
     "get_task_detail",
     "list_api_keys",
     "list_namespaces",
@@ -626,6 +627,11 @@ def api_key_principal(conn: Connection, key_hash: str) -> store.Principal | None
 
 
 # --------------------------------------------------------------------- helpers
+
+
+def aware(value: datetime) -> datetime:
+    """A naive-UTC database time (e.g. of ``db_now``) as an aware UTC datetime."""
+    return _utc(value)
 
 
 def _utc(value: datetime) -> datetime:

@@ -24,6 +24,7 @@ import click
 from orbit_client import TaskStatus
 
 from . import admin, execution, results
+from ._db import db_now
 from .cli import _database_url_option, _engine, api_key, main, namespace, queue
 
 __all__: list[str] = []
@@ -133,13 +134,16 @@ _UNITS = {"s": "seconds", "m": "minutes", "h": "hours", "d": "days"}
 class _Since(click.ParamType):  # type: ignore[type-arg]
     name = "TIME"
 
-    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> datetime:
-        if isinstance(value, datetime):
+    def convert(
+        self, value: Any, param: click.Parameter | None, ctx: click.Context | None
+    ) -> datetime | timedelta:
+        """An aware time, or an age (a timedelta, measured back from the database clock)."""
+        if isinstance(value, datetime | timedelta):
             return value
         text = str(value).strip()
         relative = _RELATIVE.fullmatch(text)
         if relative:
-            return datetime.now(UTC) - timedelta(**{_UNITS[relative.group(2)]: float(relative.group(1))})
+            return timedelta(**{_UNITS[relative.group(2)]: float(relative.group(1))})
         try:
             parsed = datetime.fromisoformat(text)
         except ValueError:
@@ -188,21 +192,22 @@ def task_list(
     queue_name: str | None,
     handler: str | None,
     idempotency_key: str | None,
-    since: datetime | None,
+    since: datetime | timedelta | None,
     limit: int,
     cursor: str | None,
     as_json: bool,
     database_url: str,
 ) -> None:
     """List tasks, newest first."""
-    filters = admin.TaskFilter(
-        status=TaskStatus(status.upper()) if status else None,
-        queue=queue_name,
-        handler=handler,
-        idempotency_key=idempotency_key,
-        created_since=since,
-    )
     with _engine(database_url) as engine, engine.begin() as conn:
+        created_since = since if not isinstance(since, timedelta) else admin.aware(db_now(conn)) - since
+        filters = admin.TaskFilter(
+            status=TaskStatus(status.upper()) if status else None,
+            queue=queue_name,
+            handler=handler,
+            idempotency_key=idempotency_key,
+            created_since=created_since,
+        )
         page = admin.list_tasks(
             conn, _namespace_id(conn, namespace_name), filters, limit=limit, cursor=cursor
         )
