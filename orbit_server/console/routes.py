@@ -15,7 +15,7 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
-from urllib.parse import parse_qs, urlencode
+from urllib.parse import parse_qs, urlencode, urlsplit
 
 from fastapi import APIRouter, Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
@@ -147,7 +147,8 @@ def console_router(
         origin = request.headers.get("origin")
         if origin is None:  # SameSite=Strict already keeps the cookie off cross-site requests
             return True
-        return origin == f"{request.url.scheme}://{request.headers.get('host', '')}"
+        # Host only, not scheme: behind a TLS-terminating proxy the server sees http while the browser says https.
+        return urlsplit(origin).netloc == request.headers.get("host", "")
 
     async def action(
         request: Request, role: str
