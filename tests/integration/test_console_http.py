@@ -189,3 +189,25 @@ def test_a_revoked_key_loses_the_console_and_the_api(server: RunningServer, seed
         listed = admin.get("/ui/api-keys").text
         row = listed.split(f'id="key-{key_id}"')[1].split("</tr>")[0]
         assert "UTC" in row and "Revoke" not in row
+
+
+def test_tasks_pages_newest_first_through_the_cursor(server: RunningServer, seed: Seeder) -> None:
+    queue = seed.queue()
+    made = [seed.submit(queue, handler="page")["id"] for _ in range(55)]
+    client, _ = sign_in(server.base_url, server.keys["read"])
+    with closing(client):
+        seen: list[str] = []
+        url: str | None = f"/ui/tasks?queue={queue}"
+        while url is not None:
+            page = client.get(url)
+            assert page.status_code == 200
+            seen += re.findall(r'class="id" href="/ui/tasks/([0-9a-f-]{36})"', page.text)
+            found = re.search(r'<a href="([^"]+)" rel="next">', page.text)
+            url = found.group(1).replace("&amp;", "&") if found else None
+        assert len(seen) == len(set(seen)) and set(seen) == set(made)  # every task once across the pages
+        created = [seed.task(task_id)["created_at"] for task_id in seen]
+        assert created == sorted(created, reverse=True)  # newest first (ties broken by id)
+        bad = client.get("/ui/tasks?cursor=not-a-cursor")
+        assert bad.status_code == 400 and "cursor" in bad.text
+        assert client.get("/ui/tasks?created_since=yesterday").status_code == 400
+        assert made[0] not in client.get(f"/ui/tasks?queue={queue}&created_since=2999-01-01T00:00").text
