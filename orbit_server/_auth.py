@@ -104,6 +104,7 @@ def authorize(caller: store.Principal, namespace: str, action: str) -> None:
         errors.Forbidden: the key's role does not allow ``action`` (403).
     """
     if caller.namespace != namespace:
-        raise errors.NamespaceNotFound(f"namespace {namespace!r} does not exist")
+        # Say no more than the key may know: whether the namespace exists at all is not its business.
+        raise errors.NamespaceNotFound(f"namespace {namespace!r} not found for this key")
     if not caller.can(action):
         raise errors.Forbidden(f"a {caller.role!r} key cannot do this; it needs the {action!r} role or admin")
