@@ -51,3 +51,9 @@ def test_plain_install_is_the_client_without_sqlalchemy(wheel: Path, tmp_path: P
     done = subprocess.run([str(python), "-c", probe], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
     assert done.stdout.split() == ["0.1.0", "OrbitClient"]
+    # The server's command is installed too: it names the extra to install instead of a traceback.
+    server_cli = subprocess.run(
+        [str(env_dir / "bin" / "orbit-server"), "--help"], capture_output=True, text=True
+    )
+    assert server_cli.returncode == 2, server_cli.stderr
+    assert "pip install 'orbit[server]'" in server_cli.stderr and "Traceback" not in server_cli.stderr
