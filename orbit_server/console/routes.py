@@ -82,15 +82,6 @@ def _environment() -> Environment:
     return env
 
 
-class _Refused(Exception):
-    """Answer with an error page (status, message) instead of the page asked for."""
-
-    def __init__(self, status: int, message: str) -> None:
-        super().__init__(message)
-        self.status = status
-        self.message = message
-
-
 def console_router(
     *, engine: Engine, settings: ServerSettings, key_cache: KeyCache, on_created: Callable[[], None]
 ) -> APIRouter:
