@@ -65,6 +65,7 @@ from ._db import create_engine
 from ._metrics import Metrics
 from .attempt_batches import attempt_batch_router
 from .batch_api import batch_router
+from .console import console_router
 from .settings import ServerSettings
 
 __all__ = ["create_app"]
@@ -732,6 +733,11 @@ def create_app(settings: ServerSettings | None = None, *, engine: Engine | None 
 
     app.include_router(
         batch_router(engine=the_engine, settings=settings, metrics=metrics, on_created=wakeup.notify)
+    )
+    app.include_router(
+        console_router(
+            engine=the_engine, settings=settings, key_cache=app.state.key_cache, on_created=wakeup.notify
+        )
     )
     app.add_middleware(RequestContextMiddleware, max_body_bytes=settings.max_body_bytes, metrics=metrics)
     return app

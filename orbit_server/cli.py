@@ -223,3 +223,8 @@ def _check_name(what: str, name: str) -> None:
         raise click.BadParameter(
             "use 1-64 letters, digits, '.', '_' or '-', starting with a letter or digit", param_hint=what
         )
+
+
+# The admin commands (task, subscription, and the list/revoke commands of the groups above) live in
+# admin_cli.py; importing it registers them on `main`.
+from . import admin_cli as _admin_cli  # noqa: E402, F401
