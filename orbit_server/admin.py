@@ -10,9 +10,6 @@ in the results are aware UTC datetimes.
 
 from __future__ import annotations
 
-import base64
-import binascii
-import json
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -282,20 +279,6 @@ class TaskListPage:
     next_cursor: str | None
 
 
-def _encode_cursor(created_at: datetime, task_id: str) -> str:
-    raw = json.dumps([created_at.isoformat(), task_id], separators=(",", ":")).encode("utf-8")
-    return base64.urlsafe_b64encode(raw).decode("ascii").rstrip("=")
-
-
-def _decode_cursor(cursor: str) -> tuple[datetime, str]:
-    try:
-        raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4))
-        created_at, task_id = json.loads(raw)
-        return datetime.fromisoformat(created_at), str(task_id)
-    except (binascii.Error, ValueError, TypeError, UnicodeDecodeError) as exc:
-        raise errors.InvalidCursor("pass back the cursor of an earlier page unchanged") from exc
-
-
 def _task_select() -> sa.Select[Any]:
     return sa.select(
         tasks, namespaces.c.name.label("namespace_name"), queues.c.name.label("queue_name")
@@ -343,7 +326,7 @@ def list_tasks(
     if filters.created_since is not None:
         query = query.where(tasks.c.created_at >= _naive(filters.created_since))
     if cursor:
-        before, before_id = _decode_cursor(cursor)
+        before, before_id = store.decode_cursor(cursor)
         query = query.where(
             sa.or_(tasks.c.created_at < before, sa.and_(tasks.c.created_at == before, tasks.c.id < before_id))
         )
@@ -354,7 +337,9 @@ def list_tasks(
     )
     items = [store.task_from_row(row) for row in rows[:limit]]
     next_cursor = (
-        _encode_cursor(rows[limit - 1]["created_at"], rows[limit - 1]["id"]) if len(rows) > limit else None
+        store.encode_cursor(rows[limit - 1]["created_at"], rows[limit - 1]["id"])
+        if len(rows) > limit
+        else None
     )
     return TaskListPage(items=items, next_cursor=next_cursor)
 
