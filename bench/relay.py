@@ -1,14 +1,20 @@
 """Rows per second delivered by the outbox relay, business database on MariaDB, against a real
 ``orbit-server`` process (its own MariaDB database).
 
-    python -m bench.relay [--rows 600] [--concurrency 8] [--batch-sizes 1,10,50,200]
+    python -m bench.relay [--rows 2000] [--concurrency 4] [--batch-sizes 1,100] [--engine app|own]
 
 Baseline: the same number of submissions sent straight to the server with ``OrbitClient``
 from ``--concurrency`` threads (what the server accepts when fed directly). Then, for each
 batch size, ``--rows`` outbox rows are enqueued (not timed) and one in-process ``Relay``
-with ``--concurrency`` sends drains them (``run_once``): claim transactions, queue checks
-(cached), sends and conditional-update records. It prints rows/s and the ratio to the
-baseline measured in the same run; these machines are noisy, so compare ratios.
+with ``--concurrency`` requests in flight drains them (``run_once``): claim transactions,
+sends and conditional-update records. It prints rows/s and the ratio to the baseline
+measured in the same run (these machines are noisy, so compare ratios), and, per relayed
+row, the SQL statements the relay ran on the business database (a ``before_cursor_execute``
+listener) and its round trips to it (every command PyMySQL sends: statements, ``SET``,
+``COMMIT``/``ROLLBACK`` including the pool's reset, ``PING``).
+
+``--engine app`` hands the relay an engine built as an application builds one
+(``sa.create_engine(url)``); ``--engine own`` lets the relay build its own from the URL.
 """
 
 from __future__ import annotations
@@ -17,8 +23,13 @@ import argparse
 import threading
 import time
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
 
+import pymysql.connections
 import sqlalchemy as sa
+from sqlalchemy import event
 
 from bench._support import MYSQL_SERVER, cli, orbit_servers
 from orbit_client import OrbitClient, RetryPolicy
@@ -49,35 +60,71 @@ def baseline(base: str, key: str, rows: int, concurrency: int) -> float:
     return per_thread * concurrency / (time.perf_counter() - started)
 
 
+class Counts:
+    """Statements (SQLAlchemy ``before_cursor_execute``) and round trips (PyMySQL commands)."""
+
+    def __init__(self) -> None:
+        self.statements = 0
+        self.round_trips = 0
+
+
+@contextmanager
+def counting(engine: sa.Engine) -> Iterator[Counts]:
+    """Count the statements run on ``engine`` and every command PyMySQL sends (this process talks
+    to no other MySQL database meanwhile: the server is another process)."""
+    counts = Counts()
+    original = pymysql.connections.Connection._execute_command
+
+    def command(self: Any, command: int, sql: Any) -> Any:
+        counts.round_trips += 1
+        return original(self, command, sql)
+
+    def statement(*_args: Any) -> None:
+        counts.statements += 1
+
+    pymysql.connections.Connection._execute_command = command  # type: ignore[method-assign]
+    event.listen(engine, "before_cursor_execute", statement)
+    try:
+        yield counts
+    finally:
+        event.remove(engine, "before_cursor_execute", statement)
+        pymysql.connections.Connection._execute_command = original  # type: ignore[method-assign]
+
+
 def relay_round(
-    engine: sa.Engine, base: str, key: str, rows: int, concurrency: int, batch_size: int
-) -> float:
-    """Enqueue ``rows`` rows in fresh tables (untimed), then time one relay draining them."""
+    engine: sa.Engine, url: str, base: str, key: str, rows: int, concurrency: int, batch_size: int, own: bool
+) -> tuple[float, float, float]:
+    """Enqueue ``rows`` rows in fresh tables (untimed), then time one relay draining them.
+    Returns rows/s, statements per row and round trips per row."""
     tables = OutboxTables(name=f"bench_{uuid.uuid4().hex[:8]}")
     Outbox(engine, tables=tables).migrate()
     with engine.begin() as conn:
         for n in range(rows):
             enqueue(conn, namespace="bench", queue="q", handler="bench.noop", params={"n": n}, tables=tables)
     with OrbitClient(base, api_key=key, retry=RetryPolicy(max_attempts=1)) as client:
-        relay = Relay(client=client, engine=engine, tables=tables, batch_size=batch_size, concurrency=concurrency,
-                      backoff=Backoff.no_wait())  # fmt: skip
-        started = time.perf_counter()
-        stats = relay.run_once()
-        elapsed = time.perf_counter() - started
+        where: dict[str, Any] = {"database_url": url} if own else {"engine": engine}
+        relay = Relay(client=client, tables=tables, batch_size=batch_size, concurrency=concurrency,
+                      backoff=Backoff.no_wait(), **where)  # fmt: skip
+        with counting(relay.outbox.engine) as counts:
+            started = time.perf_counter()
+            stats = relay.run_once()
+            elapsed = time.perf_counter() - started
+        relay.close()
     if stats.delivered != rows:
         raise SystemExit(f"batch size {batch_size}: delivered {stats.delivered} of {rows}: {stats}")
     with engine.begin() as conn:
         conn.exec_driver_sql(f"DROP TABLE {tables.events_name}, {tables.name}, {tables.name}_alembic_version")
-    return rows / elapsed
+    return rows / elapsed, counts.statements / rows, counts.round_trips / rows
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--rows", type=int, default=600)
-    parser.add_argument("--concurrency", type=int, default=8)
-    parser.add_argument("--batch-sizes", default="1,10,50,200")
+    parser.add_argument("--rows", type=int, default=2000)
+    parser.add_argument("--concurrency", type=int, default=4)
+    parser.add_argument("--batch-sizes", default="1,100")
+    parser.add_argument("--engine", choices=("app", "own"), default="app")
     args = parser.parse_args()
     batch_sizes = [int(b) for b in args.batch_sizes.split(",")]
 
@@ -92,25 +139,32 @@ def main() -> None:
     cli("namespace", "create", "bench", url=server_url)
     cli("queue", "create", "bench", "q", url=server_url)
     key = cli("api-key", "create", "bench", "--role", "submit", url=server_url)
+    business_url = urls["business"].render_as_string(hide_password=False)
     engine = sa.create_engine(urls["business"])
-    results: list[tuple[str, float]] = []
+    results: list[tuple[str, float, str, str]] = []
     try:
         with orbit_servers(server_url) as (base,):
-            direct = baseline(base, key, args.rows, args.concurrency)
-            results.append(("direct submits (base)", direct))
+            direct = baseline(base, key, min(args.rows, 1000), args.concurrency)
+            results.append(("direct submits (base)", direct, "", ""))
             for batch_size in batch_sizes:
-                rate = relay_round(engine, base, key, args.rows, args.concurrency, batch_size)
-                results.append((f"relay, batch size {batch_size}", rate))
+                rate, statements, trips = relay_round(engine, business_url, base, key, args.rows, args.concurrency,
+                                                      batch_size, args.engine == "own")  # fmt: skip
+                results.append((f"relay, batch size {batch_size}", rate, f"{statements:.2f}", f"{trips:.2f}"))
     finally:
         engine.dispose()
         with admin.connect() as conn:
             for name in names.values():
                 conn.execute(sa.text(f"DROP DATABASE IF EXISTS `{name}`"))
         admin.dispose()
-    print(f"business db=mariadb server db=mariadb rows/round={args.rows} concurrency={args.concurrency}")
-    print(f"{'round':<26}{'rows/s':>10}{'ratio to baseline':>20}")
-    for label, rate in results:
-        print(f"{label:<26}{rate:>10.0f}{rate / direct:>20.2f}")
+    print(
+        f"business db=mariadb server db=mariadb rows/round={args.rows} concurrency={args.concurrency} "
+        f"engine={args.engine}"
+    )
+    print(
+        f"{'round':<26}{'rows/s':>10}{'ratio to baseline':>20}{'statements/row':>16}{'round trips/row':>17}"
+    )
+    for label, rate, statements, trips in results:
+        print(f"{label:<26}{rate:>10.0f}{rate / direct:>20.2f}{statements:>16}{trips:>17}")
 
 
 if __name__ == "__main__":

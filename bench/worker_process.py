@@ -1,4 +1,7 @@
-"""The worker process of ``bench.workers``: an echo handler, ``python -m bench.worker_process URL KEY NS QUEUE N``."""
+"""The worker process of ``bench.workers``: an echo handler.
+
+python -m bench.worker_process URL KEY NS QUEUE CONCURRENCY [REPORT_LINGER|none]
+"""
 
 from __future__ import annotations
 
@@ -14,10 +17,13 @@ def echo(ctx: TaskContext) -> Any:
 
 def main() -> None:
     url, key, namespace, queue, concurrency = sys.argv[1:6]
+    options: dict[str, Any] = {}
+    if len(sys.argv) > 6:  # else the worker's default
+        options["report_linger"] = None if sys.argv[6] == "none" else float(sys.argv[6])
     with OrbitClient(url, api_key=key, timeout=60) as client:
         Worker(
             client, namespace, queue, {"bench.echo": echo}, concurrency=int(concurrency), lease_seconds=30,
-            poll_wait_seconds=1,
+            poll_wait_seconds=1, **options,
         ).run()  # fmt: skip
 
 

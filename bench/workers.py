@@ -1,7 +1,7 @@
 """Tasks completed per second by worker processes against real ``orbit-server`` processes.
 
     python -m bench.workers [--database mariadb|sqlite] [--tasks 500] [--processes 4] [--concurrency 4]
-                            [--servers 2]
+                            [--servers 2] [--linger none 0.003 [--base-only]]
 
 Each round submits ``--tasks`` tasks (not timed), then starts worker processes (each with
 ``--concurrency`` handler threads running a trivial handler) and times how long it takes until
@@ -12,8 +12,12 @@ every task is ``SUCCEEDED``, read from the database. Rounds:
 3. the same workers spread over ``--servers`` server processes sharing the database (leases are
    coordinated by the database alone, so servers can be added).
 
-A task costs a share of a lease call plus a start and a complete call, each one short
-transaction. It prints tasks/s per round and the ratio to the baseline; these machines are
+With ``--linger`` the baseline round runs once per value of the workers' ``report_linger``
+(seconds, or ``none`` for a single call per report, as before batched attempt calls), one after
+the other in the same run, and ratios are to the first; ``--base-only`` skips rounds 2 and 3.
+
+A task costs a share of a lease call plus a start and a complete call (each shared with the
+other tasks of a batch when reports are coalesced). It prints tasks/s per round and the ratio to the baseline; these machines are
 noisy and every process shares their CPUs, so compare ratios, not absolute figures.
 """
 
@@ -57,8 +61,9 @@ def submit_tasks(base: str, key: str, queue: str, tasks: int) -> None:
 
 
 def run_round(
-    bases: list[str], url: str, keys: dict[str, str], queue: str, tasks: int, processes: int, concurrency: int
-) -> float:
+    bases: list[str], url: str, keys: dict[str, str], queue: str, tasks: int, processes: int, concurrency: int,
+    linger: str | None = None,
+) -> float:  # fmt: skip
     """Submit ``tasks`` tasks, run ``processes`` workers spread over the servers ``bases``; return tasks/s."""
     submit_tasks(bases[0], keys["submit"], queue, tasks)
     engine = sa.create_engine(url)
@@ -74,6 +79,7 @@ def run_round(
                 "bench",
                 queue,
                 str(concurrency),
+                *([linger] if linger is not None else []),
             ],
             stdout=subprocess.DEVNULL,
         )
@@ -108,7 +114,10 @@ def main() -> None:
     parser.add_argument("--processes", type=int, default=4)
     parser.add_argument("--concurrency", type=int, default=4)
     parser.add_argument("--servers", type=int, default=2)
+    parser.add_argument("--linger", nargs="*", default=None, help="report_linger values (seconds, or none)")
+    parser.add_argument("--base-only", action="store_true", help="only the 1 worker, 1 server round(s)")
     args = parser.parse_args()
+    lingers: list[str | None] = list(args.linger) if args.linger else [None]
 
     tmp = Path(tempfile.mkdtemp(prefix="orbit-bench-"))
     admin = None
@@ -122,22 +131,28 @@ def main() -> None:
     else:
         url = f"sqlite:///{tmp / 'bench.db'}"
     cli("namespace", "create", "bench", url=url)
-    for queue in ("baseline", "scaled", "scaled-out"):
+    for queue in (*(f"baseline-{n}" for n in range(len(lingers))), "scaled", "scaled-out"):
         cli("queue", "create", "bench", queue, url=url)
     keys = {role: cli("api-key", "create", "bench", "--role", role, url=url) for role in ("submit", "work")}
     try:
         with orbit_servers(url, max(1, args.servers)) as bases:
             rounds = [
                 (
-                    "1 worker, 1 server (base)",
-                    run_round(bases[:1], url, keys, "baseline", args.tasks, 1, args.concurrency),
-                ),
-                (
-                    f"{args.processes} workers, 1 server",
-                    run_round(bases[:1], url, keys, "scaled", args.tasks, args.processes, args.concurrency),
-                ),
+                    "1 worker, 1 server" + (f", linger {linger}" if linger is not None else " (base)"),
+                    run_round(bases[:1], url, keys, f"baseline-{n}", args.tasks, 1, args.concurrency, linger),
+                )
+                for n, linger in enumerate(lingers)
             ]
-            if len(bases) > 1:
+            if not args.base_only:
+                rounds.append(
+                    (
+                        f"{args.processes} workers, 1 server",
+                        run_round(
+                            bases[:1], url, keys, "scaled", args.tasks, args.processes, args.concurrency
+                        ),
+                    )
+                )
+            if len(bases) > 1 and not args.base_only:
                 rounds.append(
                     (
                         f"{args.processes} workers, {len(bases)} servers",
@@ -154,9 +169,9 @@ def main() -> None:
     print(f"database={args.database} tasks/round={args.tasks} concurrency/process={args.concurrency}")
     print(f"cpus={os.cpu_count()} (workers, servers and the database all share them)")
     baseline = rounds[0][1]
-    print(f"{'round':<28}{'tasks/s':>10}{'ratio to baseline':>20}")
+    print(f"{'round':<36}{'tasks/s':>10}{'ratio to baseline':>20}")
     for label, rate in rounds:
-        print(f"{label:<28}{rate:>10.1f}{rate / baseline:>20.2f}")
+        print(f"{label:<36}{rate:>10.1f}{rate / baseline:>20.2f}")
 
 
 if __name__ == "__main__":

@@ -33,17 +33,26 @@ from orbit_client._exceptions import (
     _api_error_class,
 )
 from orbit_client._models import (
+    MAX_ATTEMPT_BATCH_ITEMS,
     Attempt,
+    AttemptBatchResponse,
     AttemptError,
+    AttemptItemResult,
     AttemptState,
     BatchItem,
     BatchItemResult,
     BatchSubmitResponse,
     CancelRequest,
+    CompleteBatch,
+    CompleteItem,
     CompleteRequest,
     Delivery,
     DeliveryLeaseRequest,
+    FailBatch,
+    FailItem,
     FailRequest,
+    HeartbeatBatch,
+    HeartbeatItem,
     HeartbeatRequest,
     LeaseGrant,
     LeaseRequest,
@@ -52,6 +61,8 @@ from orbit_client._models import (
     Queue,
     RetryRequest,
     ReviewRequest,
+    StartBatch,
+    StartItem,
     SubmitOptions,
     SubmitResult,
     Subscription,
@@ -86,6 +97,19 @@ _NOT_SENT = (
 _DETAIL_MAX = 200
 
 _M = TypeVar("_M", bound=BaseModel)
+
+#: The batched attempt calls: action → (batch body model, item model).
+_ATTEMPT_BATCHES: dict[str, tuple[type[BaseModel], type[BaseModel]]] = {
+    "start": (StartBatch, StartItem),
+    "heartbeat": (HeartbeatBatch, HeartbeatItem),
+    "complete": (CompleteBatch, CompleteItem),
+    "fail": (FailBatch, FailItem),
+}
+#: What each batched call accepts as one item: the item model, or a mapping of its fields.
+StartItems = Sequence[StartItem | Mapping[str, Any]]
+HeartbeatItems = Sequence[HeartbeatItem | Mapping[str, Any]]
+CompleteItems = Sequence[CompleteItem | Mapping[str, Any]]
+FailItems = Sequence[FailItem | Mapping[str, Any]]
 
 
 def _parse_retry_after(value: str | None, *, now: datetime | None = None) -> float | None:
@@ -315,6 +339,43 @@ class _BaseClient:
         """Path and body of ``POST .../attempts/{id}/{action}``."""
         path = cls._path("/v1/namespaces/{}/attempts/{}/" + action, namespace, attempt_id)
         return path, cls._body(model, f"{action} request", **fields)
+
+    @classmethod
+    def _prepare_attempt_batch(
+        cls, namespace: str, action: str, items: Sequence[BaseModel | Mapping[str, Any]]
+    ) -> tuple[str, dict[str, Any]]:
+        """Path and body of ``POST /v1/namespaces/{ns}/attempts/{action}`` (a batch). Sends nothing.
+
+        Raises :class:`OrbitUsageError` for a bad item (naming its index and field, never its
+        values), no item, or more than :data:`MAX_ATTEMPT_BATCH_ITEMS`.
+        """
+        batch_model, item_model = _ATTEMPT_BATCHES[action]
+        if isinstance(items, Mapping | str | bytes) or not isinstance(items, Sequence):
+            raise OrbitUsageError(
+                f"items is a sequence of {item_model.__name__} or mappings; nothing was sent"
+            )
+        if not 1 <= len(items) <= MAX_ATTEMPT_BATCH_ITEMS:
+            raise OrbitUsageError(
+                f"a batch has 1 to {MAX_ATTEMPT_BATCH_ITEMS} items, not {len(items)}; nothing was sent"
+            )
+        path = cls._path("/v1/namespaces/{}/attempts/" + action, namespace)
+        listed = [item.model_dump(mode="json") if isinstance(item, item_model) else item for item in items]
+        return path, cls._body(batch_model, f"{action} batch", items=listed)
+
+    @classmethod
+    def _parse_attempt_batch(cls, response: httpx.Response, sent: int) -> list[AttemptItemResult]:
+        """The item results of a 200 batch answer; one per item sent, else :class:`OrbitAPIError`."""
+        results = cls._parse_model(AttemptBatchResponse, response).items
+        if len(results) != sent:
+            raise OrbitAPIError(
+                f"{_target(response.request)}: the server answered {len(results)} results for {sent} items; "
+                "the items may have been performed; check that the client and server versions match",
+                status_code=response.status_code,
+                code="invalid_response",
+                request_id=response.headers.get("X-Request-Id"),
+                outcome_known=False,
+            )
+        return results
 
     @classmethod
     def _prepare_lease(
@@ -842,6 +903,63 @@ class OrbitClient(_BaseClient):
         )
         return self._parse_model(AttemptState, self._request("POST", path, json=body))
 
+    def _attempt_batch(
+        self, namespace: str, action: str, items: Sequence[BaseModel | Mapping[str, Any]]
+    ) -> list[AttemptItemResult]:
+        path, body = self._prepare_attempt_batch(namespace, action, items)
+        return self._parse_attempt_batch(self._request("POST", path, json=body), len(items))
+
+    def start_attempts(self, namespace: str, items: StartItems) -> list[AttemptItemResult]:
+        """Confirm the start of many attempts in one request (``POST /v1/namespaces/{ns}/attempts/start``).
+
+        Each item is exactly :meth:`start_attempt` for its attempt, run on the server as its own
+        conditional transition: one item's refusal never undoes another's.
+
+        Args:
+            items: 1 to :data:`~orbit_client.MAX_ATTEMPT_BATCH_ITEMS` (500) :class:`StartItem`
+                (``attempt_id``, ``lease_token``) or mappings of its fields.
+
+        Returns:
+            One :class:`AttemptItemResult` per item, in order: ``status`` 200 with ``attempt``,
+            or 404/409 with the ``error`` problem :meth:`start_attempt` would have raised
+            (``result.raise_for_status()`` raises it: :class:`LeaseLostError` etc.).
+
+        Raises:
+            OrbitUsageError: no item, too many, or an invalid one; nothing was sent.
+            NotFoundError: ``not_found`` when the server predates batched attempt calls
+                (upgrade it, or use the single calls); ``namespace_not_found`` for another namespace.
+            OrbitError: as for every call, for the request as a whole. Retried like
+                :meth:`start_attempt`: every item is safe to repeat.
+        """
+        return self._attempt_batch(namespace, "start", items)
+
+    def heartbeats(self, namespace: str, items: HeartbeatItems) -> list[AttemptItemResult]:
+        """Renew many leases in one request (``POST /v1/namespaces/{ns}/attempts/heartbeat``).
+
+        Each item is exactly :meth:`heartbeat` (``attempt_id``, ``lease_token``, optional
+        ``lease_seconds``); an item's ``attempt.cancel_requested`` says whether its handler
+        should stop. Results, errors and retries as for :meth:`start_attempts`.
+        """
+        return self._attempt_batch(namespace, "heartbeat", items)
+
+    def complete_attempts(self, namespace: str, items: CompleteItems) -> list[AttemptItemResult]:
+        """Report many successes in one request (``POST /v1/namespaces/{ns}/attempts/complete``).
+
+        Each item is exactly :meth:`complete_attempt` (``attempt_id``, ``lease_token``, JSON
+        ``result``): an item refused with ``lease_lost`` had its result kept as evidence when
+        its ``error.evidence_recorded`` is true. Results, errors and retries as for
+        :meth:`start_attempts` (a repeat with an equal result answers 200 again).
+        """
+        return self._attempt_batch(namespace, "complete", items)
+
+    def fail_attempts(self, namespace: str, items: FailItems) -> list[AttemptItemResult]:
+        """Report many failures in one request (``POST /v1/namespaces/{ns}/attempts/fail``).
+
+        Each item is exactly :meth:`fail_attempt` (``attempt_id``, ``lease_token``, ``error``).
+        Results, errors and retries as for :meth:`start_attempts`.
+        """
+        return self._attempt_batch(namespace, "fail", items)
+
     def cancel_task(self, namespace: str, task_id: str, *, reason: str) -> Task:
         """Cancel a task (``admin`` key): ``WAITING``/``LEASED`` at once, ``RUNNING`` once its worker stops.
 
@@ -1286,6 +1404,28 @@ class AsyncOrbitClient(_BaseClient):
             namespace, attempt_id, "fail", FailRequest, lease_token=lease_token, error=error
         )
         return self._parse_model(AttemptState, await self._request("POST", path, json=body))
+
+    async def _attempt_batch(
+        self, namespace: str, action: str, items: Sequence[BaseModel | Mapping[str, Any]]
+    ) -> list[AttemptItemResult]:
+        path, body = self._prepare_attempt_batch(namespace, action, items)
+        return self._parse_attempt_batch(await self._request("POST", path, json=body), len(items))
+
+    async def start_attempts(self, namespace: str, items: StartItems) -> list[AttemptItemResult]:
+        """Async twin of :meth:`OrbitClient.start_attempts`."""
+        return await self._attempt_batch(namespace, "start", items)
+
+    async def heartbeats(self, namespace: str, items: HeartbeatItems) -> list[AttemptItemResult]:
+        """Async twin of :meth:`OrbitClient.heartbeats`."""
+        return await self._attempt_batch(namespace, "heartbeat", items)
+
+    async def complete_attempts(self, namespace: str, items: CompleteItems) -> list[AttemptItemResult]:
+        """Async twin of :meth:`OrbitClient.complete_attempts`."""
+        return await self._attempt_batch(namespace, "complete", items)
+
+    async def fail_attempts(self, namespace: str, items: FailItems) -> list[AttemptItemResult]:
+        """Async twin of :meth:`OrbitClient.fail_attempts`."""
+        return await self._attempt_batch(namespace, "fail", items)
 
     async def cancel_task(self, namespace: str, task_id: str, *, reason: str) -> Task:
         """Async twin of :meth:`OrbitClient.cancel_task`."""

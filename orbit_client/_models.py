@@ -31,9 +31,12 @@ from pydantic import (
 __all__ = [
     "IDEMPOTENCY_KEY_MAX_LENGTH",
     "JSON_MAX_DEPTH",
+    "MAX_ATTEMPT_BATCH_ITEMS",
     "NAME_PATTERN",
     "Attempt",
+    "AttemptBatchResponse",
     "AttemptError",
+    "AttemptItemResult",
     "AttemptLease",
     "AttemptState",
     "AttemptStatus",
@@ -42,11 +45,17 @@ __all__ = [
     "BatchSubmission",
     "BatchSubmitResponse",
     "CancelRequest",
+    "CompleteBatch",
+    "CompleteItem",
     "CompleteRequest",
     "Delivery",
     "DeliveryAck",
     "DeliveryLeaseRequest",
+    "FailBatch",
+    "FailItem",
     "FailRequest",
+    "HeartbeatBatch",
+    "HeartbeatItem",
     "HeartbeatRequest",
     "JsonData",
     "LeaseGrant",
@@ -57,6 +66,8 @@ __all__ = [
     "ResultEvent",
     "RetryRequest",
     "ReviewRequest",
+    "StartBatch",
+    "StartItem",
     "SubmitOptions",
     "SubmitResult",
     "Subscription",
@@ -567,6 +578,123 @@ class AttemptState(_Wire):
     task_status: TaskStatus
     lease_expires_at: UTCDateTime
     cancel_requested: bool = False
+
+
+#: Most items in one batched attempt call (``POST .../attempts/start`` etc.); more is a 422.
+MAX_ATTEMPT_BATCH_ITEMS = 500
+
+#: An attempt id as the batched calls accept it.
+AttemptId = Annotated[str, Field(min_length=1, max_length=64)]
+
+
+class StartItem(LeaseTokenRequest):
+    """One item of ``POST /v1/namespaces/{ns}/attempts/start``: which attempt, and its token."""
+
+    attempt_id: AttemptId
+
+
+class HeartbeatItem(HeartbeatRequest):
+    """One item of ``POST /v1/namespaces/{ns}/attempts/heartbeat`` (fields of :class:`HeartbeatRequest`)."""
+
+    attempt_id: AttemptId
+
+
+class CompleteItem(CompleteRequest):
+    """One item of ``POST /v1/namespaces/{ns}/attempts/complete`` (fields of :class:`CompleteRequest`)."""
+
+    attempt_id: AttemptId
+
+
+class FailItem(FailRequest):
+    """One item of ``POST /v1/namespaces/{ns}/attempts/fail`` (fields of :class:`FailRequest`)."""
+
+    attempt_id: AttemptId
+
+
+class StartBatch(_Wire):
+    """Body of ``POST /v1/namespaces/{ns}/attempts/start``: 1 to :data:`MAX_ATTEMPT_BATCH_ITEMS` items."""
+
+    items: list[StartItem] = Field(min_length=1, max_length=MAX_ATTEMPT_BATCH_ITEMS)
+
+
+class HeartbeatBatch(_Wire):
+    """Body of ``POST /v1/namespaces/{ns}/attempts/heartbeat``: 1 to :data:`MAX_ATTEMPT_BATCH_ITEMS` items."""
+
+    items: list[HeartbeatItem] = Field(min_length=1, max_length=MAX_ATTEMPT_BATCH_ITEMS)
+
+
+class CompleteBatch(_Wire):
+    """Body of ``POST /v1/namespaces/{ns}/attempts/complete``: 1 to :data:`MAX_ATTEMPT_BATCH_ITEMS` items."""
+
+    items: list[CompleteItem] = Field(min_length=1, max_length=MAX_ATTEMPT_BATCH_ITEMS)
+
+
+class FailBatch(_Wire):
+    """Body of ``POST /v1/namespaces/{ns}/attempts/fail``: 1 to :data:`MAX_ATTEMPT_BATCH_ITEMS` items."""
+
+    items: list[FailItem] = Field(min_length=1, max_length=MAX_ATTEMPT_BATCH_ITEMS)
+
+
+class AttemptItemResult(BaseModel):
+    """The outcome of one item of a batched attempt call, in request order.
+
+    Each item is its own conditional transition, fenced exactly like the single call
+    (``POST .../attempts/{id}/start`` etc.), and one item's refusal never undoes another's.
+
+    Attributes:
+        status: ``200`` (done, or an equal repeat), ``404`` (``attempt_not_found``) or ``409``
+            (``lease_lost``, ``invalid_transition``, ``concurrent_update``): the status the
+            single call would have answered.
+        attempt: the attempt's state after the call when ``status == 200``, else ``None``.
+        error: the problem body the single call would have answered, else ``None``.
+    """
+
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+    status: int
+    attempt: AttemptState | None = None
+    error: Problem | None = None
+
+    def raise_for_status(self) -> AttemptState:
+        """The attempt's state; raise what the single call would have raised for an error item.
+
+        Raises:
+            LeaseLostError, InvalidTransitionError, ConcurrentUpdateError, NotFoundError, ...:
+                the :class:`~orbit_client.OrbitAPIError` subclass for ``status`` and
+                ``error.code``, with the problem attached (``evidence_recorded`` and so on).
+        """
+        if self.status == 200 and self.attempt is not None:
+            return self.attempt
+        from orbit_client._exceptions import _api_error_class
+
+        problem = self.error
+        code = problem.code if problem is not None else f"http_{self.status}"
+        error_class = _api_error_class(self.status, code)
+        detail = problem.detail if problem is not None else None
+        title = problem.title if problem is not None else None
+        request_id = problem.request_id if problem is not None else None
+        message = f"batch item failed with {self.status} {code}"
+        if detail or title:
+            message += f": {detail or title}"
+        if request_id:
+            message += f" (request id {request_id})"
+        raise error_class(
+            f"{message}; {error_class.hint}",
+            status_code=self.status,
+            code=code,
+            title=title,
+            detail=detail,
+            request_id=request_id,
+            problem=problem,
+        )
+
+
+class AttemptBatchResponse(BaseModel):
+    """The answer (200) to a batched attempt call: one :class:`AttemptItemResult` per item, in order."""
+
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+    items: list[AttemptItemResult]
 
 
 class Attempt(_Wire):

@@ -36,6 +36,7 @@ from typing import Any
 from orbit_client._client import AsyncOrbitClient, OrbitClient
 from orbit_client._exceptions import LeaseLostError, OrbitError, OrbitUsageError
 from orbit_client._models import AttemptError, AttemptState, LeaseGrant, Task
+from orbit_client._reports import AsyncReports, Reports
 
 __all__ = ["AsyncWorker", "RetryableError", "TaskCancelled", "TaskContext", "Worker"]
 
@@ -43,6 +44,10 @@ logger = logging.getLogger("orbit_client.worker")
 
 #: Longest error message reported to the server, in characters.
 _MESSAGE_MAX = 10_000
+#: Most tasks one lease call may ask for (``LeaseRequest.max_tasks``).
+_MAX_LEASE = 100
+#: Default ``report_linger``, in seconds.
+DEFAULT_REPORT_LINGER = 0.003
 
 
 class RetryableError(Exception):
@@ -150,6 +155,7 @@ class _Config:
         shutdown_timeout: float | None,
         worker_id: str | None,
         error_backoff_cap: float,
+        report_linger: float | None,
     ) -> None:
         if not handlers:
             raise OrbitUsageError("handlers must map at least one handler name to a function")
@@ -161,6 +167,10 @@ class _Config:
             raise OrbitUsageError(f"poll_wait_seconds must be between 0 and 60, not {poll_wait_seconds!r}")
         if shutdown_timeout is not None and shutdown_timeout < 0:
             raise OrbitUsageError("shutdown_timeout is in seconds and cannot be negative")
+        if report_linger is not None and not 0 <= report_linger <= 1:
+            raise OrbitUsageError(
+                f"report_linger must be None or between 0 and 1 second, not {report_linger!r}"
+            )
         self.namespace = namespace
         self.queue = queue
         self.handlers = dict(handlers)
@@ -172,6 +182,7 @@ class _Config:
         self.shutdown_timeout = shutdown_timeout
         self.worker_id = worker_id or _default_worker_id()
         self.error_backoff_cap = error_backoff_cap
+        self.report_linger = report_linger
 
     def backoff(self, failures: int) -> float:
         """Seconds to wait after ``failures`` consecutive failed lease calls (full jitter, 0.2 s base)."""
@@ -201,7 +212,8 @@ _DOC_ARGS = """
         queue: the queue to lease tasks from.
         handlers: handler name → function; a task whose ``handler`` is not here fails
             (error type ``unknown_handler``, not retryable) without being started.
-        concurrency: most tasks run at the same time. Default 1.
+        concurrency: most handlers running at the same time. Default 1. A task's slot is free
+            again once its handler returns, while its report is still on its way.
         lease_seconds: lease asked for each task, in seconds; the worker heartbeats every
             third of it while the handler runs. Default 30.
         poll_wait_seconds: how long one lease call long-polls when nothing is due, in seconds;
@@ -214,6 +226,13 @@ _DOC_ARGS = """
             SIGTERM and SIGINT call :meth:`stop` for the duration of ``run()``.
         error_backoff_cap: longest pause after failed lease calls, in seconds (full jitter from
             0.2 s, doubling). Default 10.
+        report_linger: how long a ``start``, ``complete`` or ``fail`` report may wait for other
+            reports of the same kind to share one batched call (``POST .../attempts/start`` etc.),
+            in seconds (0-1); it waits less once every task in flight has reported. Heartbeats due
+            together always share one call. Default 0.003. ``0`` batches only what is waiting
+            anyway; ``None`` sends every report as its own single call (needed for no server, kept
+            for comparison: a server without the batched calls is detected, and the worker falls
+            back to single calls by itself).
 
     Raises:
         OrbitUsageError: an argument is out of range.
@@ -228,6 +247,13 @@ class Worker:
     ``fail`` when the handler raised (``retryable`` per :class:`RetryableError`; type
     ``"cancelled"`` per :class:`TaskCancelled`). Reports are retried by the client: the server
     answers a repeated report with the same body alike.
+
+    One lease call asks for as many tasks as there are free slots. The ``start``, ``complete``
+    and ``fail`` reports made within ``report_linger`` of each other travel as one batched call
+    per kind, and the heartbeats due together as one (DESIGN §4 "Batched attempt calls"); each
+    report still gets its own outcome, so a ``lease_lost`` reaches its own task only. The start
+    is always confirmed by its own report after the lease: a lease whose answer is lost leaves
+    its tasks ``LEASED`` until their leases lapse, never ``RUNNING``.
     """
 
     __doc__ = (__doc__ or "") + _DOC_ARGS
@@ -246,6 +272,7 @@ class Worker:
         worker_id: str | None = None,
         install_signal_handlers: bool = True,
         error_backoff_cap: float = 10.0,
+        report_linger: float | None = DEFAULT_REPORT_LINGER,
     ) -> None:
         for name, fn in handlers.items():
             if inspect.iscoroutinefunction(fn):
@@ -261,12 +288,16 @@ class Worker:
             shutdown_timeout=shutdown_timeout,
             worker_id=worker_id,
             error_backoff_cap=error_backoff_cap,
+            report_linger=report_linger,
         )
         self._install_signal_handlers = install_signal_handlers
         self._stopping = threading.Event()
         self._lock = threading.Condition()
         self._active: dict[str, _Active] = {}
+        #: Tasks leased and not yet done (their reports included); ``_running``: handler slots taken.
         self._in_flight = 0
+        self._running = 0
+        self._reports = Reports(client, namespace, linger=report_linger, in_flight=lambda: self._in_flight)
 
     @property
     def worker_id(self) -> str:
@@ -300,7 +331,9 @@ class Worker:
             target=self._heartbeat_loop, args=(beat_stop,), name="orbit-heartbeat", daemon=True
         )
         beater.start()
-        pool = ThreadPoolExecutor(max_workers=config.concurrency, thread_name_prefix="orbit-handler")
+        # A task frees its slot when its handler returns, before its report is answered, so the next
+        # task can be leased meanwhile: up to twice as many threads as slots, half of them reporting.
+        pool = ThreadPoolExecutor(max_workers=2 * config.concurrency, thread_name_prefix="orbit-handler")
         logger.info("worker %s serving %s/%s", config.worker_id, config.namespace, config.queue)
         try:
             with self._signals():
@@ -336,9 +369,16 @@ class Worker:
         failures = 0
         while not self._stopping.is_set():
             with self._lock:
-                while self._in_flight >= config.concurrency and not self._stopping.is_set():
+                while self._running >= config.concurrency and not self._stopping.is_set():
                     self._lock.wait()
-                free = config.concurrency - self._in_flight
+                # Handlers that finish together free their slots one after the other: lease them together.
+                linger = config.report_linger or 0.0
+                until = time.monotonic() + linger
+                while 0 < self._running < config.concurrency and not self._stopping.is_set():
+                    left = until - time.monotonic()
+                    if left <= 0 or not self._lock.wait(left):
+                        break
+                free = config.concurrency - self._running
             if self._stopping.is_set():
                 return
             try:
@@ -346,7 +386,7 @@ class Worker:
                     config.namespace,
                     config.queue,
                     worker_id=config.worker_id,
-                    max_tasks=free,
+                    max_tasks=min(free, _MAX_LEASE),
                     lease_seconds=config.lease_seconds,
                     wait_seconds=config.poll_wait_seconds,
                 )
@@ -359,9 +399,10 @@ class Worker:
                 self._stopping.wait(delay)
                 continue
             failures = 0
+            with self._lock:  # all at once: a report waits for the others of its batch (Reports)
+                self._in_flight += len(grants)
+                self._running += len(grants)
             for grant in grants:
-                with self._lock:
-                    self._in_flight += 1
                 pool.submit(self._execute, grant)
 
     def _drain(self) -> None:
@@ -379,18 +420,29 @@ class Worker:
                 self._lock.wait(remaining)
 
     def _execute(self, grant: LeaseGrant) -> None:
+        held = True
+
+        def free_slot() -> None:
+            nonlocal held
+            if held:
+                held = False
+                with self._lock:
+                    self._running -= 1
+                    self._lock.notify_all()
+
         try:
-            self._run_one(grant)
+            self._run_one(grant, free_slot)
         except Exception:  # never let one task kill the pool thread silently
             logger.exception("unexpected error while running task %s", grant.task.id)
         finally:
+            free_slot()
             with self._lock:
                 self._active.pop(grant.attempt.id, None)
                 self._in_flight -= 1
                 self._lock.notify_all()
 
-    def _run_one(self, grant: LeaseGrant) -> None:
-        config, client = self._config, self._client
+    def _run_one(self, grant: LeaseGrant, free_slot: Callable[[], None]) -> None:
+        config, reports = self._config, self._reports
         task, attempt = grant.task, grant.attempt
         handler = config.handlers.get(task.handler)
         if handler is None:
@@ -399,12 +451,11 @@ class Worker:
                 message=f"worker {config.worker_id} has no handler {task.handler!r}",
                 retryable=False,
             )
-            self._report(
-                grant, lambda: client.fail_attempt(config.namespace, attempt.id, attempt.lease_token, error)
-            )
+            free_slot()
+            self._report(grant, lambda: reports.fail(attempt, error))
             return
         try:
-            client.start_attempt(config.namespace, attempt.id, attempt.lease_token)
+            reports.start(attempt)
         except OrbitError as exc:
             logger.warning("could not start task %s attempt %d: %s", task.id, attempt.generation, exc)
             return
@@ -415,22 +466,17 @@ class Worker:
         try:
             result = handler(ctx)
         except Exception as exc:
+            free_slot()
             error = _error_for(exc)
             logger.info("task %s attempt %d failed: %s", task.id, attempt.generation, error.type)
-            self._report(
-                grant, lambda: client.fail_attempt(config.namespace, attempt.id, attempt.lease_token, error)
-            )
+            self._report(grant, lambda: reports.fail(attempt, error))
             return
+        free_slot()
         try:
-            self._report(
-                grant,
-                lambda: client.complete_attempt(config.namespace, attempt.id, attempt.lease_token, result),
-            )
+            self._report(grant, lambda: reports.complete(attempt, result))
         except OrbitUsageError as exc:  # the result is not JSON
             error = AttemptError(type="invalid_result", message=str(exc)[:_MESSAGE_MAX], retryable=False)
-            self._report(
-                grant, lambda: client.fail_attempt(config.namespace, attempt.id, attempt.lease_token, error)
-            )
+            self._report(grant, lambda: reports.fail(attempt, error))
 
     def _report(self, grant: LeaseGrant, call: Callable[[], AttemptState]) -> None:
         """Send a complete/fail report; keep retrying retryable failures for up to one lease."""
@@ -463,16 +509,21 @@ class Worker:
                 time.sleep(self._config.backoff(failures))
 
     def _heartbeat_loop(self, stop: threading.Event) -> None:
-        config, client = self._config, self._client
+        config = self._config
         tick = min(0.1, config.heartbeat_interval / 4)
         while not stop.wait(tick):
             now = time.monotonic()
             with self._lock:
                 due = [a for a in self._active.values() if a.next_beat <= now]
-            for active in due:
+            if not due:
+                continue
+            outcomes = self._reports.heartbeats([active.grant.attempt for active in due])
+            for active, outcome in zip(due, outcomes, strict=True):
                 attempt = active.grant.attempt
                 try:
-                    state = client.heartbeat(config.namespace, attempt.id, attempt.lease_token)
+                    if isinstance(outcome, OrbitError):
+                        raise outcome
+                    state = outcome
                 except LeaseLostError:
                     with self._lock:
                         still_running = self._active.pop(attempt.id, None) is not None
@@ -515,6 +566,7 @@ class AsyncWorker:
         worker_id: str | None = None,
         install_signal_handlers: bool = True,
         error_backoff_cap: float = 10.0,
+        report_linger: float | None = DEFAULT_REPORT_LINGER,
     ) -> None:
         for name, fn in handlers.items():
             if not inspect.iscoroutinefunction(fn):
@@ -532,12 +584,20 @@ class AsyncWorker:
             shutdown_timeout=shutdown_timeout,
             worker_id=worker_id,
             error_backoff_cap=error_backoff_cap,
+            report_linger=report_linger,
         )
         self._install_signal_handlers = install_signal_handlers
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stopping: asyncio.Event | None = None
         self._stop_requested = False
         self._active: dict[str, _Active] = {}
+        #: Tasks leased and not yet done (their reports included); ``_running``: handler slots taken.
+        self._in_flight: set[asyncio.Task[None]] = set()
+        self._running = 0
+        self._slot_freed: asyncio.Event | None = None
+        self._reports = AsyncReports(
+            client, namespace, linger=report_linger, in_flight=lambda: len(self._in_flight)
+        )
 
     @property
     def worker_id(self) -> str:
@@ -560,12 +620,12 @@ class AsyncWorker:
         """Async twin of :meth:`Worker.run` (same behaviour and errors)."""
         config = self._config
         loop = asyncio.get_running_loop()
-        self._loop, self._stopping = loop, asyncio.Event()
+        self._loop, self._stopping, self._slot_freed = loop, asyncio.Event(), asyncio.Event()
         if self._stop_requested:
             self._stopping.set()
         signals = self._add_signal_handlers(loop)
         beater = asyncio.create_task(self._heartbeat_loop(), name="orbit-heartbeat")
-        in_flight: set[asyncio.Task[None]] = set()
+        in_flight = self._in_flight
         logger.info("worker %s serving %s/%s", config.worker_id, config.namespace, config.queue)
         try:
             await self._lease_loop(in_flight)
@@ -605,18 +665,25 @@ class AsyncWorker:
         assert stopping is not None
         failures = 0
         while not stopping.is_set():
-            free = config.concurrency - len(in_flight)
+            free = config.concurrency - self._running
             if free <= 0:
+                assert self._slot_freed is not None
+                self._slot_freed.clear()
                 stop_wait = asyncio.ensure_future(stopping.wait())
-                await asyncio.wait({*in_flight, stop_wait}, return_when=asyncio.FIRST_COMPLETED)
+                slot_wait = asyncio.ensure_future(self._slot_freed.wait())
+                await asyncio.wait({slot_wait, stop_wait}, return_when=asyncio.FIRST_COMPLETED)
                 stop_wait.cancel()
+                slot_wait.cancel()
+                if config.report_linger and self._running:
+                    # Handlers that finish together free their slots one after the other: lease them together.
+                    await asyncio.sleep(config.report_linger)
                 continue
             try:
                 grants = await self._client.lease_tasks(
                     config.namespace,
                     config.queue,
                     worker_id=config.worker_id,
-                    max_tasks=free,
+                    max_tasks=min(free, _MAX_LEASE),
                     lease_seconds=config.lease_seconds,
                     wait_seconds=config.poll_wait_seconds,
                 )
@@ -630,34 +697,47 @@ class AsyncWorker:
                     await asyncio.wait_for(stopping.wait(), delay)
                 continue
             failures = 0
+            self._running += len(grants)
             for grant in grants:
                 task = asyncio.create_task(self._execute(grant), name=f"orbit-task-{grant.task.id}")
                 in_flight.add(task)
                 task.add_done_callback(in_flight.discard)
 
     async def _execute(self, grant: LeaseGrant) -> None:
+        held = True
+
+        def free_slot() -> None:
+            nonlocal held
+            if held:
+                held = False
+                self._running -= 1
+                if self._slot_freed is not None:
+                    self._slot_freed.set()
+
         try:
-            await self._run_one(grant)
+            await self._run_one(grant, free_slot)
         except Exception:
             logger.exception("unexpected error while running task %s", grant.task.id)
         finally:
+            free_slot()
             self._active.pop(grant.attempt.id, None)
 
-    async def _run_one(self, grant: LeaseGrant) -> None:
-        config, client = self._config, self._client
+    async def _run_one(self, grant: LeaseGrant, free_slot: Callable[[], None]) -> None:
+        config, reports = self._config, self._reports
         task, attempt = grant.task, grant.attempt
         handler = config.handlers.get(task.handler)
-        ns, attempt_id, token = config.namespace, attempt.id, attempt.lease_token
+        attempt_id = attempt.id
         if handler is None:
             error = AttemptError(
                 type="unknown_handler",
                 message=f"worker {config.worker_id} has no handler {task.handler!r}",
                 retryable=False,
             )
-            await self._report(grant, lambda: client.fail_attempt(ns, attempt_id, token, error))
+            free_slot()
+            await self._report(grant, lambda: reports.fail(attempt, error))
             return
         try:
-            await client.start_attempt(ns, attempt_id, token)
+            await reports.start(attempt)
         except OrbitError as exc:
             logger.warning("could not start task %s attempt %d: %s", task.id, attempt.generation, exc)
             return
@@ -666,15 +746,17 @@ class AsyncWorker:
         try:
             result = await handler(ctx)
         except Exception as exc:
+            free_slot()
             error = _error_for(exc)
             logger.info("task %s attempt %d failed: %s", task.id, attempt.generation, error.type)
-            await self._report(grant, lambda: client.fail_attempt(ns, attempt_id, token, error))
+            await self._report(grant, lambda: reports.fail(attempt, error))
             return
+        free_slot()
         try:
-            await self._report(grant, lambda: client.complete_attempt(ns, attempt_id, token, result))
+            await self._report(grant, lambda: reports.complete(attempt, result))
         except OrbitUsageError as exc:
             error = AttemptError(type="invalid_result", message=str(exc)[:_MESSAGE_MAX], retryable=False)
-            await self._report(grant, lambda: client.fail_attempt(ns, attempt_id, token, error))
+            await self._report(grant, lambda: reports.fail(attempt, error))
 
     async def _report(self, grant: LeaseGrant, call: Callable[[], Awaitable[AttemptState]]) -> None:
         give_up = time.monotonic() + self._config.lease_seconds
@@ -706,15 +788,21 @@ class AsyncWorker:
                 await asyncio.sleep(self._config.backoff(failures))
 
     async def _heartbeat_loop(self) -> None:
-        config, client = self._config, self._client
+        config = self._config
         tick = min(0.1, config.heartbeat_interval / 4)
         while True:
             await asyncio.sleep(tick)
             now = time.monotonic()
-            for active in [a for a in self._active.values() if a.next_beat <= now]:
+            due = [a for a in self._active.values() if a.next_beat <= now]
+            if not due:
+                continue
+            outcomes = await self._reports.heartbeats([active.grant.attempt for active in due])
+            for active, outcome in zip(due, outcomes, strict=True):
                 attempt = active.grant.attempt
                 try:
-                    state = await client.heartbeat(config.namespace, attempt.id, attempt.lease_token)
+                    if isinstance(outcome, OrbitError):
+                        raise outcome
+                    state = outcome
                 except LeaseLostError:
                     if self._active.pop(attempt.id, None) is not None:
                         logger.warning(

@@ -41,19 +41,32 @@ class KeyCache:
         return hashlib.sha256(key.encode("utf-8")).hexdigest()
 
     def get(self, key: str) -> store.Principal | None:
+        return self.get_digest(self._digest(key))
+
+    def put(self, key: str, principal: store.Principal) -> None:
+        self.put_digest(self._digest(key), principal)
+
+    def get_digest(self, digest: str) -> store.Principal | None:
+        """Like :meth:`get`, given the key's SHA-256 (hex) instead (the web console's session holds only that)."""
         if self._ttl <= 0:
             return None
-        entry = self._entries.get(self._digest(key))
+        entry = self._entries.get(digest)
         if entry is None or entry[0] < time.monotonic():
             return None
         return entry[1]
 
-    def put(self, key: str, principal: store.Principal) -> None:
+    def put_digest(self, digest: str, principal: store.Principal) -> None:
         if self._ttl <= 0:
             return
         if len(self._entries) >= self._max:
             self._entries.clear()
-        self._entries[self._digest(key)] = (time.monotonic() + self._ttl, principal)
+        self._entries[digest] = (time.monotonic() + self._ttl, principal)
+
+    def forget(self, key_id: int) -> None:
+        """Drop key ``key_id`` at once (revoked through this process); other processes wait out ``ttl``."""
+        for digest, (_, principal) in list(self._entries.items()):
+            if principal.key_id == key_id:
+                self._entries.pop(digest, None)
 
 
 def _lookup(engine: Engine, key: str) -> store.Principal | None:
@@ -91,6 +104,7 @@ def authorize(caller: store.Principal, namespace: str, action: str) -> None:
         errors.Forbidden: the key's role does not allow ``action`` (403).
     """
     if caller.namespace != namespace:
-        raise errors.NamespaceNotFound(f"namespace {namespace!r} does not exist")
+        # Say no more than the key may know: whether the namespace exists at all is not its business.
+        raise errors.NamespaceNotFound(f"namespace {namespace!r} not found for this key")
     if not caller.can(action):
         raise errors.Forbidden(f"a {caller.role!r} key cannot do this; it needs the {action!r} role or admin")

@@ -63,7 +63,9 @@ from . import errors, execution, results, store
 from ._auth import Caller, KeyCache, authorize
 from ._db import create_engine
 from ._metrics import Metrics
+from .attempt_batches import attempt_batch_router
 from .batch_api import batch_router
+from .console import console_router
 from .scheduler import run_scheduler
 from .schedules_api import schedules_router
 from .settings import ServerSettings
@@ -571,6 +573,8 @@ def create_app(settings: ServerSettings | None = None, *, engine: Engine | None 
         )
         return state
 
+    app.include_router(attempt_batch_router(the_engine))
+
     task_path = "/v1/namespaces/{namespace}/tasks/{task_id}"
 
     @app.post(f"{task_path}/cancel", response_model=Task, tags=["tasks"], responses=_CONFLICTS)
@@ -742,5 +746,10 @@ def create_app(settings: ServerSettings | None = None, *, engine: Engine | None 
         batch_router(engine=the_engine, settings=settings, metrics=metrics, on_created=wakeup.notify)
     )
     app.include_router(schedules_router(engine=the_engine))
+    app.include_router(
+        console_router(
+            engine=the_engine, settings=settings, key_cache=app.state.key_cache, on_created=wakeup.notify
+        )
+    )
     app.add_middleware(RequestContextMiddleware, max_body_bytes=settings.max_body_bytes, metrics=metrics)
     return app

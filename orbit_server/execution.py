@@ -6,6 +6,9 @@ The rules, from §2, §3 and §5 of the reliability model (seed 001) and DESIGN 
   conditional ``UPDATE`` on the status and ``state_version`` it read, which bumps the version,
   checks the affected-row count and appends a ``task_events`` row in the same transaction
   (and, for a result state, a ``result_events`` row with its deliveries: :mod:`.results`).
+  The one exception is its set-based twin in :func:`lease_tasks`, which makes the same
+  conditional update (``WAITING → LEASED``) for every claimed row in one statement, checks
+  that every row was updated, and inserts their events in one multi-row ``INSERT``.
 - Each grant of a task is a ``task_attempts`` row with a monotonic ``generation`` (the fencing
   number) and a secret lease token (only its SHA-256 is stored). Every later write to an attempt
   is a conditional ``UPDATE`` on its id, token digest and status, and its row count is checked.
@@ -35,7 +38,7 @@ from datetime import datetime, timedelta
 from typing import Any, Concatenate, Final, ParamSpec, TypeVar
 
 import sqlalchemy as sa
-from sqlalchemy.engine import Connection, Engine, RowMapping
+from sqlalchemy.engine import Connection, Engine
 
 from orbit_client import (
     Attempt,
@@ -51,7 +54,7 @@ from orbit_client import (
 
 from . import errors, results, store
 from ._db import db_now, is_lock_conflict, to_naive_utc, to_utc
-from .schema import queues, task_attempts, task_events, tasks
+from .schema import namespaces, queues, task_attempts, task_events, tasks
 
 __all__ = [
     "DEFAULT_BACKOFF_BASE_SECONDS",
@@ -126,6 +129,22 @@ _TASK_COLUMNS = (
 
 P = ParamSpec("P")
 T = TypeVar("T")
+
+# Statements built once (the SET columns come from the parameters of each execution).
+#: The conditional update of :func:`apply_transition`: ``:b_id``, ``:b_status``, ``:b_version``.
+_UPDATE_TASK = tasks.update().where(
+    tasks.c.id == sa.bindparam("b_id"),
+    tasks.c.status == sa.bindparam("b_status"),
+    tasks.c.state_version == sa.bindparam("b_version"),
+)
+#: :func:`_update_attempt`: ``:b_id``, ``:b_hash``, ``:b_status``, ``:b_now``.
+_UPDATE_LIVE_ATTEMPT = task_attempts.update().where(
+    task_attempts.c.id == sa.bindparam("b_id"),
+    task_attempts.c.lease_token_hash == sa.bindparam("b_hash"),
+    task_attempts.c.status == sa.bindparam("b_status"),
+    task_attempts.c.lease_expires_at > sa.bindparam("b_now", type_=task_attempts.c.lease_expires_at.type),
+)
+_INSERT_EVENT = task_events.insert()
 
 
 # ---------------------------------------------------------------- transactions
@@ -223,13 +242,8 @@ def apply_transition(
     if to.is_terminal:
         changes["finished_at"] = now
     result = conn.execute(
-        tasks.update()
-        .where(
-            tasks.c.id == task["id"],
-            tasks.c.status == current.value,
-            tasks.c.state_version == task["state_version"],
-        )
-        .values(**changes)
+        _UPDATE_TASK,
+        {"b_id": task["id"], "b_status": current.value, "b_version": task["state_version"], **changes},
     )
     if result.rowcount != 1:
         raise errors.ConcurrentUpdate(f"task {task['id']} changed while it was being updated")
@@ -253,17 +267,18 @@ def _append_event(
     data: Any = None,
 ) -> None:
     conn.execute(
-        task_events.insert().values(
-            task_id=task_id,
-            state_version=state_version,
-            event=event,
-            from_status=from_status.value if from_status else None,
-            to_status=to_status.value if to_status else None,
-            actor=actor,
-            reason=reason,
-            data=data,
-            created_at=now,
-        )
+        _INSERT_EVENT,
+        {
+            "task_id": task_id,
+            "state_version": state_version,
+            "event": event,
+            "from_status": from_status.value if from_status else None,
+            "to_status": to_status.value if to_status else None,
+            "actor": actor,
+            "reason": reason,
+            "data": data,
+            "created_at": now,
+        },
     )
 
 
@@ -377,16 +392,18 @@ def lease_tasks(
     Raises:
         errors.QueueNotFound: no such queue in the namespace (404).
     """
-    queue_id = conn.execute(
-        sa.select(queues.c.id).where(queues.c.namespace_id == namespace_id, queues.c.name == queue)
-    ).scalar()
-    if queue_id is None:
+    found = conn.execute(
+        sa.select(queues.c.id, namespaces.c.name, _clock(conn).label("db_now"))
+        .select_from(queues.join(namespaces, namespaces.c.id == queues.c.namespace_id))
+        .where(queues.c.namespace_id == namespace_id, queues.c.name == queue)
+    ).first()
+    if found is None:
         raise errors.QueueNotFound(f"queue {queue!r} does not exist in this namespace")
-    now = db_now(conn)
+    queue_id, namespace_name, now = found.id, found.name, _naive(found.db_now)
     _sweep(conn, now, queue_id=queue_id, limit=_SWEEP_BATCH)
     due = (
         conn.execute(
-            sa.select(*_TASK_COLUMNS)
+            sa.select(tasks)
             .where(
                 tasks.c.queue_id == queue_id,
                 tasks.c.status == TaskStatus.WAITING.value,
@@ -400,42 +417,70 @@ def lease_tasks(
         .mappings()
         .all()
     )
+    if not due:
+        return []
+    # Set-based: one conditional UPDATE of every claimed row (each at the status and version it was
+    # read at; the row count is checked, so correctness never rests on SKIP LOCKED alone), then one
+    # multi-row INSERT of their events and one of their attempts (WAITING → LEASED, §2).
     expires = now + timedelta(seconds=lease_seconds)
-    leases: list[AttemptLease] = []
+    attempt_ids = {row["id"]: str(uuid.uuid4()) for row in due}
+    claimed = conn.execute(
+        tasks.update()
+        .where(
+            sa.tuple_(tasks.c.id, tasks.c.state_version).in_(
+                [(row["id"], row["state_version"]) for row in due]
+            ),
+            tasks.c.status == TaskStatus.WAITING.value,
+        )
+        .values(
+            status=TaskStatus.LEASED.value,
+            state_version=tasks.c.state_version + 1,
+            attempt_count=tasks.c.attempt_count + 1,
+            current_attempt_id=sa.case(attempt_ids, value=tasks.c.id),
+            updated_at=now,
+        )
+    )
+    if claimed.rowcount != len(due):
+        raise errors.ConcurrentUpdate("a claimed task changed while it was being leased")
+    actor = f"worker:{worker_id}"
+    events: list[dict[str, Any]] = []
+    attempts: list[dict[str, Any]] = []
+    grants: list[LeaseGrant] = []
     for row in due:
-        attempt_id = str(uuid.uuid4())
+        attempt_id = attempt_ids[row["id"]]
         token = secrets.token_urlsafe(32)
         generation = int(row["attempt_count"]) + 1
-        apply_transition(
-            conn,
-            dict(row),
-            TaskStatus.LEASED,
-            event="leased",
-            now=now,
-            actor=f"worker:{worker_id}",
-            data={"attempt_id": attempt_id, "generation": generation},
-            values={"current_attempt_id": attempt_id, "attempt_count": generation},
+        version = int(row["state_version"]) + 1
+        events.append(
+            {
+                "task_id": row["id"], "state_version": version, "event": "leased",
+                "from_status": TaskStatus.WAITING.value, "to_status": TaskStatus.LEASED.value,
+                "actor": actor, "reason": None, "data": {"attempt_id": attempt_id, "generation": generation},
+                "created_at": now,
+            }
+        )  # fmt: skip
+        attempts.append(
+            {
+                "id": attempt_id, "task_id": row["id"], "generation": generation,
+                "lease_token_hash": _hash_token(token), "worker_id": worker_id,
+                "status": AttemptStatus.LEASED.value, "lease_seconds": lease_seconds, "leased_at": now,
+                "lease_expires_at": expires,
+            }
+        )  # fmt: skip
+        task = store.task_from_row(
+            {
+                **row, "status": TaskStatus.LEASED.value, "state_version": version,
+                "attempt_count": generation, "current_attempt_id": attempt_id, "updated_at": now,
+                "namespace_name": namespace_name, "queue_name": queue,
+            }  # type: ignore[arg-type]
+        )  # fmt: skip
+        lease = AttemptLease(
+            id=attempt_id, generation=generation, lease_token=token, lease_expires_at=_at(expires)
         )
-        conn.execute(
-            task_attempts.insert().values(
-                id=attempt_id,
-                task_id=row["id"],
-                generation=generation,
-                lease_token_hash=_hash_token(token),
-                worker_id=worker_id,
-                status=AttemptStatus.LEASED.value,
-                lease_seconds=lease_seconds,
-                leased_at=now,
-                lease_expires_at=expires,
-            )
-        )
-        leases.append(
-            AttemptLease(
-                id=attempt_id, generation=generation, lease_token=token, lease_expires_at=_at(expires)
-            )
-        )
-    granted = store.get_tasks(conn, namespace_id, [row["id"] for row in due])
-    return [LeaseGrant(task=task, attempt=lease) for task, lease in zip(granted, leases, strict=True)]
+        grants.append(LeaseGrant(task=task, attempt=lease))
+    conn.execute(task_events.insert(), events)
+    conn.execute(task_attempts.insert(), attempts)
+    return grants
 
 
 def expire_leases(conn: Connection, *, limit: int = _SWEEP_BATCH) -> int:
@@ -504,7 +549,9 @@ def _sweep(conn: Connection, now: datetime, *, queue_id: int | None, limit: int)
     return changed
 
 
-def _expire_attempt(conn: Connection, task: dict[str, Any], attempt: RowMapping, now: datetime) -> bool:
+def _expire_attempt(
+    conn: Connection, task: dict[str, Any], attempt: Mapping[Any, Any], now: datetime
+) -> bool:
     """Settle one lapsed live attempt of a locked task; ``False`` if it was renewed or finished first."""
     was = AttemptStatus(attempt["status"])
     done = conn.execute(
@@ -606,48 +653,92 @@ def _expire_attempt(conn: Connection, task: dict[str, Any], attempt: RowMapping,
 # -------------------------------------------------------------------- attempts
 
 
+#: The attempt columns :func:`_locked_attempt` reads.
+_ATTEMPT_COLUMNS = (
+    task_attempts.c.id,
+    task_attempts.c.task_id,
+    task_attempts.c.generation,
+    task_attempts.c.lease_token_hash,
+    task_attempts.c.worker_id,
+    task_attempts.c.status,
+    task_attempts.c.lease_seconds,
+    task_attempts.c.lease_expires_at,
+    task_attempts.c.result,
+    task_attempts.c.error,
+)
+#: :func:`_locked_attempt`'s statement, built once per dialect.
+_LOCKED_ATTEMPT: dict[str, sa.Executable] = {}
+
+
+def _locked_attempt_statement(conn: Connection) -> sa.Executable:
+    """``SELECT <task>, <clock>, <attempt columns as scalar subqueries> FROM tasks WHERE id = <the
+    attempt's task> AND namespace_id = :namespace_id FOR UPDATE``, with ``:attempt_id``.
+
+    The attempt's columns come from subqueries, so the locking clause locks the task row alone
+    (MySQL/MariaDB and PostgreSQL lock no rows read by a nested subquery): the lock order stays
+    task first.
+    """
+    name = conn.dialect.name
+    statement = _LOCKED_ATTEMPT.get(name)
+    if statement is None:
+        attempt_id = sa.bindparam("attempt_id", type_=task_attempts.c.id.type)
+
+        def of(column: sa.Column[Any]) -> sa.Label[Any]:
+            return (
+                sa.select(column)
+                .where(task_attempts.c.id == attempt_id)
+                .scalar_subquery()
+                .label(f"attempt_{column.name}")
+            )
+
+        task_of_attempt = sa.select(task_attempts.c.task_id).where(task_attempts.c.id == attempt_id)
+        statement = _LOCKED_ATTEMPT[name] = (
+            sa.select(*_TASK_COLUMNS, _clock(conn).label("db_now"), *(of(c) for c in _ATTEMPT_COLUMNS))
+            .where(
+                tasks.c.id == task_of_attempt.scalar_subquery(),
+                tasks.c.namespace_id == sa.bindparam("namespace_id"),
+            )
+            .with_for_update()
+        )
+    return statement
+
+
 def _locked_attempt(
     conn: Connection, namespace_id: int, attempt_id: str
-) -> tuple[dict[str, Any], RowMapping, datetime]:
-    """Read the attempt, then lock its task and read the database clock in one statement.
+) -> tuple[dict[str, Any], dict[str, Any], datetime]:
+    """Lock the attempt's task, and read it, the attempt and the database clock in one statement.
 
-    Returns ``(task, attempt, now)``. The attempt is read before the lock (lock order: task
-    first). Every change to an attempt is made under its task's lock, so a change that landed
-    in between can only make a later conditional update miss: it then raises
-    :class:`errors.ConcurrentUpdate` and :func:`transact` runs the call again on fresh rows.
+    Returns ``(task, attempt, now)``. The task row is read under its lock; the attempt row is
+    read by a subquery of the same statement, without a lock (lock order: task first), so it
+    may be as old as the statement's start. Every change to an attempt is made under its task's
+    lock, so a change that landed in between can only make a later conditional update miss: it
+    then raises :class:`errors.ConcurrentUpdate` and :func:`transact` runs the call again on
+    fresh rows.
+
+    Raises:
+        errors.AttemptNotFound: no such attempt in the namespace (404).
     """
-    attempt = (
+    row = (
         conn.execute(
-            sa.select(task_attempts)
-            .join(tasks, tasks.c.id == task_attempts.c.task_id)
-            .where(task_attempts.c.id == attempt_id, tasks.c.namespace_id == namespace_id)
+            _locked_attempt_statement(conn), {"attempt_id": attempt_id, "namespace_id": namespace_id}
         )
         .mappings()
         .first()
     )
-    if attempt is None:
+    if row is None:
         raise errors.AttemptNotFound(f"no attempt {attempt_id!r} in this namespace")
-    row = (
-        conn.execute(
-            sa.select(*_TASK_COLUMNS, _clock(conn).label("db_now"))
-            .where(tasks.c.id == attempt["task_id"])
-            .with_for_update()
-        )
-        .mappings()
-        .one()
-    )
-    task = dict(row)
-    now = _naive(task.pop("db_now"))
-    return task, attempt, now
+    task = {column.name: row[column.name] for column in _TASK_COLUMNS}
+    attempt = {column.name: row[f"attempt_{column.name}"] for column in _ATTEMPT_COLUMNS}
+    return task, attempt, _naive(row["db_now"])
 
 
-def _check_token(attempt: RowMapping, lease_token: str) -> None:
+def _check_token(attempt: Mapping[Any, Any], lease_token: str) -> None:
     if not hmac.compare_digest(attempt["lease_token_hash"], _hash_token(lease_token)):
         raise errors.LeaseLost("the lease token does not belong to this attempt")
 
 
 def _lapsed(
-    conn: Connection, task: dict[str, Any], attempt: RowMapping, now: datetime
+    conn: Connection, task: dict[str, Any], attempt: Mapping[Any, Any], now: datetime
 ) -> AttemptStatus | None:
     """``None`` while the attempt holds the lease, else its final status (a lapsed lease is expired now)."""
     status = AttemptStatus(attempt["status"])
@@ -662,7 +753,7 @@ def _lapsed(
 
 def _state(
     task: Mapping[str, Any],
-    attempt: RowMapping,
+    attempt: Mapping[Any, Any],
     *,
     status: AttemptStatus | None = None,
     lease_expires_at: datetime | None = None,
@@ -679,7 +770,7 @@ def _state(
     )
 
 
-def _lost(attempt: RowMapping, status: AttemptStatus, *, kept: bool | None = None) -> errors.LeaseLost:
+def _lost(attempt: Mapping[Any, Any], status: AttemptStatus, *, kept: bool | None = None) -> errors.LeaseLost:
     why = "its lease lapsed" if status is AttemptStatus.EXPIRED else f"it is {status.value}"
     detail = f"attempt {attempt['generation']} no longer holds the task's lease ({why}); stop working on it"
     if kept is not None:
@@ -689,17 +780,17 @@ def _lost(attempt: RowMapping, status: AttemptStatus, *, kept: bool | None = Non
     return errors.LeaseLost(detail, evidence_recorded=bool(kept))
 
 
-def _update_attempt(conn: Connection, attempt: RowMapping, now: datetime, **values: Any) -> None:
+def _update_attempt(conn: Connection, attempt: Mapping[Any, Any], now: datetime, **values: Any) -> None:
     """The conditional update of a live attempt: same id, token digest and status, lease not lapsed."""
     done = conn.execute(
-        task_attempts.update()
-        .where(
-            task_attempts.c.id == attempt["id"],
-            task_attempts.c.lease_token_hash == attempt["lease_token_hash"],
-            task_attempts.c.status == attempt["status"],
-            task_attempts.c.lease_expires_at > now,
-        )
-        .values(**values)
+        _UPDATE_LIVE_ATTEMPT,
+        {
+            "b_id": attempt["id"],
+            "b_hash": attempt["lease_token_hash"],
+            "b_status": attempt["status"],
+            "b_now": now,
+            **values,
+        },
     )
     if done.rowcount != 1:
         raise errors.ConcurrentUpdate(f"attempt {attempt['id']} changed while it was being updated")
@@ -774,7 +865,9 @@ def _canonical(value: Any) -> str:
     return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
 
 
-def _keep_late_report(conn: Connection, attempt: RowMapping, now: datetime, report: dict[str, Any]) -> bool:
+def _keep_late_report(
+    conn: Connection, attempt: Mapping[Any, Any], now: datetime, report: dict[str, Any]
+) -> bool:
     """Keep the first too-late report on the attempt, as evidence only (§2: 迟到结果可以作为证据保存)."""
     done = conn.execute(
         task_attempts.update()

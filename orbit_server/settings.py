@@ -75,6 +75,13 @@ class ServerSettings(BaseSettings):
             "every request). A revoked key keeps working this long."
         ),
     )
+    console_secret: str | None = Field(
+        default=None,
+        description=(
+            "Secret that signs the web console's session cookies (/ui); unset, each process makes a random "
+            "one, so console sessions end when the server restarts and do not span several server processes."
+        ),
+    )
     log_level: str = Field(default="info", description="Log level: debug, info, warning, error.")
     scheduler_interval_seconds: float = Field(
         default=1.0,

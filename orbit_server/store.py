@@ -36,6 +36,8 @@ __all__ = [
     "create_api_key",
     "create_namespace",
     "create_queue",
+    "decode_cursor",
+    "encode_cursor",
     "find_submission",
     "get_namespace_id",
     "get_queue",
@@ -216,18 +218,24 @@ def get_tasks(conn: Connection, namespace_id: int, task_ids: Sequence[str]) -> l
     return [by_id[task_id] for task_id in task_ids if task_id in by_id]
 
 
-def _encode_cursor(created_at: datetime, task_id: str) -> str:
+def encode_cursor(created_at: datetime, task_id: str) -> str:
+    """An opaque page cursor: the position after the task created at ``created_at`` with id ``task_id``."""
     raw = json.dumps([created_at.isoformat(), task_id], separators=(",", ":")).encode("utf-8")
     return base64.urlsafe_b64encode(raw).decode("ascii").rstrip("=")
 
 
-def _decode_cursor(cursor: str) -> tuple[datetime, str]:
+def decode_cursor(cursor: str) -> tuple[datetime, str]:
+    """The ``(created_at, task_id)`` a cursor of :func:`encode_cursor` names.
+
+    Raises:
+        errors.InvalidCursor: ``cursor`` is not one this server produced (400).
+    """
     try:
         raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4))
         created_at, task_id = json.loads(raw)
         return datetime.fromisoformat(created_at), str(task_id)
     except (binascii.Error, ValueError, TypeError, UnicodeDecodeError) as exc:
-        raise errors.InvalidCursor("pass back the next_cursor of an earlier page unchanged") from exc
+        raise errors.InvalidCursor("pass back the cursor of an earlier page unchanged") from exc
 
 
 def list_tasks(
@@ -255,14 +263,14 @@ def list_tasks(
     if queue is not None:
         query = query.where(queues.c.name == queue)
     if cursor is not None:
-        after, after_id = _decode_cursor(cursor)
+        after, after_id = decode_cursor(cursor)
         query = query.where(
             sa.or_(tasks.c.created_at > after, sa.and_(tasks.c.created_at == after, tasks.c.id > after_id))
         )
     rows = conn.execute(query.order_by(tasks.c.created_at, tasks.c.id).limit(limit + 1)).mappings().all()
     items = [task_from_row(row) for row in rows[:limit]]
     next_cursor = (
-        _encode_cursor(rows[limit - 1]["created_at"], rows[limit - 1]["id"]) if len(rows) > limit else None
+        encode_cursor(rows[limit - 1]["created_at"], rows[limit - 1]["id"]) if len(rows) > limit else None
     )
     return TaskPage(items=items, next_cursor=next_cursor)
 

@@ -21,6 +21,7 @@ import logging
 import re
 import signal
 import threading
+import time
 from collections.abc import Callable, Sequence
 from types import FrameType, TracebackType
 from typing import Any, Protocol, Self
@@ -136,8 +137,12 @@ class ResultConsumer:
             (``orbit_inbox``).
         batch_size: most deliveries leased at once. Default ``10``.
         lease_seconds: how long the server waits for an ack before delivering again, in
-            seconds. It must cover handling a whole batch: deliveries are handled one after
-            another. Default ``30.0``.
+            seconds. It should cover handling a whole batch: deliveries are handled one after
+            another, and one is applied only while at least ``min(5, max(0.1, lease_seconds /
+            10))`` seconds (or the longest apply seen, if longer) of its lease are left, counted
+            from before the lease request; the rest is left to its lease and comes back. A
+            delivery whose lease ran out while it was applied is not acked (it comes back and
+            is acked as a duplicate). Default ``30.0``.
         poll_interval: seconds to wait after a lease returned less than a full batch. Default ``1.0``.
         max_deliveries: deliveries after which an event whose handler still fails is
             parked as ``FAILED`` and acked; ``None`` means never. Default ``10``.
@@ -197,6 +202,9 @@ class ResultConsumer:
         self.orbit_backoff = orbit_backoff or Backoff(base=1.0, cap=30.0)
         self.db_backoff = db_backoff or Backoff(base=0.5, cap=30.0)
         self.install_signal_handlers = install_signal_handlers
+        #: Seconds of lease a delivery needs left for the consumer to start applying it.
+        self.lease_margin = min(5.0, max(0.1, lease_seconds / 10))
+        self._slowest_apply = 0.0
         self._faults = Faults.from_env()
         self._stopping = threading.Event()
         self._outages = {
@@ -268,6 +276,9 @@ class ResultConsumer:
         )
         try:
             while not self._stopping.is_set():
+                leased_at = (
+                    time.monotonic()
+                )  # before the request: the lease ends no earlier than this + lease_seconds
                 deliveries = self._lease(once=once)
                 if deliveries is None:  # Orbit unavailable; waited
                     continue
@@ -275,7 +286,10 @@ class ResultConsumer:
                 if once and all(d.event.id in failed_in_run for d in deliveries):
                     stats.unprocessed += len(deliveries)
                     break
-                self._handle_batch(deliveries, stats, once=once, failed_in_run=failed_in_run)
+                deadline = leased_at + self.lease_seconds
+                self._handle_batch(
+                    deliveries, stats, once=once, failed_in_run=failed_in_run, deadline=deadline
+                )
                 if len(deliveries) < self.batch_size and not once:
                     self._stopping.wait(self.poll_interval)
         finally:
@@ -318,10 +332,30 @@ class ResultConsumer:
     # --- one batch -----------------------------------------------------------------------------------
 
     def _handle_batch(
-        self, deliveries: Sequence[Delivery], stats: ConsumerStats, *, once: bool, failed_in_run: set[str]
+        self,
+        deliveries: Sequence[Delivery],
+        stats: ConsumerStats,
+        *,
+        once: bool,
+        failed_in_run: set[str],
+        deadline: float,
     ) -> None:
+        """Handle ``deliveries`` in order while their lease (ending at monotonic ``deadline``) allows:
+        a delivery is applied only with at least :attr:`lease_margin` seconds (or the longest apply
+        seen, if longer) of lease left; the rest is left to its lease and comes back."""
         for index, delivery in enumerate(deliveries):
             left = len(deliveries) - index
+            remaining = deadline - time.monotonic()
+            if remaining < max(self.lease_margin, self._slowest_apply):
+                stats.unprocessed += left
+                log.warning(
+                    "%.2f s of lease left for %d deliveries, too little to apply the next; left to their lease "
+                    "(they come back): lease fewer (batch_size) or for longer (lease_seconds)",
+                    max(remaining, 0.0),
+                    left,
+                    extra={"event": "lease_running_out", "left": left},
+                )
+                return
             if self._stopping.is_set():
                 stats.unprocessed += left
                 log.info(
@@ -334,7 +368,7 @@ class ResultConsumer:
                 stats.unprocessed += 1
                 continue
             try:
-                kind = self._handle(delivery, stats)
+                kind = self._handle(delivery, stats, deadline=deadline)
             except OutboxDatabaseError as exc:
                 if once or not exc.retryable:
                     raise
@@ -345,7 +379,7 @@ class ResultConsumer:
             if kind == "failed":
                 failed_in_run.add(delivery.event.id)
 
-    def _handle(self, delivery: Delivery, stats: ConsumerStats) -> str:
+    def _handle(self, delivery: Delivery, stats: ConsumerStats, *, deadline: float | None = None) -> str:
         """Apply one delivery and ack it when its outcome is committed. Returns what happened:
         ``"applied"``, ``"duplicate"``, ``"failed"`` (not acked) or ``"parked"``.
 
@@ -360,6 +394,7 @@ class ResultConsumer:
             "delivery_count": delivery.delivery_count,
             "subscription": self.subscription,
         }
+        started = time.monotonic()
         try:
             kind = self._apply(delivery)
         except _HandlerFailed as failed:
@@ -409,8 +444,18 @@ class ResultConsumer:
                 event.task_id,
                 extra={**extra, "event": "duplicate"},
             )
+        self._slowest_apply = max(self._slowest_apply, time.monotonic() - started)
         if self._faults is not None:
             self._faults.after_commit(event.id)
+        if deadline is not None and time.monotonic() >= deadline:
+            stats.ack_skipped += 1
+            log.warning(
+                "event %s: committed, but its lease ran out meanwhile; not acked: it comes back after its lease "
+                "and is acked then as a duplicate",
+                event.id,
+                extra={**extra, "event": "ack_skipped"},
+            )
+            return kind
         self._ack(delivery, stats, extra)
         return kind
 

@@ -8,14 +8,16 @@ Rules (DESIGN §2):
 - The relay's own transactions are short. On SQLite they take the write lock when they
   begin (``BEGIN IMMEDIATE``), so the relay is a single writer that never collides at
   commit; on MySQL/MariaDB and PostgreSQL they run at ``READ COMMITTED`` so that
-  ``FOR UPDATE SKIP LOCKED`` claims take no gap locks. Both are set on the relay's own
-  connection only: an engine the application built keeps beginning its transactions as
-  it always did.
+  ``FOR UPDATE SKIP LOCKED`` claims take no gap locks. The relay's own engine is built at
+  that level; on an engine the application built, only the relay's own transactions are
+  set to it (one ``SET TRANSACTION``, for the next transaction only, when the engine runs
+  stricter): its other transactions begin as they always did.
 """
 
 from __future__ import annotations
 
 import sqlite3
+import weakref
 from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime
@@ -31,10 +33,13 @@ __all__ = [
     "create_engine",
     "db_now",
     "describe_url",
+    "needs_read_committed",
     "now_sql",
+    "pin_connection",
     "short_transaction",
     "to_aware_utc",
     "to_naive_utc",
+    "transaction_on",
     "translate_db_error",
 ]
 
@@ -141,15 +146,60 @@ def create_engine(url: str | URL, *, pool_size: int = 5) -> Engine:
             raise OutboxUsageError(
                 f"the outbox supports MySQL/MariaDB, PostgreSQL and SQLite, not {backend!r} ({describe_url(url)})"
             )
-        kwargs: dict[str, Any] = {"pool_size": pool_size, "max_overflow": pool_size, "pool_pre_ping": True}
-        if backend == "mysql":
-            kwargs["isolation_level"] = "READ COMMITTED"
+        # READ COMMITTED once per connection, at connect (not a SET + COMMIT per checkout and
+        # again per checkin); no pre-ping (a connection found dead on its first statement is a
+        # transient error the relay and the CLI retry); a rollback on checkin only when the driver
+        # says a transaction is still open (every transaction here ends in COMMIT or ROLLBACK).
+        kwargs: dict[str, Any] = {
+            "pool_size": pool_size,
+            "max_overflow": pool_size,
+            "isolation_level": "READ COMMITTED",
+            "pool_reset_on_return": None,
+        }
         # hide_parameters: database errors must not put params into logs.
-        return sa.create_engine(parsed, pool_recycle=3600, hide_parameters=True, **kwargs)
+        engine = sa.create_engine(parsed, pool_recycle=3600, hide_parameters=True, **kwargs)
+        _reset_only_open_transactions(engine)
+        return engine
     except (ImportError, sa.exc.NoSuchModuleError) as exc:
         raise OutboxUsageError(
             f"no driver for {describe_url(url)}: {exc}; install orbit[mysql] or orbit[postgres]"
         ) from None
+
+
+_OPEN = "outbox_transaction_open"
+
+
+def _reset_only_open_transactions(engine: Engine) -> None:
+    """On checkin, roll back only a connection that may still be inside a transaction.
+
+    The pool's default reset sends a ROLLBACK on every checkin: after a committed
+    transaction that is a round trip that buys nothing. Here a connection is marked open
+    when it is checked out and when SQLAlchemy begins a transaction on it, and closed when
+    SQLAlchemy commits or rolls back; only one still marked open is rolled back at checkin
+    (a raw DBAPI connection, an error path), and one being discarded is left to close.
+    """
+
+    @event.listens_for(engine, "checkout")
+    def _on_checkout(_dbapi: Any, record: Any, _proxy: Any) -> None:
+        record.info[_OPEN] = True
+
+    @event.listens_for(engine, "begin")
+    def _on_begin(conn: Connection) -> None:
+        if not conn.invalidated:  # an invalidated connection is discarded, never reset
+            conn.connection.info[_OPEN] = True
+
+    @event.listens_for(engine, "commit")
+    @event.listens_for(engine, "rollback")
+    def _on_end(conn: Connection) -> None:
+        if not conn.invalidated:
+            conn.connection.info[_OPEN] = False
+
+    @event.listens_for(engine, "reset")
+    def _on_reset(dbapi_connection: Any, record: Any, reset_state: Any) -> None:
+        if reset_state.terminate_only or reset_state.transaction_was_reset:
+            return
+        if record.info.get(_OPEN, True):
+            dbapi_connection.rollback()
 
 
 def _begin_immediate(engine: Engine) -> None:
@@ -164,43 +214,100 @@ def _begin_immediate(engine: Engine) -> None:
         connection.exec_driver_sql("BEGIN IMMEDIATE")
 
 
+#: Per engine: does a transaction need ``SET TRANSACTION ISOLATION LEVEL READ COMMITTED`` first
+#: (the engine's connections run at a stricter level)? Asked once per engine.
+_needs_read_committed: weakref.WeakKeyDictionary[Engine, bool] = weakref.WeakKeyDictionary()
+_WEAK_ENOUGH = ("READ COMMITTED", "READ UNCOMMITTED", "AUTOCOMMIT")
+
+
 @contextmanager
 def short_transaction(engine: Engine, *, read_committed: bool = True) -> Iterator[Connection]:
     """One short read-write transaction of the relay or an operator command; commits on success.
 
     On SQLite it holds the write lock from its first statement (``BEGIN IMMEDIATE``,
     unless the engine's own ``begin`` hook already opened the transaction); on
-    MySQL/MariaDB and PostgreSQL this connection runs at ``READ COMMITTED``, unless
-    ``read_committed`` is ``False`` (the result consumer's business transaction keeps the
-    engine's own isolation level). SQLAlchemy errors pass through untranslated: callers
-    use :func:`translate_db_error`.
+    MySQL/MariaDB and PostgreSQL it runs at ``READ COMMITTED``, unless ``read_committed``
+    is ``False`` (the result consumer's business transaction keeps the engine's own
+    isolation level). An engine built by :func:`create_engine` already runs at that level,
+    so nothing is sent for it; an application's engine at a stricter level (MySQL's
+    default ``REPEATABLE READ``) gets one ``SET TRANSACTION ISOLATION LEVEL READ
+    COMMITTED`` for this transaction only (its session keeps its own level). The engine's
+    level is read once. SQLAlchemy errors pass through untranslated: callers use
+    :func:`translate_db_error`.
     """
     with engine.connect() as conn:
-        if read_committed and conn.dialect.name in ("mysql", "postgresql"):
-            _set_read_committed(conn)
-        with conn.begin():
-            if conn.dialect.name == "sqlite":
-                raw = conn.connection.driver_connection
-                if isinstance(raw, sqlite3.Connection) and not raw.in_transaction:
-                    conn.exec_driver_sql("BEGIN IMMEDIATE")
-            yield conn
+        set_level = read_committed and needs_read_committed(conn)
+        with transaction_on(conn, set_read_committed=set_level) as inner:
+            yield inner
 
 
-def _set_read_committed(conn: Connection) -> None:
-    """Set READ COMMITTED on this connection, with driver errors wrapped as SQLAlchemy's.
+def needs_read_committed(conn: Connection) -> bool:
+    """Whether transactions on ``conn``'s engine run stricter than ``READ COMMITTED`` (MySQL/MariaDB,
+    PostgreSQL; read from the database once per engine)."""
+    if conn.dialect.name not in ("mysql", "postgresql"):
+        return False
+    engine = conn.engine
+    needed = _needs_read_committed.get(engine)
+    if needed is None:
+        needed = _needs_read_committed[engine] = _isolation_of(conn) not in _WEAK_ENOUGH
+    return needed
 
-    SQLAlchemy sends the ``SET SESSION ...`` straight to the driver, so a connection lost at
-    that moment would raise the driver's own exception, which nothing above expects (it
-    killed a relay thread during a database outage). It becomes a ``DBAPIError`` marked
-    ``connection_invalidated``, which callers treat as transient.
+
+@contextmanager
+def transaction_on(conn: Connection, *, set_read_committed: bool = False) -> Iterator[Connection]:
+    """One transaction on ``conn``, committed on success: SQLite ``BEGIN IMMEDIATE`` (unless the
+    engine's ``begin`` hook opened it), or first ``SET TRANSACTION ISOLATION LEVEL READ COMMITTED``
+    when ``set_read_committed``."""
+    with conn.begin():
+        if set_read_committed:
+            conn.exec_driver_sql("SET TRANSACTION ISOLATION LEVEL READ COMMITTED")
+        elif conn.dialect.name == "sqlite":
+            raw = conn.connection.driver_connection
+            if isinstance(raw, sqlite3.Connection) and not raw.in_transaction:
+                conn.exec_driver_sql("BEGIN IMMEDIATE")
+        yield conn
+
+
+def pin_connection(engine: Engine) -> Connection:
+    """A connection of ``engine`` for a run of short transactions (:func:`transaction_on`): at
+    ``READ COMMITTED`` for its session while it is checked out (the pool restores the engine's
+    level when it is closed), so those transactions need no ``SET`` and no checkout or checkin
+    (the pool's reset ``ROLLBACK``, an application's pre-ping) each. Driver errors while setting
+    the level are wrapped as a ``DBAPIError`` marked ``connection_invalidated`` (transient).
+    """
+    conn = engine.connect()
+    try:
+        if needs_read_committed(conn):
+            dbapi_error = conn.dialect.loaded_dbapi.Error
+            try:
+                conn.execution_options(isolation_level="READ COMMITTED")
+            except dbapi_error as exc:
+                conn.invalidate()
+                raise sa.exc.DBAPIError.instance(
+                    "SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED", None, exc, dbapi_error,
+                    connection_invalidated=True, dialect=conn.dialect,
+                ) from exc  # fmt: skip
+    except BaseException:
+        conn.close()
+        raise
+    return conn
+
+
+def _isolation_of(conn: Connection) -> str:
+    """The isolation level of ``conn``, with driver errors wrapped as SQLAlchemy's.
+
+    SQLAlchemy asks the driver directly, so a connection lost at that moment would raise
+    the driver's own exception, which nothing above expects (it killed a relay thread
+    during a database outage). It becomes a ``DBAPIError`` marked ``connection_invalidated``,
+    which callers treat as transient.
     """
     dbapi_error = conn.dialect.loaded_dbapi.Error
     try:
-        conn.execution_options(isolation_level="READ COMMITTED")
+        return str(conn.get_isolation_level()).upper()
     except dbapi_error as exc:
         conn.invalidate()
         raise sa.exc.DBAPIError.instance(
-            "SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED", None, exc, dbapi_error,
+            "read the transaction isolation level", None, exc, dbapi_error,
             connection_invalidated=True, dialect=conn.dialect,
         ) from exc  # fmt: skip
 

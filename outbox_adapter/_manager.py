@@ -8,6 +8,7 @@ manager). An engine the application built is used as it is and never disposed of
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from datetime import timedelta
@@ -20,7 +21,15 @@ from sqlalchemy.engine import URL, Connection, Engine
 from orbit_client import NotFoundError, OrbitClient, OrbitError, Task
 from outbox_adapter import _migrate
 from outbox_adapter import _queries as q
-from outbox_adapter._db import create_engine, db_now, describe_url, short_transaction, translate_db_error
+from outbox_adapter._db import (
+    create_engine,
+    db_now,
+    describe_url,
+    pin_connection,
+    short_transaction,
+    transaction_on,
+    translate_db_error,
+)
 from outbox_adapter._exceptions import InvalidStateError, OutboxRowError, OutboxUsageError, RowNotFoundError
 from outbox_adapter._models import (
     DeliveredRow,
@@ -76,6 +85,8 @@ class Outbox:
             engine = create_engine(database_url, pool_size=pool_size)
         self.engine: Engine = engine
         self.tables = tables or OutboxTables()
+        #: Threads inside :meth:`pinned`, and the connection each one holds (``None``: none yet).
+        self._pinned: dict[int, Connection | None] = {}
 
     def __repr__(self) -> str:
         return f"Outbox(url={describe_url(self.engine.url)!r}, tables={self.tables!r})"
@@ -97,6 +108,8 @@ class Outbox:
     def transaction(self, what: str, *, row_id: int | None = None) -> Iterator[Connection]:
         """One short transaction (see ``short_transaction``): commits on success, rolls back on error.
 
+        Inside :meth:`pinned`, it runs on the thread's pinned connection.
+
         Args:
             what: what the transaction does, for the error message, e.g. ``"claim a batch"``.
             row_id: the row concerned, carried by the error.
@@ -104,11 +117,40 @@ class Outbox:
         Raises:
             OutboxDatabaseError: translated from any SQLAlchemy error (``__cause__`` keeps it).
         """
+        ident = threading.get_ident()
         try:
-            with short_transaction(self.engine) as conn:
+            if ident not in self._pinned:
+                with short_transaction(self.engine) as conn:
+                    yield conn
+                return
+            pinned = self._pinned[ident]
+            if pinned is None or pinned.closed or pinned.invalidated:
+                if pinned is not None:
+                    pinned.close()
+                self._pinned[ident] = None
+                pinned = self._pinned[ident] = pin_connection(self.engine)
+            with transaction_on(pinned) as conn:
                 yield conn
         except sa.exc.SQLAlchemyError as exc:
             raise translate_db_error(exc, what, row_id=row_id) from exc
+
+    @contextmanager
+    def pinned(self) -> Iterator[None]:
+        """Run this thread's :meth:`transaction` calls on one connection, kept checked out until the
+        block ends (the relay's loop): one checkout and one isolation ``SET`` in all, instead of a
+        checkout and checkin (with the pool's reset ``ROLLBACK``, and an application engine's
+        pre-ping) per transaction. A connection that fails is dropped and a new one taken."""
+        ident = threading.get_ident()
+        self._pinned[ident] = None
+        try:
+            yield
+        finally:
+            conn = self._pinned.pop(ident, None)
+            if conn is not None:
+                try:
+                    conn.close()
+                except sa.exc.SQLAlchemyError as exc:  # the database went away: nothing to give back
+                    log.warning("closing the relay's database connection failed: %s", exc)
 
     # --- schema --------------------------------------------------------------------------------------
 

@@ -188,7 +188,8 @@ class RelayStats(_AsDict):
         retried: rows sent back to ``PENDING`` with a backoff.
         dead: rows recorded ``DEAD`` (permanently refused).
         needs_reconcile: rows recorded ``NEEDS_RECONCILE``.
-        released: rows given back unsent at shutdown.
+        released: rows given back unsent (attempt given back): at shutdown, or because too
+            little of their lease was left to start the send.
         lost_leases: outcomes not recorded because the lease had expired or been taken over.
         orbit_unavailable: rows left ``PENDING`` at the end of the run because the Orbit
             server was unreachable (no answer, or 503) or refused the relay's API key
@@ -255,8 +256,11 @@ class ConsumerStats(_AsDict):
         acked: deliveries acked (applied, duplicate or parked).
         ack_failures: acks that failed after the commit; those deliveries come back after
             their lease and are acked as duplicates.
-        unprocessed: leased deliveries left untouched (stop, or the business database
-            went away mid-batch); they come back after their lease.
+        unprocessed: leased deliveries left untouched (stop, the business database went
+            away mid-batch, or too little of their lease was left to apply them); they come
+            back after their lease.
+        ack_skipped: deliveries applied but not acked because their lease ran out meanwhile;
+            they come back and are acked as duplicates.
     """
 
     leased: int = 0
@@ -267,3 +271,4 @@ class ConsumerStats(_AsDict):
     acked: int = 0
     ack_failures: int = 0
     unprocessed: int = 0
+    ack_skipped: int = 0

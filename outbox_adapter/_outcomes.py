@@ -31,6 +31,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from orbit_client import (
+    BatchItemResult,
     IdempotencyKeyReusedError,
     OrbitAPIError,
     OrbitError,
@@ -41,7 +42,7 @@ from orbit_client import (
 )
 from outbox_adapter._exceptions import OutboxUsageError
 
-__all__ = ["Backoff", "Outage", "SendOutcome", "Verdict", "accepted", "classify_error"]
+__all__ = ["Backoff", "Outage", "SendOutcome", "Verdict", "accepted", "classify_error", "item_outcome"]
 
 
 class Verdict(enum.Enum):
@@ -94,6 +95,45 @@ def accepted(result: SubmitResult) -> SendOutcome:
         task_id=result.task.id,
         replayed=result.replayed,
         status_code=200 if result.replayed else 201,
+    )
+
+
+def item_outcome(result: BatchItemResult, *, namespace: str, queue: str, row_id: int) -> SendOutcome:
+    """One item's answer in a batch submission, classified exactly as the single answer would be
+    (DESIGN §5): 201/200 → ``DELIVERED``; 422 ``idempotency_key_reused`` → ``RECONCILE``; 409
+    ``request_in_progress`` (and 429/503) → ``NOT_SENT``; 404 (``queue_not_found``) and any
+    other 4xx → ``DEAD``; anything else (a 5xx, a status the contract does not name, a 2xx
+    without its task) → ``UNKNOWN``: it may have been accepted."""
+    status, problem = result.status, result.error
+    code = problem.code if problem is not None else None
+    request_id = problem.request_id if problem is not None else None
+    if problem is not None:
+        message = f"{status} {code}: {problem.detail or problem.title} (request id {request_id or '-'})"
+    else:
+        message = f"{status} without a problem body"
+    if status in (200, 201) and result.task is not None:
+        return SendOutcome(
+            verdict=Verdict.DELIVERED, task_id=result.task.id, replayed=status == 200, status_code=status
+        )
+    if status == 422 and code == "idempotency_key_reused":
+        return SendOutcome(verdict=Verdict.RECONCILE, status_code=status, error=message)
+    if status in (409, 429, 503):
+        return SendOutcome(verdict=Verdict.NOT_SENT, status_code=status, error=message)
+    if status == 404:
+        return SendOutcome(
+            verdict=Verdict.DEAD,
+            status_code=status,
+            error=(
+                f"queue {queue!r} of namespace {namespace!r} does not exist for the relay's API key ({message}); "
+                f"create it (orbit-server queue create), then `orbit-outbox retry {row_id}`"
+            ),
+        )
+    if 400 <= status < 500:
+        return SendOutcome(verdict=Verdict.DEAD, status_code=status, error=message)
+    return SendOutcome(
+        verdict=Verdict.UNKNOWN,
+        status_code=status,
+        error=f"unexpected item answer {message}; the task may have been accepted",
     )
 
 

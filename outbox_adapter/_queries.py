@@ -20,7 +20,9 @@ first one's commit.
 
 from __future__ import annotations
 
+import threading
 import uuid
+import weakref
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
@@ -35,31 +37,34 @@ from outbox_adapter._tables import InboxOutcome, OutboxState, OutboxTables
 
 __all__ = [
     "Claim",
+    "Finish",
     "abandon_row",
     "add_events",
     "claim_batch",
     "count_by_state",
     "event_values",
+    "finish_claims",
     "get_inbox_row",
     "get_row",
     "inbox_contains",
     "insert_inbox_row",
     "insert_row",
+    "insert_statement",
     "list_events",
     "list_inbox",
     "list_rows",
+    "live_claims",
     "mark_inbox_processed",
     "purge_delivered_batch",
     "record_dead",
     "record_delivered",
-    "record_needs_reconcile",
     "record_reconcile_mismatch",
     "record_reconciled_delivered",
     "record_reconciled_pending",
-    "record_retry",
-    "release_claim",
     "retry_dead_row",
     "rows_to_reconcile",
+    "select_due",
+    "take_rows",
 ]
 
 PENDING, DELIVERED, DEAD, NEEDS_RECONCILE = (
@@ -100,6 +105,7 @@ class Claim:
     budget: int
     token: str = field(repr=False)
     lease_expires_at: datetime
+    claimed_at: datetime | None = None
     options: dict[str, Any] | None = field(default=None, repr=False)
     params: Any = field(default=None, repr=False)
 
@@ -107,17 +113,266 @@ class Claim:
 # --- enqueue -----------------------------------------------------------------------------------------
 
 
-def insert_row(t: OutboxTables, values: Mapping[str, Any], dialect_name: str) -> sa.Insert:
-    """The ``INSERT`` of a new ``PENDING`` row; ``created_at``/``updated_at`` (and ``available_at``
-    unless given) come from the database clock. The caller executes it on its own connection."""
+_insert_statements: weakref.WeakKeyDictionary[OutboxTables, dict[str, sa.Insert]] = (
+    weakref.WeakKeyDictionary()
+)
+#: The values :func:`insert_row` takes, one bound parameter each.
+_INSERT_COLUMNS = (
+    "idempotency_key", "namespace", "queue", "handler", "params", "options", "ordering_key", "business_ref",
+    "max_attempts",
+)  # fmt: skip
+
+
+def insert_statement(t: OutboxTables, dialect_name: str) -> sa.Insert:
+    """The ``INSERT`` of a new ``PENDING`` row, built once per tables and dialect: every value a bound
+    parameter (``b_<column>``, and ``b_available_at``: ``None`` means now); ``created_at``,
+    ``updated_at`` (and a missing ``available_at``) from the database clock, in the same statement."""
+    with _statements_lock:
+        found = _insert_statements.setdefault(t, {}).get(dialect_name)
+    if found is not None:
+        return found
+    o = t.outbox
     now = now_sql(dialect_name)
-    row = {"state": PENDING, "attempts": 0, "send_count": 0, "created_at": now, "updated_at": now, **values}
-    if row.get("available_at") is None:
-        row["available_at"] = now
-    return t.outbox.insert().values(row)
+    values: dict[str, Any] = {c: sa.bindparam(f"b_{c}", type_=o.c[c].type) for c in _INSERT_COLUMNS}
+    values.update(
+        state=PENDING,
+        attempts=0,
+        send_count=0,
+        created_at=now,
+        updated_at=now,
+        available_at=sa.func.coalesce(sa.bindparam("b_available_at", type_=o.c.available_at.type), now),
+    )
+    stmt = o.insert().values(values)
+    with _statements_lock:
+        _insert_statements[t][dialect_name] = stmt
+    return stmt
+
+
+def insert_row(
+    t: OutboxTables, values: Mapping[str, Any], dialect_name: str
+) -> tuple[sa.Insert, dict[str, Any]]:
+    """The statement (:func:`insert_statement`) and parameters inserting one new ``PENDING`` row with
+    ``values`` (the columns of ``_INSERT_COLUMNS`` and ``available_at``). The caller executes it on
+    its own connection."""
+    params = {f"b_{c}": values.get(c) for c in _INSERT_COLUMNS}
+    params["b_available_at"] = values.get("available_at")
+    return insert_statement(t, dialect_name), params
 
 
 # --- relay -------------------------------------------------------------------------------------------
+
+
+class _ClaimStatements:
+    """The claim's statements for one ``OutboxTables`` and dialect, built once (they were rebuilt on
+    every claim, most of the relay's CPU); every value is a bound parameter."""
+
+    def __init__(self, t: OutboxTables, dialect_name: str) -> None:
+        o = t.outbox
+        now = now_sql(dialect_name)
+        earlier = o.alias("earlier")
+        blocked = (
+            sa.select(earlier.c.id)
+            .where(
+                earlier.c.ordering_key == o.c.ordering_key,
+                earlier.c.state.in_(_UNSENT),
+                earlier.c.id < o.c.id,
+            )
+            .exists()
+        )
+        # The database clock rides along with the rows, so a claim needs no separate clock read.
+        select = (
+            sa.select(o, now.label("claim_now"))
+            .where(
+                o.c.state == PENDING, o.c.available_at <= now, sa.or_(o.c.ordering_key.is_(None), ~blocked)
+            )
+            .order_by(o.c.available_at, o.c.id)
+            .limit(sa.bindparam("b_limit", type_=sa.Integer))
+        )
+        self.select = self._lock(select, o, dialect_name)
+        self.select_excluding = self._lock(
+            select.where(o.c.id.not_in(sa.bindparam("b_exclude", expanding=True))), o, dialect_name
+        )
+        # The claim itself is a conditional update: still PENDING, still due, still carrying the
+        # token the select saw. With a locking clause that locks nothing (TiDB), a row another
+        # relay claimed meanwhile no longer matches, so it is never claimed twice.
+        take = (
+            sa.update(o)
+            .where(
+                o.c.id.in_(sa.bindparam("b_ids", expanding=True)),
+                o.c.state == PENDING,
+                o.c.available_at <= sa.bindparam("b_now", type_=o.c.available_at.type),
+            )
+            .values(
+                lease_owner=sa.bindparam("b_owner"),
+                lease_token=sa.bindparam("b_token"),
+                lease_expires_at=sa.bindparam("b_expires", type_=o.c.lease_expires_at.type),
+                available_at=sa.bindparam("b_expires", type_=o.c.available_at.type),
+                attempts=o.c.attempts + 1,
+                send_count=o.c.send_count + 1,
+                updated_at=sa.bindparam("b_now", type_=o.c.updated_at.type),
+            )
+        )
+        self.take_free = take.where(o.c.lease_token.is_(None))
+        self.take_expired = take.where(o.c.lease_token == sa.bindparam("b_old_token"))
+        self.taken = sa.select(o.c.id).where(
+            o.c.id.in_(sa.bindparam("b_ids", expanding=True)), o.c.lease_token == sa.bindparam("b_token")
+        )
+        self.spend = (
+            sa.update(o)
+            .where(
+                o.c.id == sa.bindparam("b_id"),
+                o.c.state == PENDING,
+                o.c.available_at <= sa.bindparam("b_now", type_=o.c.available_at.type),
+                o.c.lease_token == sa.bindparam("b_old_token"),
+            )
+            .values(
+                state=NEEDS_RECONCILE,
+                lease_owner=None,
+                lease_token=None,
+                lease_expires_at=None,
+                available_at=sa.bindparam("b_now", type_=o.c.available_at.type),
+                last_error=sa.bindparam("b_error"),
+                updated_at=sa.bindparam("b_now", type_=o.c.updated_at.type),
+            )
+        )
+
+    @staticmethod
+    def _lock(stmt: sa.Select[Any], o: sa.Table, dialect_name: str) -> sa.Select[Any]:
+        if not LOCK_CLAIMS:
+            return stmt
+        if dialect_name == "postgresql":
+            return stmt.with_for_update(skip_locked=True, of=o)
+        if dialect_name == "mysql":
+            return stmt.with_for_update(skip_locked=True)
+        return stmt
+
+
+#: Take ``FOR UPDATE SKIP LOCKED`` in the claim's select. Tests turn it off to show that claims
+#: stay disjoint without it (DESIGN §5: some MySQL-compatible engines parse it and lock nothing).
+LOCK_CLAIMS = True
+
+_claim_statements: weakref.WeakKeyDictionary[OutboxTables, dict[tuple[str, bool], _ClaimStatements]] = (
+    weakref.WeakKeyDictionary()
+)
+_statements_lock = threading.Lock()
+
+
+def claim_statements(t: OutboxTables, dialect_name: str) -> _ClaimStatements:
+    """The claim statements of ``t`` on ``dialect_name``, built on first use and kept with ``t``."""
+    key = (dialect_name, LOCK_CLAIMS)
+    with _statements_lock:
+        per_tables = _claim_statements.setdefault(t, {})
+        found = per_tables.get(key)
+        if found is None:
+            found = per_tables[key] = _ClaimStatements(t, dialect_name)
+        return found
+
+
+def _as_datetime(value: Any) -> datetime:
+    if isinstance(value, str):  # SQLite: a bare literal column comes back as text
+        return datetime.fromisoformat(value)
+    assert isinstance(value, datetime)
+    return value.replace(tzinfo=None)
+
+
+def select_due(
+    conn: Connection, t: OutboxTables, *, limit: int, exclude_ids: Collection[int] = ()
+) -> list[RowMapping]:
+    """The claim's select: up to ``limit`` due rows, oldest ``available_at`` first, each with the
+    database clock as ``claim_now``; locked ``FOR UPDATE SKIP LOCKED`` where the dialect has it."""
+    stmts = claim_statements(t, conn.dialect.name)
+    if exclude_ids:
+        result = conn.execute(stmts.select_excluding, {"b_limit": limit, "b_exclude": sorted(exclude_ids)})
+    else:
+        result = conn.execute(stmts.select, {"b_limit": limit})
+    return list(result.mappings().all())
+
+
+def take_rows(
+    conn: Connection,
+    t: OutboxTables,
+    rows: Sequence[RowMapping],
+    *,
+    owner: str,
+    lease_seconds: float,
+    default_max_attempts: int,
+    actor: str,
+) -> tuple[list[Claim], list[int]]:
+    """Lease ``rows`` (as :func:`select_due` saw them) with one conditional update per token they
+    carried, and check the row count; see :func:`claim_batch`."""
+    if not rows:
+        return [], []
+    stmts = claim_statements(t, conn.dialect.name)
+    now = _as_datetime(rows[0]["claim_now"])
+    expires = now + timedelta(seconds=lease_seconds)
+    token = str(uuid.uuid4())
+    wanted: list[RowMapping] = []
+    spent: list[RowMapping] = []
+    for row in rows:
+        budget = row["max_attempts"] or default_max_attempts
+        if row["lease_token"] is not None and row["attempts"] >= budget:
+            spent.append(row)
+        else:
+            wanted.append(row)
+    taken_ids: set[int] = set()
+    if wanted:
+        by_token: dict[str | None, list[int]] = {}
+        for row in wanted:
+            by_token.setdefault(row["lease_token"], []).append(row["id"])
+        params = {"b_owner": owner, "b_token": token, "b_expires": expires, "b_now": now}
+        count = 0
+        for old_token, ids in by_token.items():
+            if old_token is None:
+                count += conn.execute(stmts.take_free, {**params, "b_ids": ids}).rowcount
+            else:
+                count += conn.execute(
+                    stmts.take_expired, {**params, "b_ids": ids, "b_old_token": old_token}
+                ).rowcount
+        all_ids = [row["id"] for row in wanted]
+        if count == len(all_ids):
+            taken_ids = set(all_ids)
+        else:  # another relay claimed some of them since the select: keep only those carrying our token
+            taken_ids = set(conn.scalars(stmts.taken, {"b_ids": all_ids, "b_token": token}))
+    claims = [
+        Claim(
+            id=row["id"],
+            idempotency_key=row["idempotency_key"],
+            namespace=row["namespace"],
+            queue=row["queue"],
+            handler=row["handler"],
+            ordering_key=row["ordering_key"],
+            business_ref=row["business_ref"],
+            attempts=row["attempts"] + 1,
+            send_count=row["send_count"] + 1,
+            budget=row["max_attempts"] or default_max_attempts,
+            token=token,
+            lease_expires_at=expires,
+            claimed_at=now,
+            options=row["options"],
+            params=row["params"],
+        )
+        for row in wanted
+        if row["id"] in taken_ids
+    ]
+    events = []
+    moved: list[int] = []
+    for row in spent:
+        reason = (
+            f"the lease of {row['lease_owner']} expired without a recorded outcome and the budget of "
+            f"{row['attempts']} possibly-accepted sends is spent; the task may exist: run `orbit-outbox reconcile`"
+        )
+        params = {
+            "b_id": row["id"],
+            "b_now": now,
+            "b_old_token": row["lease_token"],
+            "b_error": _clip(reason),
+        }
+        if conn.execute(stmts.spend, params).rowcount != 1:
+            continue  # another relay decided first
+        moved.append(row["id"])
+        events.append(event_values(row["id"], PENDING, NEEDS_RECONCILE, reason=reason, actor=actor, now=now))
+    add_events(conn, t, events)
+    return claims, moved
 
 
 def claim_batch(
@@ -138,6 +393,11 @@ def claim_batch(
     select takes ``FOR UPDATE SKIP LOCKED`` on MySQL/MariaDB/PostgreSQL, so concurrent
     relays claim disjoint rows; SQLite relies on the caller's ``BEGIN IMMEDIATE``.
 
+    Correctness does not rest on that lock (DESIGN §5): the claim is a conditional update
+    (still ``PENDING``, still due, still carrying the lease token the select saw) whose row
+    count is checked; when it is short, the rows that carry this claim's new token are read
+    back and only those are returned. A row is never claimed (nor its attempt counted) twice.
+
     A due row that still carries a token had its previous lease expire without a
     recorded outcome (its relay died or stalled): that send's outcome is unknown and
     was counted at its claim. If its budget is spent, it goes to ``NEEDS_RECONCILE``
@@ -146,183 +406,165 @@ def claim_batch(
     ``exclude_ids`` are never claimed (a ``--once`` run skips rows it already saw refused).
 
     Returns:
-        The claims, and the ids moved to ``NEEDS_RECONCILE``.
+        The claims (all with one token, ``lease_expires_at`` and ``claimed_at``, database
+        clock), and the ids moved to ``NEEDS_RECONCILE``.
     """
-    o = t.outbox
-    now = db_now(conn)
-    earlier = o.alias("earlier")
-    blocked = (
-        sa.select(earlier.c.id)
-        .where(
-            earlier.c.ordering_key == o.c.ordering_key,
-            earlier.c.state.in_(_UNSENT),
-            earlier.c.id < o.c.id,
-        )
-        .exists()
+    rows = select_due(conn, t, limit=limit, exclude_ids=exclude_ids)
+    return take_rows(
+        conn,
+        t,
+        rows,
+        owner=owner,
+        lease_seconds=lease_seconds,
+        default_max_attempts=default_max_attempts,
+        actor=actor,
     )
+
+
+@dataclass(frozen=True, kw_only=True)
+class Finish:
+    """How one claimed row ends its lease (one recorded outcome).
+
+    ``state`` is where the row goes; ``PENDING`` is a retry due at ``available_at`` (a
+    release: due now), with the attempt given back when ``give_back``. ``error``,
+    ``status_code`` and ``task_id`` go to ``last_error``, ``last_status_code`` and
+    ``orbit_task_id``.
+    """
+
+    row_id: int
+    state: str
+    error: str | None = None
+    status_code: int | None = None
+    task_id: str | None = None
+    available_at: datetime | None = None
+    give_back: bool = False
+
+
+#: Columns an outcome writes, besides the lease it ends; a value shared by every row of a group is
+#: one bound parameter, one that differs is a CASE on the id.
+_FINISH_COLUMNS = ("last_error", "last_status_code", "orbit_task_id", "available_at", "delivered_at")
+
+_finish_statements: weakref.WeakKeyDictionary[OutboxTables, dict[tuple[Any, ...], sa.Update]] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def _finish_values(f: Finish, now: datetime) -> dict[str, Any]:
+    values: dict[str, Any] = {"last_error": _clip(f.error), "last_status_code": f.status_code}
+    if f.state == DELIVERED:
+        values.update(orbit_task_id=f.task_id, delivered_at=now, last_error=None)
+    if f.state == PENDING:
+        values["available_at"] = f.available_at if f.available_at is not None else now
+    return values
+
+
+def _finish_statement(
+    t: OutboxTables, state: str, give_back: bool, shape: tuple[tuple[str, bool], ...], n: int
+) -> sa.Update:
+    """``UPDATE ... WHERE id IN (n ids) AND lease_token = :token AND state = PENDING AND
+    lease_expires_at > :now``, built once per shape (kept with ``t``)."""
+    key = (state, give_back, shape, n)
+    with _statements_lock:
+        cached = _finish_statements.setdefault(t, {}).get(key)
+    if cached is not None:
+        return cached
+    o = t.outbox
+    ids = [sa.bindparam(f"b_id_{i}", type_=o.c.id.type) for i in range(n)]
+    values: dict[str, Any] = {
+        "state": state,
+        "lease_owner": None,
+        "lease_token": None,
+        "lease_expires_at": None,
+        "updated_at": sa.bindparam("b_now", type_=o.c.updated_at.type),
+    }
+    for column, varies in shape:
+        col_type = o.c[column].type
+        if varies:
+            values[column] = sa.case(
+                *[(o.c.id == ids[i], sa.bindparam(f"b_{column}_{i}", type_=col_type)) for i in range(n)]
+            )
+        else:
+            values[column] = sa.bindparam(f"b_{column}", type_=col_type)
+    if give_back:
+        values["attempts"] = o.c.attempts - 1
     stmt = (
-        sa.select(o)
-        .where(o.c.state == PENDING, o.c.available_at <= now, sa.or_(o.c.ordering_key.is_(None), ~blocked))
-        .order_by(o.c.available_at, o.c.id)
-        .limit(limit)
-    )
-    if exclude_ids:
-        stmt = stmt.where(o.c.id.not_in(sorted(exclude_ids)))
-    name = conn.dialect.name
-    if name == "postgresql":
-        stmt = stmt.with_for_update(skip_locked=True, of=o)
-    elif name == "mysql":
-        stmt = stmt.with_for_update(skip_locked=True)
-    rows = conn.execute(stmt).mappings().all()
-    if not rows:
-        return [], []
-    expires = now + timedelta(seconds=lease_seconds)
-    token = str(uuid.uuid4())
-    claims: list[Claim] = []
-    spent: list[RowMapping] = []
-    for row in rows:
-        budget = row["max_attempts"] or default_max_attempts
-        if row["lease_token"] is not None and row["attempts"] >= budget:
-            spent.append(row)
-            continue
-        claims.append(
-            Claim(
-                id=row["id"],
-                idempotency_key=row["idempotency_key"],
-                namespace=row["namespace"],
-                queue=row["queue"],
-                handler=row["handler"],
-                ordering_key=row["ordering_key"],
-                business_ref=row["business_ref"],
-                attempts=row["attempts"] + 1,
-                send_count=row["send_count"] + 1,
-                budget=budget,
-                token=token,
-                lease_expires_at=expires,
-                options=row["options"],
-                params=row["params"],
-            )
-        )
-    if claims:
-        conn.execute(
-            sa.update(o)
-            .where(o.c.id.in_([c.id for c in claims]))
-            .values(
-                lease_owner=owner,
-                lease_token=token,
-                lease_expires_at=expires,
-                available_at=expires,
-                attempts=o.c.attempts + 1,
-                send_count=o.c.send_count + 1,
-                updated_at=now,
-            )
-        )
-    events = []
-    for row in spent:
-        reason = (
-            f"the lease of {row['lease_owner']} expired without a recorded outcome and the budget of "
-            f"{row['attempts']} possibly-accepted sends is spent; the task may exist: run `orbit-outbox reconcile`"
-        )
-        conn.execute(
-            sa.update(o)
-            .where(o.c.id == row["id"], o.c.lease_token == row["lease_token"])
-            .values(
-                state=NEEDS_RECONCILE,
-                lease_owner=None,
-                lease_token=None,
-                lease_expires_at=None,
-                available_at=now,
-                last_error=_clip(reason),
-                updated_at=now,
-            )
-        )
-        events.append(event_values(row["id"], PENDING, NEEDS_RECONCILE, reason=reason, actor=actor, now=now))
-    add_events(conn, t, events)
-    return claims, [row["id"] for row in spent]
-
-
-def _finish(
-    conn: Connection, t: OutboxTables, claim: Claim, now: datetime, values: Mapping[str, Any]
-) -> bool:
-    """End ``claim``'s lease with ``values``, only if the lease is still ours and live. ``True`` if written."""
-    o = t.outbox
-    result = conn.execute(
         sa.update(o)
         .where(
-            o.c.id == claim.id,
-            o.c.lease_token == claim.token,
+            o.c.id.in_(ids),
+            o.c.lease_token == sa.bindparam("b_token"),
             o.c.state == PENDING,
-            o.c.lease_expires_at > now,
+            o.c.lease_expires_at > sa.bindparam("b_now", type_=o.c.lease_expires_at.type),
         )
-        .values(lease_owner=None, lease_token=None, lease_expires_at=None, updated_at=now, **values)
+        .values(values)
     )
-    return result.rowcount == 1
+    with _statements_lock:
+        _finish_statements[t][key] = stmt
+    return stmt
+
+
+def finish_claims(
+    conn: Connection, t: OutboxTables, finishes: Sequence[Finish], *, token: str, now: datetime
+) -> bool:
+    """End the leases of ``finishes`` (rows of one claim, token ``token``): one conditional update
+    per outcome class, set-based, fenced on ``(id, lease_token)`` with a live lease at ``now``.
+
+    Returns:
+        ``True`` when every row was written; ``False`` when a row count came up short (some
+        lease was lost: expired or taken over). The caller then rolls back and records only
+        the rows :func:`live_claims` finds.
+    """
+    groups: dict[tuple[str, bool], list[tuple[int, dict[str, Any]]]] = {}
+    for f in finishes:
+        groups.setdefault((f.state, f.give_back), []).append((f.row_id, _finish_values(f, now)))
+    for (state, give_back), members in groups.items():
+        columns = sorted(members[0][1])
+        shape = tuple(
+            (column, any(values[column] != members[0][1][column] for _, values in members[1:]))
+            for column in columns
+        )
+        stmt = _finish_statement(t, state, give_back, shape, len(members))
+        params: dict[str, Any] = {"b_token": token, "b_now": now}
+        for i, (row_id, values) in enumerate(members):
+            params[f"b_id_{i}"] = row_id
+            for column, varies in shape:
+                if varies:
+                    params[f"b_{column}_{i}"] = values[column]
+        for column, varies in shape:
+            if not varies:
+                params[f"b_{column}"] = members[0][1][column]
+        if conn.execute(stmt, params).rowcount != len(members):
+            return False
+    return True
+
+
+def live_claims(
+    conn: Connection, t: OutboxTables, ids: Collection[int], *, token: str, now: datetime
+) -> set[int]:
+    """Which of ``ids`` still carry ``token`` with a live lease at ``now``, locked for the rest of the
+    transaction (not on SQLite: single writer). One ``SELECT``."""
+    o = t.outbox
+    stmt = sa.select(o.c.id).where(
+        o.c.id.in_(sorted(ids)), o.c.lease_token == token, o.c.state == PENDING, o.c.lease_expires_at > now
+    )
+    if conn.dialect.name != "sqlite":
+        stmt = stmt.with_for_update()
+    return set(conn.scalars(stmt))
 
 
 def record_delivered(
     conn: Connection, t: OutboxTables, claim: Claim, *, now: datetime, task_id: str, status_code: int
 ) -> bool:
     """``PENDING`` (leased) → ``DELIVERED`` with the Orbit task id. ``False``: lease lost, nothing written."""
-    return _finish(
-        conn,
-        t,
-        claim,
-        now,
-        {
-            "state": DELIVERED,
-            "orbit_task_id": task_id,
-            "delivered_at": now,
-            "last_error": None,
-            "last_status_code": status_code,
-        },
-    )
-
-
-def record_retry(
-    conn: Connection,
-    t: OutboxTables,
-    claim: Claim,
-    *,
-    now: datetime,
-    available_at: datetime,
-    error: str,
-    status_code: int | None,
-    counted: bool,
-) -> bool:
-    """Back to ``PENDING`` until ``available_at``, same key. ``counted=False`` gives the attempt back
-    (the server did nothing). ``False``: lease lost, nothing written."""
-    o = t.outbox
-    values: dict[str, Any] = {
-        "state": PENDING,
-        "available_at": available_at,
-        "last_error": _clip(error),
-        "last_status_code": status_code,
-    }
-    if not counted:
-        values["attempts"] = o.c.attempts - 1
-    return _finish(conn, t, claim, now, values)
+    finish = Finish(row_id=claim.id, state=DELIVERED, task_id=task_id, status_code=status_code)
+    return finish_claims(conn, t, [finish], token=claim.token, now=now)
 
 
 def record_dead(
     conn: Connection, t: OutboxTables, claim: Claim, *, now: datetime, error: str, status_code: int | None
 ) -> bool:
     """``PENDING`` (leased) → ``DEAD``: permanently refused. ``False``: lease lost, nothing written."""
-    values = {"state": DEAD, "last_error": _clip(error), "last_status_code": status_code}
-    return _finish(conn, t, claim, now, values)
-
-
-def record_needs_reconcile(
-    conn: Connection, t: OutboxTables, claim: Claim, *, now: datetime, error: str, status_code: int | None
-) -> bool:
-    """``PENDING`` (leased) → ``NEEDS_RECONCILE``: the task may exist. ``False``: lease lost."""
-    values = {"state": NEEDS_RECONCILE, "last_error": _clip(error), "last_status_code": status_code}
-    return _finish(conn, t, claim, now, values)
-
-
-def release_claim(conn: Connection, t: OutboxTables, claim: Claim, *, now: datetime) -> bool:
-    """Give an unsent claim back: ``PENDING``, due now, attempt given back. ``False``: lease lost."""
-    o = t.outbox
-    return _finish(conn, t, claim, now, {"state": PENDING, "available_at": now, "attempts": o.c.attempts - 1})
+    finish = Finish(row_id=claim.id, state=DEAD, error=error, status_code=status_code)
+    return finish_claims(conn, t, [finish], token=claim.token, now=now)
 
 
 # --- audit -------------------------------------------------------------------------------------------

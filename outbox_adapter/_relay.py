@@ -1,16 +1,21 @@
-"""The relay: claims due outbox rows, submits them to Orbit, records each outcome (DESIGN §5).
+"""The relay: claims due outbox rows, submits them to Orbit in batches, records each outcome (DESIGN §5).
 
-One loop per process, ``concurrency`` sends in flight on a thread pool::
+One loop per process, ``concurrency`` batch requests in flight on a thread pool::
 
-    claim a batch        short transaction: FOR UPDATE SKIP LOCKED (SQLite: BEGIN IMMEDIATE),
-                         lease owner/token/expiry from the database clock, attempts + 1
-    check the queue      GET /v1/namespaces/{ns}/queues/{queue}, cached; 404 → DEAD
-    send                 POST .../tasks with Idempotency-Key = the row's key, outside any transaction
-    record               short transaction: one conditional UPDATE per outcome on (id, lease_token)
-                         with a live lease; row count checked; a lost lease records nothing
+    claim a batch        short transaction: FOR UPDATE SKIP LOCKED (SQLite: BEGIN IMMEDIATE) and a
+                         conditional update whose row count is checked; lease owner/token/expiry
+                         from the database clock, attempts + 1
+    check the lease      just before sending: at least the request timeout (plus a margin) must be
+                         left of the lease, else the rows are released unsent
+    send                 POST /v1/namespaces/{ns}/tasks/batch, one request per namespace of the batch,
+                         each item with its row's idempotency key, outside any transaction
+    record               one short transaction per batch: one conditional UPDATE per outcome class on
+                         (id IN (...), lease_token) with a live lease; row counts checked; a lost lease
+                         records nothing for that row
 
-Sends that finish together are recorded in one transaction; a slow send only holds its
-own slot, never the recording of others.
+A server without the batch route gets one ``POST .../tasks`` per row (with the queue check,
+cached), the lease checked before each. A slow request only holds its own slot, never the
+recording of others.
 """
 
 from __future__ import annotations
@@ -25,21 +30,29 @@ import time
 import uuid
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
 from datetime import datetime, timedelta
 from types import FrameType, TracebackType
 from typing import Any, Self
 
 from sqlalchemy.engine import URL, Connection, Engine
 
-from orbit_client import OrbitClient, OrbitError, RetryPolicy
+from orbit_client import OrbitClient, OrbitError, OrbitUsageError, RetryPolicy
 from outbox_adapter import _queries as q
 from outbox_adapter._db import db_now
 from outbox_adapter._exceptions import OutboxDatabaseError, OutboxUsageError
 from outbox_adapter._faults import Faults
 from outbox_adapter._manager import Outbox
 from outbox_adapter._models import DeliveredRow, RelayStats
-from outbox_adapter._outcomes import Backoff, Outage, SendOutcome, Verdict, accepted, classify_error
+from outbox_adapter._outcomes import (
+    Backoff,
+    Outage,
+    SendOutcome,
+    Verdict,
+    accepted,
+    classify_error,
+    item_outcome,
+)
+from outbox_adapter._sending import Batch, Done, QueueCache, requests_of, route_missing
 from outbox_adapter._settings import OutboxSettings
 from outbox_adapter._tables import OutboxTables
 
@@ -51,67 +64,52 @@ log = logging.getLogger("outbox_adapter.relay")
 DEFAULT_MAX_ATTEMPTS = 5
 
 
-class _QueueCache:
-    """Remembers which (namespace, queue) exist, so most sends skip the check (DESIGN §5 "cached")."""
-
-    def __init__(self, client: OrbitClient, ttl: float) -> None:
-        self._client = client
-        self._ttl = ttl
-        self._negative_ttl = min(ttl, 5.0)
-        self._lock = threading.Lock()
-        self._known: dict[tuple[str, str], tuple[float, OrbitError | None]] = {}
-
-    def check(self, namespace: str, queue_name: str) -> None:
-        """Return if the queue exists; raise the ``OrbitError`` of the lookup otherwise.
-
-        A found queue is remembered ``ttl`` seconds, a missing one (404) ``min(ttl, 5)``
-        seconds; other failures are not remembered.
-        """
-        key = (namespace, queue_name)
-        now = time.monotonic()
-        with self._lock:
-            cached = self._known.get(key)
-        if cached is not None and cached[0] > now:
-            if cached[1] is not None:
-                raise cached[1]
-            return
-        try:
-            self._client.get_queue(namespace, queue_name)
-        except OrbitError as exc:
-            if getattr(exc, "status_code", None) == 404:
-                with self._lock:
-                    self._known[key] = (now + self._negative_ttl, exc)
-            raise
-        with self._lock:
-            self._known[key] = (now + self._ttl, None)
+class _LeaseLost(Exception):
+    """A set-based record came up short: roll back, then record only the rows still ours."""
 
 
-@dataclass(frozen=True)
-class _Done:
-    claim: q.Claim
-    outcome: SendOutcome | None  # None: released unsent
+class _HookFailed(Exception):
+    def __init__(self, row_id: int, cause: Exception) -> None:
+        super().__init__(str(cause))
+        self.row_id, self.cause = row_id, cause
 
 
 class Relay:
     """Delivers outbox rows to Orbit: every committed row becomes exactly one task (DESIGN §5).
 
     Any number of relays may run on one table: claims are disjoint (``SKIP LOCKED``, or
-    SQLite's single writer) and every recorded outcome is fenced by the row's lease token.
+    SQLite's single writer, and in any case a conditional update whose row count is
+    checked) and every recorded outcome is fenced by the row's lease token.
 
-    **Outcomes** (DESIGN §5; the table is in ``_outcomes``): accepted (201/200) →
-    ``DELIVERED`` with the task id; definitely not accepted (connection refused, 429, 503,
-    409 ``request_in_progress``, and 401/403, which blame the relay's key) → ``PENDING``
-    after a backoff, ``Retry-After`` honoured; outcome unknown (read timeout, connection
-    reset, 5xx) → ``PENDING`` after a backoff with the **same key**, and once the budget is
+    **Batches.** Each claim leases up to ``batch_size`` due rows and sends them at once,
+    one ``POST /v1/namespaces/{ns}/tasks/batch`` per namespace (DESIGN §3), each row with
+    its own idempotency key; the outcomes of a request are recorded in one transaction
+    (one conditional update per outcome class). A server without the batch route (404 /
+    405) is remembered and rows are then submitted one by one.
+
+    **Leases.** A send never starts after its lease has expired, nor so late that it could
+    outlive it: just before a request, the lease's end (database clock) is compared with
+    the database time of the claim plus the time elapsed since; unless at least the
+    request timeout plus a margin (``min(5, max(0.1, lease_seconds / 10))`` s) is left, or
+    half the lease when the lease is shorter than that, the rows are released unsent
+    (attempt given back, due now) and claimed again.
+
+    **Outcomes** (DESIGN §5, per row, also per item of a batch; the table is in
+    ``_outcomes``): accepted (201/200) → ``DELIVERED`` with the task id; definitely not
+    accepted (connection refused, 429, 503, 409 ``request_in_progress``, and 401/403,
+    which blame the relay's key) → ``PENDING`` after a backoff, ``Retry-After`` honoured;
+    outcome unknown (read timeout, connection reset, 5xx; for a whole batch request, every
+    row in it) → ``PENDING`` after a backoff with the **same key**, and once the budget is
     spent ``NEEDS_RECONCILE``, never ``DEAD``; permanently refused (400, 404 including an
-    unknown namespace or queue, 413, 422) → ``DEAD``; 422 ``idempotency_key_reused`` →
-    ``NEEDS_RECONCILE``.
+    unknown namespace or queue, 413, 422) → ``DEAD``, or ``NEEDS_RECONCILE`` when an
+    earlier send of the row had an unknown outcome (the task may exist); 422
+    ``idempotency_key_reused`` → ``NEEDS_RECONCILE``.
 
     **How attempts count.** ``attempts`` is the number of sends that may have been
     accepted: each claim adds 1 *before* sending (so a relay that dies mid-send has
     counted its send), and an answer proving the server did nothing (connection refused,
-    429, 503, 409, 401/403, or a failed queue check) gives it back. A row whose
-    ``attempts`` reaches its budget (``max_attempts``, else this relay's
+    429, 503, 409, 401/403, or a failed queue check) gives it back, as does a release. A
+    row whose ``attempts`` reaches its budget (``max_attempts``, else this relay's
     ``max_attempts``) after an unknown outcome, or whose expired lease is found with the
     budget spent, goes to ``NEEDS_RECONCILE``. ``send_count`` counts every claim and
     sets the backoff exponent. A row that keeps being refused before sending is retried
@@ -124,12 +122,16 @@ class Relay:
         engine: the business database engine the application built (never disposed of).
         database_url: or a URL to build the relay's own engine from (disposed in :meth:`close`).
         tables: the outbox tables; ``None`` means ``OutboxTables()``.
-        batch_size: most rows claimed by one claim transaction. Default ``50``.
-        concurrency: sends in flight at once. Default ``4``. A new batch is claimed when
-            fewer than ``concurrency`` claimed rows are unfinished, so at most
-            ``batch_size + concurrency - 1`` leases are held.
+        batch_size: most rows claimed, and sent, at once. Default ``50``. One request carries
+            at most 500 items (the server's default ``ORBIT_MAX_BATCH_ITEMS``) and about
+            192 KiB of JSON; a larger batch goes as several requests.
+        concurrency: batch requests in flight at once. Default ``4``. A new batch is
+            claimed when fewer than ``concurrency`` requests are in flight, so at most
+            ``concurrency`` claimed batches are unfinished.
         lease_seconds: how long a claim is valid, in seconds (database clock). It must
-            cover the wait in the pipeline plus the send. Default ``60.0``.
+            cover the request (``request_timeout``) and recording. Default ``60.0``.
+        request_timeout: the longest one submission request may take, in seconds; ``None``
+            means the client's timeout. Used by the lease rule above.
         poll_interval: seconds to wait when nothing is due. Default ``1.0``.
         shutdown_timeout: seconds :meth:`run` waits for in-flight sends after :meth:`stop`
             (SIGTERM). Sends still running then keep their leases, which expire; another
@@ -141,14 +143,17 @@ class Relay:
             is the test switch.
         db_backoff: waits while the business database is unreachable; ``None`` means
             ``Backoff(base=0.5, cap=30)``.
-        queue_cache_ttl: seconds a found queue is remembered (a missing one: at most 5 s).
+        queue_cache_ttl: seconds a found queue is remembered (a missing one: at most 5 s),
+            for one-by-one submissions; a batch needs no separate check (an item for a
+            missing queue is answered 404 ``queue_not_found`` and creates nothing).
             Default ``60.0``.
         owner: the lease owner written on claimed rows; ``None`` means
             ``"<host>:<pid>:<random>"``.
-        on_delivered: called inside the transaction that records a ``DELIVERED`` row
-            (reliability model §6.1: store the acceptance and the link to the business
-            record together), e.g. to write the task id on the order. If it raises, that
-            row is not recorded: its lease expires and it is resent (the server replays).
+        on_delivered: called inside the transaction that records a ``DELIVERED`` row, once
+            per row (reliability model §6.1: store the acceptance and the link to the
+            business record together), e.g. to write the task id on the order. If it
+            raises, that row is not recorded (the others of its batch are): its lease
+            expires and it is resent (the server replays).
         install_signal_handlers: make SIGTERM and SIGINT call :meth:`stop` while
             :meth:`run` runs (main thread only). Default ``False``.
 
@@ -166,6 +171,7 @@ class Relay:
         batch_size: int = 50,
         concurrency: int = 4,
         lease_seconds: float = 60.0,
+        request_timeout: float | None = None,
         poll_interval: float = 1.0,
         shutdown_timeout: float = 30.0,
         max_attempts: int = DEFAULT_MAX_ATTEMPTS,
@@ -176,10 +182,15 @@ class Relay:
         on_delivered: Callable[[Connection, DeliveredRow], None] | None = None,
         install_signal_handlers: bool = False,
     ) -> None:
+        if request_timeout is None:
+            timeout = getattr(client, "_timeout", None)
+            read = getattr(timeout, "read", None)
+            request_timeout = float(read) if isinstance(read, int | float) else 10.0
         checks = (
             (batch_size >= 1, "batch_size must be at least 1"),
             (concurrency >= 1, "concurrency must be at least 1"),
             (lease_seconds > 0, "lease_seconds must be positive"),
+            (request_timeout > 0, "request_timeout must be positive"),
             (poll_interval > 0, "poll_interval must be positive"),
             (shutdown_timeout >= 0, "shutdown_timeout cannot be negative"),
             (1 <= max_attempts <= 1000, "max_attempts must be 1-1000"),
@@ -193,6 +204,7 @@ class Relay:
         self.batch_size = batch_size
         self.concurrency = concurrency
         self.lease_seconds = lease_seconds
+        self.request_timeout = request_timeout
         self.poll_interval = poll_interval
         self.shutdown_timeout = shutdown_timeout
         self.max_attempts = max_attempts
@@ -201,14 +213,29 @@ class Relay:
         self.owner = owner or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         self.on_delivered = on_delivered
         self.install_signal_handlers = install_signal_handlers
-        self._queues = _QueueCache(client, queue_cache_ttl)
+        margin = min(5.0, max(0.1, lease_seconds / 10))
+        #: Seconds of lease a send needs left to start (the lease rule in the class docstring).
+        self.send_window = min(request_timeout + margin, lease_seconds / 2)
+        if request_timeout + margin > lease_seconds / 2:
+            log.warning(
+                "lease_seconds (%.1f s) is short for the request timeout (%.1f s): a send starts only with %.1f s "
+                "of lease left, so a slower answer can outlive the lease (its outcome is then not recorded and "
+                "the row is sent again with the same key); make lease_seconds at least twice the timeout",
+                lease_seconds,
+                request_timeout,
+                self.send_window,
+                extra={"event": "lease_short"},
+            )
+        self._queues = QueueCache(client, queue_cache_ttl)
         self._faults = Faults.from_env()
-        self._events: queue.SimpleQueue[_Done | None] = queue.SimpleQueue()
+        self._events: queue.SimpleQueue[Done | None] = queue.SimpleQueue()
         self._stopping = threading.Event()
         self._database = Outage("database", "business database", self.db_backoff, log)
         self._owned_client: OrbitClient | None = None
         #: Rows whose last recorded outcome in this run was "Orbit unreachable or refusing our key".
         self._unavailable: set[int] = set()
+        #: ``False`` once the server answered that it has no batch route (an older server).
+        self._batch_route = True
 
     @classmethod
     def from_settings(
@@ -239,6 +266,7 @@ class Relay:
             "batch_size": settings.batch_size,
             "concurrency": settings.concurrency,
             "lease_seconds": settings.lease_seconds,
+            "request_timeout": settings.request_timeout,
             "poll_interval": settings.poll_interval,
             "shutdown_timeout": settings.shutdown_timeout,
             "max_attempts": settings.max_attempts,
@@ -295,7 +323,7 @@ class Relay:
         a second time in the same run, so the run ends even with a zero backoff.
 
         Returns:
-            What this run did, counted in rows.
+            What this run did, counted in rows (``requests``: submission requests).
 
         Raises:
             OutboxDatabaseError: with ``once``, the business database is unreachable; without
@@ -308,8 +336,8 @@ class Relay:
         stats = RelayStats()
         previous = self._install_signal_handlers() if self.install_signal_handlers else None
         executor = ThreadPoolExecutor(max_workers=self.concurrency, thread_name_prefix="outbox-send")
-        outstanding: dict[int, tuple[q.Claim, Future[None]]] = {}
-        finished: list[_Done] = []
+        outstanding: dict[int, tuple[Batch, Future[None]]] = {}
+        finished: list[Done] = []
         refused_once: set[int] = set()
         log.info(
             "relay %s started (batch size %d, concurrency %d, lease %.1f s%s)",
@@ -320,41 +348,49 @@ class Relay:
             ", once" if once else "",
             extra={"event": "relay_started", "owner": self.owner},
         )
+        pin = self.outbox.pinned()  # claims and records all run on this thread: one connection for them
+        pin.__enter__()
         try:
             while not self._stopping.is_set():
                 self._collect(outstanding, finished, timeout=None)
                 if finished:
                     refused_once.update(
-                        d.claim.id
-                        for d in finished
-                        if d.outcome is not None and d.outcome.verdict is Verdict.NOT_SENT
+                        claim.id
+                        for done in finished
+                        for claim, outcome in zip(done.batch.claims, done.outcomes, strict=True)
+                        if outcome is not None and outcome.verdict is Verdict.NOT_SENT
                     )
-                    if not self._record(finished, stats, once=once):
+                    if not self._record_all(finished, stats, once=once):
                         continue
                 claimed = 0
+                limit = self.batch_size if self._batch_route else self.concurrency - len(outstanding)
                 if len(outstanding) < self.concurrency:
                     # Never claim a row this relay still has in flight (its lease may have expired),
                     # nor, in a --once run, a row already refused in this run.
-                    claims = self._claim(
-                        stats, once=once, exclude=set(outstanding) | (refused_once if once else set())
+                    in_flight = {c.id for batch, _ in outstanding.values() for c in batch.claims}
+                    batches = self._claim(
+                        stats, once=once, limit=limit, exclude=in_flight | (refused_once if once else set())
                     )
-                    if claims is None:  # database unavailable; waited
+                    if batches is None:  # database unavailable; waited
                         continue
-                    stats.claimed += len(claims)
-                    claimed = len(claims)
-                    for claim in claims:
-                        outstanding[claim.id] = (claim, executor.submit(self._send_and_report, claim))
+                    for batch in batches:
+                        claimed += len(batch.claims)
+                        outstanding[id(batch)] = (batch, executor.submit(self._send_and_report, batch))
+                    stats.claimed += claimed
                 if not outstanding:
                     if once:
                         break
                     self._collect(outstanding, finished, timeout=self.poll_interval)
-                elif claimed < self.batch_size or len(outstanding) >= self.concurrency:
+                elif claimed < limit or len(outstanding) >= self.concurrency:
                     self._collect(outstanding, finished, timeout=self.poll_interval, at_least_one=True)
         finally:
-            self._shut_down(executor, outstanding, finished, stats)
-            if previous is not None:
-                for signum, handler in previous.items():
-                    signal.signal(signum, handler)
+            try:
+                self._shut_down(executor, outstanding, finished, stats)
+            finally:
+                pin.__exit__(None, None, None)
+                if previous is not None:
+                    for signum, handler in previous.items():
+                        signal.signal(signum, handler)
         stats.orbit_unavailable = len(self._unavailable)
         log.info(
             "relay %s stopped: %s",
@@ -366,8 +402,10 @@ class Relay:
 
     # --- claiming ------------------------------------------------------------------------------------
 
-    def _claim(self, stats: RelayStats, *, once: bool, exclude: set[int]) -> list[q.Claim] | None:
-        """Claim a batch; ``None`` when the database is unreachable (after waiting a backoff)."""
+    def _claim(self, stats: RelayStats, *, once: bool, limit: int, exclude: set[int]) -> list[Batch] | None:
+        """Claim up to ``limit`` rows, as one batch per namespace (one per row for an older server);
+        ``None`` when the database is unreachable (after waiting a backoff)."""
+        started = time.monotonic()
         try:
             with self.outbox.transaction("claim a batch of outbox rows") as conn:
                 claims, spent = q.claim_batch(
@@ -375,7 +413,7 @@ class Relay:
                     self.outbox.tables,
                     owner=self.owner,
                     lease_seconds=self.lease_seconds,
-                    limit=self.batch_size,
+                    limit=max(1, limit),
                     default_max_attempts=self.max_attempts,
                     actor=f"relay:{self.owner}",
                     exclude_ids=exclude,
@@ -393,19 +431,128 @@ class Relay:
                 row_id,
                 extra={"event": "needs_reconcile", "row_id": row_id},
             )
-        return claims
+        if not claims:
+            return []
+        first = claims[0]
+        assert first.claimed_at is not None
+
+        def batch(members: list[q.Claim], single: bool) -> Batch:
+            assert first.claimed_at is not None
+            return Batch(members[0].namespace, members, first.token, first.lease_expires_at, first.claimed_at,
+                          started, single)  # fmt: skip
+
+        if not self._batch_route:
+            return [batch([claim], True) for claim in claims]
+        by_namespace: dict[str, list[q.Claim]] = {}
+        for claim in claims:
+            by_namespace.setdefault(claim.namespace, []).append(claim)
+        return [batch(chunk, False) for members in by_namespace.values() for chunk in requests_of(members)]
 
     # --- sending (thread pool) -----------------------------------------------------------------------
 
-    def _send_and_report(self, claim: q.Claim) -> None:
-        try:
-            outcome = self._send(claim)
-        except BaseException as exc:  # never lose a claim: anything unexpected may have been sent
-            outcome = classify_error(exc)
-        self._events.put(_Done(claim, outcome))
+    def _lease_left(self, batch: Batch) -> float:
+        """Seconds of lease left now, by the database time of the claim plus the time elapsed since
+        (measured from before the claim began, so never more than is really left)."""
+        now = batch.claimed_at + timedelta(seconds=time.monotonic() - batch.claimed_mono)
+        return (batch.lease_expires_at - now).total_seconds()
 
-    def _send(self, claim: q.Claim) -> SendOutcome:
-        """Check the queue, then submit with the row's key. Runs outside any transaction."""
+    def _may_send(self, batch: Batch) -> bool:
+        left = self._lease_left(batch)
+        if left >= self.send_window:
+            return True
+        log.warning(
+            "%d rows (first %d): %.2f s of lease left, less than the %.2f s a send may take; released unsent, "
+            "they are claimed again",
+            len(batch.claims),
+            batch.claims[0].id,
+            left,
+            self.send_window,
+            extra={
+                "event": "lease_too_short_to_send",
+                "row_id": batch.claims[0].id,
+                "rows": len(batch.claims),
+            },
+        )
+        return False
+
+    def _send_and_report(self, batch: Batch) -> None:
+        try:
+            outcomes = self._send_batch(batch)
+        except BaseException as exc:  # never lose a claim: anything unexpected may have been sent
+            outcomes = [classify_error(exc)] * len(batch.claims)
+        self._events.put(Done(batch, outcomes))
+
+    def _send_batch(self, batch: Batch) -> list[SendOutcome | None]:
+        """Send ``batch`` as one request; outside any transaction. One outcome per claim."""
+        claims = batch.claims
+        if self._faults is not None:
+            self._faults.before_send(claims[0].id)
+        if not self._may_send(batch):
+            return [None] * len(claims)
+        if batch.single:
+            outcomes: list[SendOutcome | None] = [self._send_one(claims[0])]
+        else:
+            outcomes = self._submit_batch(batch)
+        if self._faults is not None:
+            self._faults.after_send(claims[0].id)
+        return outcomes
+
+    def _submit_batch(self, batch: Batch) -> list[SendOutcome | None]:
+        claims = batch.claims
+        items = [
+            {"idempotency_key": c.idempotency_key, "queue": c.queue, "handler": c.handler, "params": c.params,
+             "options": c.options}
+            for c in claims
+        ]  # fmt: skip
+        try:
+            results = self.client.submit_tasks(batch.namespace, items)
+        except OrbitError as exc:
+            if route_missing(exc):
+                self._batch_route = False
+                log.warning(
+                    "the Orbit server has no batch submission route (%s); submitting rows one by one from now on "
+                    "(upgrade the server for batching)",
+                    exc,
+                    extra={"event": "batch_route_missing"},
+                )
+                return [None] * len(claims)  # released: claimed again, one row per request
+            status = getattr(exc, "status_code", None)
+            if len(claims) > 1 and (
+                isinstance(exc, OrbitUsageError)
+                or status == 413
+                or (status == 422 and getattr(exc, "code", None) != "idempotency_key_reused")
+            ):
+                # The request as a whole was refused (one row the client refuses, a body over the
+                # server's limit, more items than it takes): nothing was accepted; send each row
+                # alone so that only a culprit is refused.
+                return self._send_each(batch)
+            outcome = classify_error(exc)
+            if outcome.verdict is Verdict.DEAD and status == 404:
+                outcome = SendOutcome(
+                    verdict=Verdict.DEAD,
+                    status_code=status,
+                    error=(
+                        f"namespace {batch.namespace!r} does not exist for the relay's API key ({exc}); check the "
+                        "namespace and the key, then `orbit-outbox retry`"
+                    ),
+                )
+            return [outcome] * len(claims)
+        except Exception as exc:
+            return [classify_error(exc)] * len(claims)
+        outcomes: list[SendOutcome | None] = []
+        for claim, result in zip(claims, results, strict=True):
+            outcome = item_outcome(result, namespace=claim.namespace, queue=claim.queue, row_id=claim.id)
+            if outcome.verdict is Verdict.DELIVERED:
+                self._queues.found(claim.namespace, claim.queue)
+            outcomes.append(outcome)
+        return outcomes
+
+    def _send_each(self, batch: Batch) -> list[SendOutcome | None]:
+        """Send the rows of ``batch`` one by one, each only while its lease allows it."""
+        return [self._send_one(claim) if self._may_send(batch) else None for claim in batch.claims]
+
+    def _send_one(self, claim: q.Claim) -> SendOutcome:
+        """Check the queue (cached), then submit one row with its key. Runs outside any transaction."""
         try:
             self._queues.check(claim.namespace, claim.queue)
         except OrbitError as exc:
@@ -430,8 +577,6 @@ class Relay:
                 misconfigured=checked.misconfigured,
                 unreachable=checked.unreachable,
             )
-        if self._faults is not None:
-            self._faults.before_send(claim.id)
         try:
             result = self.client.submit_task(
                 claim.namespace,
@@ -442,17 +587,13 @@ class Relay:
                 options=claim.options,
             )
         except Exception as exc:
-            outcome = classify_error(exc)
-        else:
-            outcome = accepted(result)
-        if self._faults is not None:
-            self._faults.after_send(claim.id)
-        return outcome
+            return classify_error(exc)
+        return accepted(result)
 
     def _collect(
         self,
-        outstanding: dict[int, tuple[q.Claim, Future[None]]],
-        finished: list[_Done],
+        outstanding: dict[int, tuple[Batch, Future[None]]],
+        finished: list[Done],
         *,
         timeout: float | None,
         at_least_one: bool = False,
@@ -472,140 +613,175 @@ class Relay:
                 if self._stopping.is_set():
                     return
                 continue
-            outstanding.pop(item.claim.id, None)
+            outstanding.pop(id(item.batch), None)
             finished.append(item)
             at_least_one = False
             deadline = None
 
     # --- recording -----------------------------------------------------------------------------------
 
-    def _record(self, finished: list[_Done], stats: RelayStats, *, once: bool) -> bool:
-        """Record ``finished`` (one transaction) and empty it.
+    def _record_all(self, finished: list[Done], stats: RelayStats, *, once: bool) -> bool:
+        """Record each finished batch (one transaction each) and take it off ``finished``.
 
         Returns ``False`` when the database is unreachable: what is left unrecorded stays in
-        ``finished`` and one backoff has been waited. If the ``on_delivered`` hook raises,
-        the rows are recorded one by one and the failing row is left to its lease.
+        ``finished`` and one backoff has been waited.
         """
-        try:
-            self._record_batch(finished, stats)
-        except OutboxDatabaseError as exc:
-            if once or not exc.retryable:
-                raise
-            self._database.down(exc, self._stopping)
-            return False
-        except Exception as exc:
-            if len(finished) > 1:
-                remaining = list(finished)
-                finished.clear()
-                for index, done in enumerate(remaining):
-                    single = [done]
-                    if not self._record(single, stats, once=once):
-                        finished.extend(remaining[index:])
-                        return False
-                return True
-            done = finished.pop()
-            log.error(
-                "row %d: on_delivered failed (%s: %s); nothing recorded; the lease will expire and the row "
-                "will be resent with the same key (the server replays)",
-                done.claim.id,
-                type(exc).__name__,
-                exc,
-                extra={
-                    "event": "hook_failed",
-                    "row_id": done.claim.id,
-                    "idempotency_key": done.claim.idempotency_key,
-                },
-            )
-            return True
-        finished.clear()
-        self._database.up()
+        while finished:
+            try:
+                self._record_batch(finished[0], stats)
+            except OutboxDatabaseError as exc:
+                if once or not exc.retryable:
+                    raise
+                self._database.down(exc, self._stopping)
+                return False
+            finished.pop(0)
+            self._database.up()
         return True
 
-    def _record_batch(self, finished: list[_Done], stats: RelayStats) -> None:
+    def _record_batch(self, done: Done, stats: RelayStats) -> None:
+        """Record the outcomes of one batch in one transaction: one conditional update per outcome
+        class, fenced on ``(id, lease_token)`` with a live lease, row counts checked; audit events in
+        one insert; ``on_delivered`` per delivered row in the same transaction.
+
+        When a count comes up short (a lease was lost), the transaction is rolled back and done
+        again for the rows one ``SELECT`` finds still ours. When ``on_delivered`` raises, it is
+        done again without that row, which is left to its lease.
+        """
+        batch = done.batch
+        pairs = list(zip(batch.claims, done.outcomes, strict=True))
+        live: set[int] | None = None
+        skipped: dict[int, Exception] = {}
+        for _ in range(len(pairs) + 3):
+            try:
+                written = self._record_once(pairs, batch.token, live, skipped)
+            except _LeaseLost:
+                if live is not None:
+                    raise OutboxDatabaseError(  # a lease changed under the row lock: try again later
+                        "cannot record send outcomes: a lease changed while its row was locked",
+                        retryable=True,
+                    ) from None
+                live = set()  # find them in the next transaction
+                continue
+            except _HookFailed as failed:
+                skipped[failed.row_id] = failed.cause
+                continue
+            break
+        else:  # pragma: no cover - each round removes a row or finds the live ones
+            raise OutboxDatabaseError("cannot record send outcomes: no stable set of rows", retryable=True)
+        for claim, outcome in pairs:  # after the commit: logs say what is true
+            if claim.id in skipped:
+                self._log_hook_failed(claim, skipped[claim.id])
+            elif claim.id in written:
+                kind = written[claim.id]
+                self._log_recorded(kind, claim, outcome, kind, stats)
+            else:
+                self._log_recorded("lost", claim, outcome, self._kind(claim, outcome), stats)
+
+    def _kind(self, claim: q.Claim, outcome: SendOutcome | None) -> str:
+        return self._plan(claim, outcome, datetime(2000, 1, 1), "")[0]
+
+    def _record_once(
+        self,
+        pairs: list[tuple[q.Claim, SendOutcome | None]],
+        token: str,
+        live: set[int] | None,
+        skipped: dict[int, Exception],
+    ) -> dict[int, str]:
+        """One recording transaction; returns what was written per row id."""
         t = self.outbox.tables
         actor = f"relay:{self.owner}"
-        logs: list[tuple[str, q.Claim, SendOutcome | None, str]] = []
         with self.outbox.transaction("record send outcomes") as conn:
             now = db_now(conn)
+            if live is not None:
+                live |= q.live_claims(conn, t, [c.id for c, _ in pairs], token=token, now=now)
+            finishes: list[q.Finish] = []
             events: list[dict[str, Any]] = []
-            for done in finished:
-                claim, outcome = done.claim, done.outcome
-                kind, written, event = self._record_one(conn, claim, outcome, now, actor)
-                if not written:
-                    logs.append(("lost", claim, outcome, kind))
+            kinds: dict[int, str] = {}
+            delivered: list[tuple[q.Claim, SendOutcome]] = []
+            for claim, outcome in pairs:
+                if claim.id in skipped or (live is not None and claim.id not in live):
                     continue
+                kind, finish, event = self._plan(claim, outcome, now, actor)
+                finishes.append(finish)
+                kinds[claim.id] = kind
                 if event is not None:
                     events.append(event)
-                if kind == "delivered" and self.on_delivered is not None:
-                    assert outcome is not None and outcome.task_id is not None
-                    self.on_delivered(
-                        conn,
-                        DeliveredRow(
-                            row_id=claim.id,
-                            idempotency_key=claim.idempotency_key,
-                            business_ref=claim.business_ref,
-                            orbit_task_id=outcome.task_id,
-                            replayed=outcome.replayed,
-                        ),
+                if kind == "delivered":
+                    assert outcome is not None
+                    delivered.append((claim, outcome))
+            if finishes and not q.finish_claims(conn, t, finishes, token=token, now=now):
+                raise _LeaseLost
+            if self.on_delivered is not None:
+                for claim, outcome in delivered:
+                    assert outcome.task_id is not None
+                    row = DeliveredRow(
+                        row_id=claim.id,
+                        idempotency_key=claim.idempotency_key,
+                        business_ref=claim.business_ref,
+                        orbit_task_id=outcome.task_id,
+                        replayed=outcome.replayed,
                     )
-                logs.append((kind, claim, outcome, kind))
+                    try:
+                        self.on_delivered(conn, row)
+                    except Exception as exc:
+                        raise _HookFailed(claim.id, exc) from exc
             q.add_events(conn, t, events)
-        for kind, claim, outcome, intended in logs:  # after the commit: logs say what is true
-            self._log_recorded(kind, claim, outcome, intended, stats)
+        return kinds
 
-    def _record_one(
-        self, conn: Connection, claim: q.Claim, outcome: SendOutcome | None, now: datetime, actor: str
-    ) -> tuple[str, bool, dict[str, Any] | None]:
-        """Write one outcome; returns (kind, written, audit event or None)."""
-        t = self.outbox.tables
+    def _plan(
+        self, claim: q.Claim, outcome: SendOutcome | None, now: datetime, actor: str
+    ) -> tuple[str, q.Finish, dict[str, Any] | None]:
+        """What to write for one row: (kind, the update, the audit event or ``None``)."""
         if outcome is None:
-            return "released", q.release_claim(conn, t, claim, now=now), None
+            return "released", q.Finish(row_id=claim.id, state=q.PENDING, give_back=True), None
         verdict = outcome.verdict
         error = outcome.error or ""
+        code = outcome.status_code
         if verdict is Verdict.DELIVERED:
-            assert outcome.task_id is not None and outcome.status_code is not None
-            written = q.record_delivered(
-                conn, t, claim, now=now, task_id=outcome.task_id, status_code=outcome.status_code
-            )
+            assert outcome.task_id is not None
             how = "replayed the original task (200)" if outcome.replayed else "accepted (201)"
-            event = q.event_values(
-                claim.id,
-                q.PENDING,
-                q.DELIVERED,
-                reason=f"the server {how}",
-                actor=actor,
-                now=now,
-                task_id=outcome.task_id,
-            )
-            return "delivered", written, event
+            finish = q.Finish(row_id=claim.id, state=q.DELIVERED, task_id=outcome.task_id, status_code=code)
+            event = q.event_values(claim.id, q.PENDING, q.DELIVERED, reason=f"the server {how}", actor=actor,
+                                   now=now, task_id=outcome.task_id)  # fmt: skip
+            return "delivered", finish, event
         if verdict is Verdict.UNKNOWN and claim.attempts >= claim.budget:
             verdict = Verdict.RECONCILE
             error = (
                 f"outcome unknown after {claim.attempts} of {claim.budget} attempts; the task may exist: run "
                 f"`orbit-outbox reconcile`; last error: {error}"
             )
+        elif verdict is Verdict.DEAD and claim.attempts > 1:
+            # Once unknown, never DEAD (DESIGN §5): an earlier send of this row may have created the task.
+            verdict = Verdict.RECONCILE
+            error = (
+                f"refused ({error}), but {claim.attempts - 1} earlier send(s) had an unknown outcome, so the task "
+                "may exist: run `orbit-outbox reconcile`"
+            )
         if verdict in (Verdict.NOT_SENT, Verdict.UNKNOWN):
             due = now + timedelta(seconds=self.backoff.delay(claim.send_count, outcome.retry_after))
-            written = q.record_retry(
-                conn,
-                t,
-                claim,
-                now=now,
-                available_at=due,
-                error=error,
-                status_code=outcome.status_code,
-                counted=verdict is Verdict.UNKNOWN,
-            )
-            return "retry", written, None
+            finish = q.Finish(row_id=claim.id, state=q.PENDING, available_at=due, error=error, status_code=code,
+                              give_back=verdict is Verdict.NOT_SENT)  # fmt: skip
+            return "retry", finish, None
         if verdict is Verdict.DEAD:
-            written = q.record_dead(conn, t, claim, now=now, error=error, status_code=outcome.status_code)
-            event = q.event_values(claim.id, q.PENDING, q.DEAD, reason=error, actor=actor, now=now)
-            return "dead", written, event
-        written = q.record_needs_reconcile(
-            conn, t, claim, now=now, error=error, status_code=outcome.status_code
-        )
+            finish = q.Finish(row_id=claim.id, state=q.DEAD, error=error, status_code=code)
+            return (
+                "dead",
+                finish,
+                q.event_values(claim.id, q.PENDING, q.DEAD, reason=error, actor=actor, now=now),
+            )
+        finish = q.Finish(row_id=claim.id, state=q.NEEDS_RECONCILE, error=error, status_code=code)
         event = q.event_values(claim.id, q.PENDING, q.NEEDS_RECONCILE, reason=error, actor=actor, now=now)
-        return "needs_reconcile", written, event
+        return "needs_reconcile", finish, event
+
+    def _log_hook_failed(self, claim: q.Claim, exc: Exception) -> None:
+        log.error(
+            "row %d: on_delivered failed (%s: %s); nothing recorded; the lease will expire and the row "
+            "will be resent with the same key (the server replays)",
+            claim.id,
+            type(exc).__name__,
+            exc,
+            extra={"event": "hook_failed", "row_id": claim.id, "idempotency_key": claim.idempotency_key},
+        )
 
     def _log_recorded(
         self, kind: str, claim: q.Claim, outcome: SendOutcome | None, intended: str, stats: RelayStats
@@ -688,15 +864,15 @@ class Relay:
     def _shut_down(
         self,
         executor: ThreadPoolExecutor,
-        outstanding: dict[int, tuple[q.Claim, Future[None]]],
-        finished: list[_Done],
+        outstanding: dict[int, tuple[Batch, Future[None]]],
+        finished: list[Done],
         stats: RelayStats,
     ) -> None:
         """Release unsent claims, wait for in-flight sends (``shutdown_timeout``), record everything."""
-        for claim, future in list(outstanding.values()):
+        for key, (batch, future) in list(outstanding.items()):
             if future.cancel():
-                outstanding.pop(claim.id)
-                finished.append(_Done(claim, None))
+                outstanding.pop(key)
+                finished.append(Done(batch, [None] * len(batch.claims)))
         deadline = time.monotonic() + self.shutdown_timeout
         if outstanding:
             log.info(
@@ -709,22 +885,21 @@ class Relay:
             self._collect(outstanding, finished, timeout=deadline - time.monotonic(), at_least_one=True)
         while finished:
             try:
-                self._record_batch(finished, stats)
+                self._record_batch(finished[0], stats)
             except OutboxDatabaseError as exc:
                 if not exc.retryable or time.monotonic() >= deadline:
+                    rows = sum(len(done.batch.claims) for done in finished)
                     log.error(
                         "could not record %d outcomes at shutdown (%s); their leases will expire and the rows will "
                         "be resent with the same keys",
-                        len(finished),
+                        rows,
                         exc,
-                        extra={"event": "shutdown_unrecorded", "rows": len(finished)},
+                        extra={"event": "shutdown_unrecorded", "rows": rows},
                     )
                     break
                 time.sleep(min(1.0, max(0.0, deadline - time.monotonic())))
                 continue
-            except Exception as exc:  # hook failure: the rows stay leased and will be resent
-                log.error("could not record outcomes at shutdown: %s: %s", type(exc).__name__, exc)
-            break
+            finished.pop(0)
         finished.clear()
         if outstanding:
             log.warning(

@@ -52,20 +52,20 @@ class OutboxSettings(BaseSettings):
         ge=1,
         le=10_000,
         validation_alias=_env("ORBIT_OUTBOX_BATCH_SIZE", "batch_size"),
-        description="Rows claimed per claim transaction.",
+        description="Rows claimed, and sent in one batch request (at most 500 items each), at once.",
     )
     concurrency: int = Field(
         default=4,
         ge=1,
         le=256,
         validation_alias=_env("ORBIT_OUTBOX_CONCURRENCY", "concurrency"),
-        description="Sends in flight at once.",
+        description="Batch requests in flight at once.",
     )
     lease_seconds: float = Field(
         default=60.0,
         gt=0,
         validation_alias=_env("ORBIT_OUTBOX_LEASE_SECONDS", "lease_seconds"),
-        description="Lease length in seconds (database clock).",
+        description="Lease length in seconds (database clock); at least twice the request timeout.",
     )
     poll_interval: float = Field(
         default=1.0,

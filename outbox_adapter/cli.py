@@ -321,7 +321,7 @@ def migrate(database_url: str, table: str, inbox_table: str | None) -> None:
     default=50,
     show_default=True,
     type=click.IntRange(1, 10_000),
-    help="Rows claimed per claim transaction.",
+    help="Rows claimed, and sent in one batch request (at most 500 items each), at once.",
 )
 @click.option(
     "--concurrency",
@@ -330,7 +330,7 @@ def migrate(database_url: str, table: str, inbox_table: str | None) -> None:
     default=4,
     show_default=True,
     type=click.IntRange(1, 256),
-    help="Sends in flight at once.",
+    help="Batch requests in flight at once.",
 )
 @click.option(
     "--lease-seconds",

@@ -31,10 +31,11 @@ class Rule:
     """What the proxy does with matching requests.
 
     ``action``: ``"respond"`` (answer ``status``/``headers``/``body`` itself, forwarding
-    nothing), ``"forward_then_drop"`` (forward to the server, then never answer: the
+    nothing), ``"delay"`` (wait ``seconds``, then forward: a slow server), ``"forward_then_drop"`` (forward to the server, then never answer: the
     client's read timeout fires after the server accepted), ``"drop"`` (forward nothing,
     never answer), ``"block"`` (set ``arrived``, wait for ``release``, then forward).
-    ``times``: how many requests it applies to (``None``: all).
+    ``times``: how many requests it applies to (``None``: all). ``key`` matches a single
+    submission's ``Idempotency-Key`` or any item's key in a batch submission.
     """
 
     action: str
@@ -47,12 +48,13 @@ class Rule:
     body: dict[str, Any] | None = None
     arrived: threading.Event = field(default_factory=threading.Event)
     release: threading.Event = field(default_factory=threading.Event)
+    seconds: float = 0.0
     hits: int = 0
 
-    def matches(self, method: str, path: str, key: str | None) -> bool:
+    def matches(self, method: str, path: str, keys: list[str]) -> bool:
         if self.times is not None and self.hits >= self.times:
             return False
-        if method != self.method or (self.key is not None and key != self.key):
+        if method != self.method or (self.key is not None and self.key not in keys):
             return False
         return self.path_contains is None or self.path_contains in path
 
@@ -63,6 +65,8 @@ class FaultProxy:
     def __init__(self, target: str) -> None:
         self.target = target
         self.rules: list[Rule] = []
+        #: Called (in a worker thread) with the idempotency keys of each request as it arrives.
+        self.observer: Callable[[list[str]], None] | None = None
         self.seen: list[tuple[str, str, str | None]] = []
         self._lock = threading.Lock()
 
@@ -72,11 +76,11 @@ class FaultProxy:
             self.rules.append(rule)
         return rule
 
-    def _match(self, method: str, path: str, key: str | None) -> Rule | None:
+    def _match(self, method: str, path: str, keys: list[str]) -> Rule | None:
         with self._lock:
-            self.seen.append((method, path, key))
+            self.seen.append((method, path, keys[0] if len(keys) == 1 else None))
             for rule in self.rules:
-                if rule.matches(method, path, key):
+                if rule.matches(method, path, keys):
                     rule.hits += 1
                     return rule
         return None
@@ -94,14 +98,19 @@ class FaultProxy:
             (k.decode("latin-1"), v.decode("latin-1")) for k, v in scope["headers"] if k.lower() != b"host"
         ]
         key = dict((k.lower(), v) for k, v in headers).get("idempotency-key")
+        keys = [key] if key is not None else _batch_keys(scope["path"], body)
         path = scope["path"] + (("?" + scope["query_string"].decode()) if scope["query_string"] else "")
-        rule = self._match(scope["method"], scope["path"], key)
+        if self.observer is not None and keys:
+            await anyio.to_thread.run_sync(self.observer, keys)
+        rule = self._match(scope["method"], scope["path"], keys)
         if rule is not None and rule.action == "respond":
             await _respond(send, rule.status, rule.headers, rule.body or {})
             return
         if rule is not None and rule.action == "drop":
             await _until_disconnect(receive)
             return
+        if rule is not None and rule.action == "delay":
+            await anyio.sleep(rule.seconds)
         if rule is not None and rule.action == "block":
             rule.arrived.set()
             await anyio.to_thread.run_sync(rule.release.wait)
@@ -123,6 +132,18 @@ class FaultProxy:
             }
         )
         await send({"type": "http.response.body", "body": response.content})
+
+
+def _batch_keys(path: str, body: bytes) -> list[str]:
+    """The items' idempotency keys of a batch submission (``POST .../tasks/batch``), else ``[]``."""
+    if not path.endswith("/tasks/batch"):
+        return []
+    import json
+
+    try:
+        return [str(item.get("idempotency_key")) for item in json.loads(body)["items"]]
+    except (ValueError, KeyError, TypeError, AttributeError):
+        return []
 
 
 async def _respond(send: Send, status: int, headers: dict[str, str], body: dict[str, Any]) -> None:

@@ -175,14 +175,15 @@ def test_several_relay_processes_deliver_every_row_once(setup: Setup, relays: in
     assert not any("s3cr3t" in line for p in processes for line in p.stderr)
 
 
-def test_sigterm_finishes_the_send_in_flight_records_it_and_releases_the_rest(setup: Setup) -> None:
+def test_sigterm_finishes_the_send_in_flight_records_it_and_claims_nothing_more(setup: Setup) -> None:
     ids = _enqueue(setup, 5)
-    relay = Process(setup.relay_args("--json", "--concurrency", "1", "--batch-size", "5"),
+    relay = Process(setup.relay_args("--json", "--concurrency", "1", "--batch-size", "1"),
                     ORBIT_OUTBOX_FAULT="delay-before-send=1.0")  # fmt: skip
     relay.wait_for_line(f"sending row_id={ids[0]}")
     relay.popen.send_signal(signal.SIGTERM)
     code, stats = relay.finish(timeout=30)
-    assert code == 0 and (stats["delivered"], stats["released"]) == (1, 4), relay.stderr
+    # A claim leases only what it sends at once (DESIGN §5): the rest was never leased.
+    assert code == 0 and (stats["delivered"], stats["claimed"], stats["released"]) == (1, 1, 0), relay.stderr
     rows = Outbox(setup.engine, tables=setup.tables).list_rows()
     assert [r.state for r in rows] == ["DELIVERED"] + ["PENDING"] * 4
     assert all(r.lease_token is None and r.attempts == 0 for r in rows[1:])

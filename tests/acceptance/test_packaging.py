@@ -30,6 +30,9 @@ def test_wheel_ships_typing_marker_and_migrations(wheel: Path) -> None:
     assert "orbit_client/py.typed" in names and "orbit_server/py.typed" in names
     assert "orbit_server/_migrations/env.py" in names
     assert any(n.startswith("orbit_server/_migrations/versions/0001") for n in names)
+    # The web console's templates and stylesheet ship in the package (no CDN, no build step).
+    assert "orbit_server/console/templates/base.html" in names
+    assert "orbit_server/console/static/console.css" in names
 
 
 def test_plain_install_is_the_client_without_sqlalchemy(wheel: Path, tmp_path: Path) -> None:
@@ -48,3 +51,9 @@ def test_plain_install_is_the_client_without_sqlalchemy(wheel: Path, tmp_path: P
     done = subprocess.run([str(python), "-c", probe], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
     assert done.stdout.split() == ["0.1.0", "OrbitClient"]
+    # The server's command is installed too: it names the extra to install instead of a traceback.
+    server_cli = subprocess.run(
+        [str(env_dir / "bin" / "orbit-server"), "--help"], capture_output=True, text=True
+    )
+    assert server_cli.returncode == 2, server_cli.stderr
+    assert "pip install 'orbit[server]'" in server_cli.stderr and "Traceback" not in server_cli.stderr

@@ -16,6 +16,7 @@ import argparse
 import logging
 import os
 import sys
+import threading
 import time
 from typing import Any
 
@@ -34,11 +35,17 @@ def main() -> None:
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
 
+    printing = threading.Lock()
+
     def record(ctx: TaskContext) -> None:
-        if args.journal:
-            with open(args.journal, "a", encoding="utf-8") as journal:
-                journal.write(f"{ctx.task.id} {ctx.generation}\n")
-        print(f"started {ctx.task.id} {ctx.generation}", flush=True)
+        # One write per line, under a lock: handlers whose starts were confirmed by one batched call
+        # print at the same moment, and print() writes the text and the newline separately.
+        with printing:
+            if args.journal:
+                with open(args.journal, "a", encoding="utf-8") as journal:
+                    journal.write(f"{ctx.task.id} {ctx.generation}\n")
+            sys.stdout.write(f"started {ctx.task.id} {ctx.generation}\n")
+            sys.stdout.flush()
 
     def echo(ctx: TaskContext) -> Any:
         record(ctx)

@@ -103,7 +103,7 @@ def test_the_relay_waits_out_a_database_outage_and_recovers(
 
 
 @pytest.mark.mariadb
-def test_a_connection_lost_while_setting_the_isolation_level_is_a_transient_database_error(
+def test_a_connection_lost_while_reading_the_isolation_level_is_a_transient_database_error(
     make_database: DatabaseFactory, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Regression (CI run): the driver's own error escaped here and killed a relay thread mid-outage."""
@@ -114,10 +114,12 @@ def test_a_connection_lost_while_setting_the_isolation_level_is_a_transient_data
     engine = sa.create_engine(make_database("mariadb"))
     outbox = Outbox(engine)
 
-    def lost(dbapi_connection: Any, level: str) -> None:
+    def lost(dbapi_connection: Any) -> str:
         raise pymysql.err.OperationalError(2013, "Lost connection to MySQL server during query")
 
-    monkeypatch.setattr(engine.dialect, "set_isolation_level", lost)
+    # The relay reads an application engine's level once, to know whether its transactions need a
+    # SET TRANSACTION ISOLATION LEVEL READ COMMITTED.
+    monkeypatch.setattr(engine.dialect, "get_isolation_level", lost)
     with pytest.raises(OutboxDatabaseError) as caught, outbox.transaction("claim a batch of outbox rows"):
         pass
     assert caught.value.retryable is True

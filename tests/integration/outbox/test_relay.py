@@ -206,7 +206,8 @@ def test_one_slow_send_does_not_hold_up_other_rows(
 
     with run_fault_proxy(orbit.base_url) as (url, proxy):
         gate = proxy.add("block", key=outbox.get(slow_id).idempotency_key)
-        relay = make_relay(base_url=url, concurrency=2, batch_size=3, on_delivered=on_delivered)
+        # One row per request: the slow request holds its own slot, the other slot keeps delivering.
+        relay = make_relay(base_url=url, concurrency=2, batch_size=1, on_delivered=on_delivered)
         thread = threading.Thread(target=relay.run)
         thread.start()
         try:

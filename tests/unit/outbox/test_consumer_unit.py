@@ -328,3 +328,43 @@ def test_the_handler_option_is_imported_with_errors_that_name_the_fix() -> None:
         env={"ORBIT_NAMESPACE": ""},
     )  # fmt: skip
     assert missing.exit_code == 2 and "ORBIT_NAMESPACE" in missing.output + missing.stderr
+
+
+class _Clock:
+    """A monotonic clock the handler moves forward: how long applying an event takes."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def monotonic(self) -> float:
+        return self.now
+
+
+def test_a_delivery_is_applied_only_while_its_lease_allows_and_never_acked_after_it(
+    engine: sa.Engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    clock = _Clock()
+    monkeypatch.setattr("outbox_adapter._consumer.time", clock)
+    fake = FakeSubscription()
+    for n in (1, 2, 3):
+        fake.publish(succeeded(f"e{n}", n))
+    took = {"e1": 4.0, "e2": 4.0, "e3": 4.0}
+
+    def slow(conn: Connection, event: ResultEvent) -> None:
+        apply_result(conn, event)
+        clock.now += took[event.id]
+
+    # Lease 10 s (margin 1 s): e1 applied by t=4, e2 by t=8; e3 would need 4 s more with 2 s left.
+    stats = consumer(engine, fake, slow, lease_seconds=10.0, batch_size=3).run_once()
+    assert (stats.applied, stats.acked, stats.unprocessed) == (2, 2, 1)
+    assert fake.acks == ["d-e1", "d-e2"]
+    assert [row[:2] for row in state(engine)["inbox"]] == [("e1", "APPLIED"), ("e2", "APPLIED")]
+
+    fake.expire_leases()  # e3 comes back after its lease, and is applied with a fresh one
+    took["e3"] = 11.0  # ...but it takes longer than the whole lease: committed, not acked
+    stats = consumer(engine, fake, slow, lease_seconds=10.0, batch_size=3).run_once()
+    assert (stats.applied, stats.acked, stats.ack_skipped) == (1, 0, 1)
+    assert fake.acks == ["d-e1", "d-e2"]
+    fake.expire_leases()  # it comes back once more: a duplicate now, acked
+    stats = consumer(engine, fake, slow, lease_seconds=10.0, batch_size=3).run_once()
+    assert (stats.duplicates, stats.acked) == (1, 1) and fake.acks == ["d-e1", "d-e2", "d-e3"]

@@ -7,6 +7,7 @@ import pytest
 from orbit_client import (
     AuthenticationError,
     BadRequestError,
+    BatchItemResult,
     IdempotencyKeyReusedError,
     NotFoundError,
     OrbitConnectError,
@@ -21,7 +22,7 @@ from orbit_client import (
 )
 from outbox_adapter import Backoff, OutboxUsageError
 from outbox_adapter._faults import Faults
-from outbox_adapter._outcomes import Verdict, classify_error
+from outbox_adapter._outcomes import Verdict, classify_error, item_outcome
 from outbox_adapter.cli import parse_duration
 
 
@@ -109,3 +110,43 @@ def test_outage_logs_once_per_wait_and_once_on_recovery(caplog: pytest.LogCaptur
     events = [getattr(r, "event", None) for r in caplog.records]
     assert events == ["database_unavailable", "database_unavailable", "database_recovered"]
     assert outage.failures == 0
+
+
+_TASK = {
+    "id": "t-1", "namespace": "shop", "queue": "default", "handler": "h", "status": "WAITING", "state_version": 1,
+    "attempt_count": 0, "max_attempts": 3, "available_at": "2030-01-01T00:00:00Z",
+    "created_at": "2030-01-01T00:00:00Z", "updated_at": "2030-01-01T00:00:00Z",
+}  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("status", "code", "verdict"),
+    [
+        (201, None, Verdict.DELIVERED),
+        (200, None, Verdict.DELIVERED),
+        (404, "queue_not_found", Verdict.DEAD),
+        (409, "request_in_progress", Verdict.NOT_SENT),
+        (422, "idempotency_key_reused", Verdict.RECONCILE),
+        (422, "validation_error", Verdict.DEAD),
+        (400, "idempotency_key_invalid", Verdict.DEAD),
+        (429, "rate_limited", Verdict.NOT_SENT),
+        (500, "internal_error", Verdict.UNKNOWN),  # not an item status the contract names: it may exist
+        (207, None, Verdict.UNKNOWN),
+    ],
+)
+def test_each_batch_item_is_classified_as_its_single_answer_would_be(
+    status: int, code: str | None, verdict: Verdict
+) -> None:
+    body: dict[str, object] = {"status": status, "replayed": status == 200}
+    if status in (200, 201):
+        body["task"] = _TASK
+    if code is not None:
+        body["error"] = {"title": code, "status": status, "code": code, "request_id": "r-1"}
+    outcome = item_outcome(BatchItemResult.model_validate(body), namespace="shop", queue="default", row_id=7)
+    assert outcome.verdict is verdict and outcome.status_code == status
+    if verdict is Verdict.DELIVERED:
+        assert (outcome.task_id, outcome.replayed) == ("t-1", status == 200)
+    else:
+        assert outcome.task_id is None and ("r-1" in (outcome.error or "")) == (code is not None)
+    if status == 404:
+        assert "queue 'default'" in (outcome.error or "") and "orbit-outbox retry 7" in (outcome.error or "")

@@ -7,6 +7,7 @@ import json
 import logging
 import threading
 from collections.abc import Callable, Iterator
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -46,17 +47,48 @@ def problem(status: int, code: str, **headers: str) -> httpx.Response:
 
 
 class FakeServer:
-    """Answers queue checks with 200 and submissions with what ``submit`` returns."""
+    """Answers queue checks with 200 and submissions with what ``submit`` returns for each row.
 
-    def __init__(self, submit: Handler) -> None:
+    A batch request (``POST .../tasks/batch``) is answered item by item: ``submit`` sees each
+    item as the single request it stands for; a status a batch item cannot have (429, 5xx, ...)
+    answers the whole request, as does an exception. With ``batch_route=False`` it is an older
+    server: the batch route answers 405.
+    """
+
+    def __init__(self, submit: Handler, *, batch_route: bool = True) -> None:
         self.submit = submit
-        self.posts: list[str] = []
+        self.batch_route = batch_route
+        self.posts: list[str] = []  # idempotency keys, one per row sent
+        self.requests: list[str] = []  # "batch" or "single", one per POST
 
     def __call__(self, request: httpx.Request) -> httpx.Response:
         if request.method == "GET":
             return httpx.Response(200, json=QUEUE)
+        if request.url.path.endswith("/tasks/batch"):
+            if not self.batch_route:
+                return problem(405, "method_not_allowed")
+            self.requests.append("batch")
+            return self._batch(request)
+        self.requests.append("single")
         self.posts.append(request.headers["Idempotency-Key"])
         return self.submit(request)
+
+    def _batch(self, request: httpx.Request) -> httpx.Response:
+        results = []
+        for item in json.loads(request.content)["items"]:
+            key = item.pop("idempotency_key")
+            self.posts.append(key)
+            single = httpx.Request("POST", request.url.copy_with(path=request.url.path[: -len("/batch")]),
+                                   headers={"Idempotency-Key": key}, json=item)  # fmt: skip
+            response = self.submit(single)
+            if response.status_code not in (200, 201, 400, 404, 409, 422):
+                return response
+            if response.status_code in (200, 201):
+                results.append({"status": response.status_code, "task": response.json(),
+                                "replayed": response.status_code == 200})  # fmt: skip
+            else:
+                results.append({"status": response.status_code, "error": response.json()})
+        return httpx.Response(200, json={"items": results})
 
 
 def accepted(request: httpx.Request) -> httpx.Response:
@@ -204,7 +236,10 @@ def test_on_delivered_runs_in_the_recording_transaction_and_a_failure_leaves_onl
 
 
 def test_stop_releases_unsent_claims_and_finishes_the_sends_in_flight(engine: sa.Engine) -> None:
-    ids = add(engine, 5)
+    with engine.begin() as conn:  # five namespaces: one claim, five batch requests, one in flight at a time
+        ids = [
+            enqueue(conn, namespace=f"shop{i}", queue="default", handler="h", params={}).id for i in range(5)
+        ]
     arrived, release = threading.Event(), threading.Event()
 
     def slow(request: httpx.Request) -> httpx.Response:
@@ -374,3 +409,98 @@ def test_reconcile_leaves_a_mismatch_for_a_person_and_says_nothing_was_applied(e
     assert f"orbit-outbox resolve {row_id}" in decision.detail
     row = Outbox(engine).get(row_id)
     assert row.state == "NEEDS_RECONCILE" and "a person must decide" in (row.last_error or "")
+
+
+def test_one_request_per_batch_and_a_whole_request_failure_counts_every_row(engine: sa.Engine) -> None:
+    ids = add(engine, 3, max_attempts=2)
+    answers = iter(["timeout", "ok"])
+
+    def flaky(request: httpx.Request) -> httpx.Response:
+        if next(answers) == "timeout":
+            raise httpx.ReadTimeout("timed out", request=request)
+        return accepted(request)
+
+    class Once(FakeServer):  # the outcome of the whole request is unknown once, then all are accepted
+        def _batch(self, request: httpx.Request) -> httpx.Response:
+            if next(answers) == "timeout":
+                self.posts.extend(item["idempotency_key"] for item in json.loads(request.content)["items"])
+                raise httpx.ReadTimeout("timed out", request=request)
+            return super()._batch(request)
+
+    server = Once(accepted)
+    stats = relay(engine, server, batch_size=10).run_once()
+    assert server.requests == ["batch", "batch"] and (stats.retried, stats.delivered) == (3, 3)
+    rows = Outbox(engine).list_rows()
+    assert [(r.id, r.state, r.attempts) for r in rows] == [(i, "DELIVERED", 2) for i in ids]
+
+
+def test_once_unknown_a_later_refusal_needs_reconcile_never_dead(engine: sa.Engine) -> None:
+    [row_id] = add(engine, max_attempts=3)
+    answers = iter([None, problem(422, "validation_error")])
+
+    def submit(request: httpx.Request) -> httpx.Response:
+        answer = next(answers)
+        if answer is None:
+            raise httpx.ReadTimeout("timed out", request=request)
+        return answer
+
+    stats = relay(engine, FakeServer(submit)).run_once()
+    assert (stats.retried, stats.dead, stats.needs_reconcile) == (1, 0, 1)
+    row = Outbox(engine).get(row_id)
+    assert row.state == "NEEDS_RECONCILE" and "earlier send(s) had an unknown outcome" in (
+        row.last_error or ""
+    )
+
+
+def test_an_older_server_gets_single_submissions_with_queue_checks(engine: sa.Engine) -> None:
+    add(engine, 3)
+    server = FakeServer(accepted, batch_route=False)
+    seen: list[str] = []
+
+    def transport(request: httpx.Request) -> httpx.Response:
+        seen.append(request.method)
+        return server(request)
+
+    stats = relay(engine, transport, batch_size=3, concurrency=1).run_once()
+    assert (stats.delivered, stats.released) == (3, 3) and server.requests == ["single"] * 3
+    assert seen.count("GET") == 1  # the queue check, cached
+
+
+def test_the_on_delivered_hook_runs_once_per_row_of_a_batch_in_one_transaction(engine: sa.Engine) -> None:
+    ids = add(engine, 4)
+    calls: list[tuple[int, int]] = []
+
+    def hook(conn: sa.Connection, row: Any) -> None:
+        calls.append((id(conn), row.row_id))
+
+    relay(engine, FakeServer(accepted), on_delivered=hook, batch_size=4).run_once()
+    assert [row_id for _, row_id in calls] == ids and len({conn for conn, _ in calls}) == 1
+
+
+def test_a_claim_goes_as_requests_the_server_takes(engine: sa.Engine) -> None:
+    from outbox_adapter._sending import MAX_BATCH_BYTES, MAX_BATCH_ITEMS, requests_of
+
+    def claim(i: int, params: Any) -> q.Claim:
+        return q.Claim(id=i, idempotency_key=f"k{i}", namespace="shop", queue="default", handler="h",
+                       ordering_key=None, business_ref=None, attempts=1, send_count=1, budget=5, token="t",
+                       lease_expires_at=datetime(2030, 1, 1), params=params)  # fmt: skip
+
+    small = [claim(i, {"i": i}) for i in range(1200)]
+    assert [len(r) for r in requests_of(small)] == [MAX_BATCH_ITEMS, MAX_BATCH_ITEMS, 200]
+    big = "x" * (MAX_BATCH_BYTES // 2)
+    mixed = [claim(0, {"b": big}), claim(1, {"b": big}), claim(2, {}), claim(3, {"b": "x" * MAX_BATCH_BYTES})]
+    assert [[c.id for c in r] for r in requests_of(mixed)] == [[0], [1, 2], [3]]
+
+
+def test_a_batch_refused_as_a_whole_is_sent_row_by_row(engine: sa.Engine) -> None:
+    add(engine, 2)
+    server = FakeServer(accepted)
+
+    def transport(request: httpx.Request) -> httpx.Response:
+        if request.url.path.endswith("/tasks/batch"):  # e.g. a server taking fewer items per request
+            server.requests.append("batch")
+            return problem(422, "validation_error")
+        return server(request)
+
+    stats = relay(engine, transport, batch_size=2).run_once()
+    assert stats.delivered == 2 and server.requests == ["batch", "single", "single"]

@@ -1,0 +1,147 @@
+"""``orbit-server`` admin commands as an operator runs them (click's runner), against the database of a
+real server on SQLite and MariaDB: find a failed task by its idempotency key, read its traceback,
+retry it, review a NEEDS_REVIEW task, cancel, revoke a key, see subscriptions, namespaces and queues."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import pytest
+from click.testing import CliRunner
+
+from orbit_server import store
+from orbit_server.cli import main
+from tests.conftest import DatabaseFactory
+from tests.console_support import TRACEBACK, Seeder
+from tests.integration.conftest import BACKENDS
+from tests.servers import RunningServer, run_server
+
+
+@pytest.fixture(scope="module", params=BACKENDS)
+def server(request: pytest.FixtureRequest, make_database: DatabaseFactory) -> Iterator[RunningServer]:
+    with run_server(make_database(request.param), api_key_cache_seconds=0) as running:
+        running.keys = running.add_namespace("shop")
+        yield running
+
+
+@pytest.fixture(scope="module")
+def seed(server: RunningServer) -> Iterator[Seeder]:
+    seeder = Seeder(server, "shop", server.keys)
+    yield seeder
+    seeder.close()
+
+
+def cli(server: RunningServer, *args: str, code: int = 0) -> str:
+    url = server.database_url.render_as_string(hide_password=False)
+    result = CliRunner(env={"USER": "alice"}).invoke(main, [*args, "--database-url", url])
+    assert result.exit_code == code, (result.output, result.stderr)
+    return result.stdout if code == 0 else result.stderr
+
+
+def cli_json(server: RunningServer, *args: str) -> Any:
+    return json.loads(cli(server, *args, "--json"))
+
+
+def test_find_a_failed_task_by_key_read_its_traceback_and_retry_it(
+    server: RunningServer, seed: Seeder
+) -> None:
+    failed = seed.failed("order-cli-1")
+    listed = cli_json(server, "task", "list", "--idempotency-key", "order-cli-1")
+    assert [t["id"] for t in listed["items"]] == [failed] and listed["items"][0]["status"] == "FAILED"
+    plain = cli(server, "task", "list", "--status", "failed", "--since", "1h")
+    header, *rows = plain.splitlines()
+    assert header.split("\t")[:5] == ["id", "namespace", "queue", "handler", "status"]
+    assert any(row.split("\t")[0] == failed for row in rows)  # whole ids, one row a line
+    shown = cli(server, "task", "show", failed)
+    assert "KeyError: 'order_id'" in shown and TRACEBACK.strip() in shown and "order-cli-1" in shown
+    assert "worker-7" in shown and "RUNNING" in shown
+    detail = cli_json(server, "task", "show", failed)
+    assert detail["task"]["error"]["traceback"] == TRACEBACK and detail["idempotency_key"] == "order-cli-1"
+    assert [e["event"] for e in detail["events"]] == ["accepted", "leased", "started", "failed"]
+
+    out = cli(server, "task", "retry", failed, "--reason", "handler fixed")
+    successor = out.strip().splitlines()[-1]
+    assert seed.task(successor)["retry_of"] == failed
+    event = seed.events(failed)[-1]
+    assert (event["event"], event["actor"], event["reason"]) == ("retried", "cli:alice", "handler fixed")
+    again = cli(server, "task", "retry", failed, "--reason", "twice", code=1)
+    assert "already retried" in again
+    assert cli_json(server, "task", "show", successor)["retry_of_chain"] == [failed]
+
+
+def test_review_and_cancel(server: RunningServer, seed: Seeder) -> None:
+    task_id = seed.needs_review()
+    assert task_id in cli(server, "task", "list", "--status", "NEEDS_REVIEW")
+    cli(
+        server, "task", "review", task_id, "--outcome", "failed", "--reason", "never charged", code=2
+    )  # no evidence
+    cli(
+        server,
+        "task",
+        "review",
+        task_id,
+        "--outcome",
+        "failed",
+        "--reason",
+        "never charged",
+        "--evidence-ref",
+        "PSP-9",
+    )
+    assert seed.task(task_id)["status"] == "FAILED"
+    event = seed.events(task_id)[-1]
+    assert event["actor"] == "cli:alice" and event["data"]["evidence_ref"] == "PSP-9"
+    assert "only a NEEDS_REVIEW task" in cli(
+        server,
+        "task",
+        "review",
+        task_id,
+        "--outcome",
+        "failed",
+        "--reason",
+        "r",
+        "--evidence-ref",
+        "e",
+        code=1,
+    )
+    waiting = seed.submit()
+    assert (
+        cli_json(server, "task", "cancel", waiting["id"], "--reason", "not wanted")["status"] == "CANCELLED"
+    )
+    assert "no task" in cli(server, "task", "cancel", "no-such-task", "--reason", "x", code=1)
+
+
+def test_revoked_key_gets_401(server: RunningServer) -> None:
+    with server.engine.begin() as conn:
+        key = store.create_api_key(conn, "shop", "read", "to be revoked")
+    keys = cli_json(server, "api-key", "list", "--namespace", "shop")
+    read = next(k for k in keys if k["label"] == "to be revoked")
+    assert key.startswith(read["prefix"]) and read["revoked_at"] is None
+    url = f"{server.base_url}/v1/namespaces/shop/tasks"
+    headers = {"Authorization": f"Bearer {key}"}
+    assert httpx.get(url, headers=headers).status_code == 200
+    cli(server, "api-key", "revoke", str(read["id"]), "--reason", "rotated")
+    assert httpx.get(url, headers=headers).status_code == 401  # ORBIT_API_KEY_CACHE_SECONDS=0 here
+    after = next(k for k in cli_json(server, "api-key", "list") if k["id"] == read["id"])
+    assert after["revoked_at"] is not None
+    assert "no API key" in cli(server, "api-key", "revoke", "999999", code=1)
+
+
+def test_subscriptions_namespaces_and_queues(server: RunningServer, seed: Seeder) -> None:
+    cli(server, "subscription", "create", "shop", "audit")
+    assert cli_json(server, "subscription", "show", "shop", "audit")["undelivered"] == 0
+    seed.failed("order-cli-sub", with_traceback=False)  # its FAILED result event goes to `audit`
+    shown = cli_json(server, "subscription", "show", "shop", "audit")
+    assert shown["undelivered"] == 1 and shown["unacked"] == 0 and shown["oldest_pending_seconds"] is not None
+    listed = cli(server, "subscription", "list")
+    assert any(line.startswith("shop\taudit\t*\t1\t0\t") for line in listed.splitlines())
+    assert "no subscription" in cli(server, "subscription", "show", "shop", "nope", code=1)
+
+    namespaces = cli_json(server, "namespace", "list")
+    assert [n["name"] for n in namespaces] == ["shop"] and namespaces[0]["tasks"] >= 1
+    queues = cli_json(server, "queue", "list", "--namespace", "shop")
+    assert sum(q["counts"].get("FAILED", 0) for q in queues) >= 1
+    assert sum(q["failed_last_hour"] for q in queues) >= 1
+    assert "namespace 'nope' does not exist" in cli(server, "queue", "list", "--namespace", "nope", code=1)

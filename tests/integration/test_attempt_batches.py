@@ -1,0 +1,288 @@
+"""Batched attempt calls over HTTP against a real server, on SQLite and MariaDB (DESIGN §4).
+
+``POST /v1/namespaces/{ns}/attempts/start|heartbeat|complete|fail``: one result per item, in
+request order, each item fenced exactly like the single call; one item's refusal never undoes
+another's; a terminal item writes its result event in the request's transaction.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from datetime import datetime, timedelta
+from functools import partial
+from typing import Any
+
+import httpx
+import pytest
+import sqlalchemy as sa
+from sqlalchemy.engine import Connection
+
+from orbit_client import MAX_ATTEMPT_BATCH_ITEMS, AttemptState
+from orbit_server import errors, execution
+from orbit_server._db import db_now
+from orbit_server.attempt_batches import Redo, run_items
+from orbit_server.schema import result_events, task_attempts, tasks
+from tests.conftest import DatabaseFactory
+from tests.execution_support import check_attempt_history
+from tests.integration.conftest import BACKENDS
+from tests.integration.test_execution_api import Api
+from tests.servers import RunningServer, run_server
+
+
+@pytest.fixture(scope="module", params=BACKENDS)
+def quiet_server(request: pytest.FixtureRequest, make_database: DatabaseFactory) -> Iterator[RunningServer]:
+    """A server without the periodic sweep: a lapsed lease is found by the call that meets it."""
+    with run_server(make_database(request.param), sweep_interval_seconds=0) as running:
+        yield running
+
+
+@pytest.fixture(scope="module")
+def api(quiet_server: RunningServer) -> Iterator[Api]:
+    name = f"ns-{uuid.uuid4().hex[:8]}"
+    helper = Api(quiet_server, name, quiet_server.add_namespace(name))
+    yield helper
+    helper.close()
+
+
+def batch(api: Api, action: str, items: list[dict[str, Any]], role: str = "work") -> httpx.Response:
+    return api.http[role].post(f"/v1/namespaces/{api.ns}/attempts/{action}", json={"items": items})
+
+
+def ok_batch(api: Api, action: str, items: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    response = batch(api, action, items)
+    assert response.status_code == 200, response.text
+    results = list(response.json()["items"])
+    assert len(results) == len(items)
+    return results
+
+
+def item(grant: dict[str, Any], token: str | None = None, **fields: Any) -> dict[str, Any]:
+    attempt = grant["attempt"]
+    return {"attempt_id": attempt["id"], "lease_token": token or attempt["lease_token"], **fields}
+
+
+def leased(api: Api, queue: str, n: int, **options: Any) -> list[dict[str, Any]]:
+    for _ in range(n):
+        api.submit(queue, **options)
+    grants = api.lease(queue, n)
+    assert len(grants) == n
+    return grants
+
+
+def lapse(api: Api, grant: dict[str, Any]) -> None:
+    """Make an attempt's lease lapse now, as if its heartbeats had been lost."""
+    with api.server.engine.begin() as conn:
+        conn.execute(
+            task_attempts.update()
+            .where(task_attempts.c.id == grant["attempt"]["id"])
+            .values(lease_expires_at=db_now(conn) - timedelta(seconds=1))
+        )
+
+
+def test_mixed_start_batch_answers_each_item_like_the_single_call(api: Api) -> None:
+    queue = api.queue()
+    good, stale, finished, lapsed = leased(api, queue, 4)
+    api.ok(finished, "start")
+    api.ok(finished, "complete", result="done")
+    lapse(api, lapsed)
+    results = ok_batch(api, "start", [
+        item(good),
+        item(stale, token="not-the-token"),
+        {"attempt_id": str(uuid.uuid4()), "lease_token": "whatever"},
+        item(finished),
+        item(lapsed),
+        item(good),  # a repeat of an item already done: answered alike
+    ])  # fmt: skip
+    assert [r["status"] for r in results] == [200, 409, 404, 409, 409, 200]
+    assert [r["error"]["code"] for r in results if r["error"]] == [
+        "lease_lost", "attempt_not_found", "lease_lost", "lease_lost",
+    ]  # fmt: skip
+    assert results[0]["attempt"]["status"] == "RUNNING" and results[0]["attempt"]["task_status"] == "RUNNING"
+    assert results[5]["attempt"] == results[0]["attempt"]
+    assert all(r["attempt"] is None for r in results[1:5])
+    assert all(r["error"]["request_id"] for r in results[1:5])
+    # The refused items changed nothing, except that the lapsed lease was expired (kept, not rolled back).
+    assert api.task(stale["task"]["id"])["status"] == "LEASED"
+    assert api.task(finished["task"]["id"])["status"] == "SUCCEEDED"
+    assert api.task(lapsed["task"]["id"])["status"] == "WAITING"
+    assert api.attempts(lapsed["task"]["id"])[0]["status"] == "EXPIRED"
+    assert api.task(good["task"]["id"])["status"] == "RUNNING"
+    check_attempt_history(api.server.engine, [g["task"]["id"] for g in (good, stale, finished, lapsed)])
+
+
+def test_complete_batch_writes_one_result_event_per_task(api: Api) -> None:
+    queue = api.queue()
+    grants = leased(api, queue, 5)
+    assert all(r["status"] == 200 for r in ok_batch(api, "start", [item(g) for g in grants]))
+    never_started = leased(api, queue, 1)[0]
+    results = ok_batch(api, "complete", [
+        *[item(g, result={"n": n}) for n, g in enumerate(grants)],
+        item(never_started, result=1),
+        item(grants[0], token="forged", result=2),
+    ])  # fmt: skip
+    assert [r["status"] for r in results] == [200] * 5 + [409, 409]
+    assert results[5]["error"]["code"] == "invalid_transition"
+    assert results[6]["error"]["code"] == "lease_lost" and results[6]["error"]["evidence_recorded"] is False
+    assert {r["attempt"]["task_status"] for r in results[:5]} == {"SUCCEEDED"}
+    ids = [g["task"]["id"] for g in grants]
+    assert [api.task(i)["result"] for i in ids] == [{"n": n} for n in range(5)]
+    with api.server.engine.connect() as conn:
+        counts = dict(
+            conn.execute(
+                sa.select(result_events.c.task_id, sa.func.count())
+                .where(result_events.c.task_id.in_([*ids, never_started["task"]["id"]]))
+                .group_by(result_events.c.task_id)
+            ).all()
+        )
+    assert counts == dict.fromkeys(ids, 1)
+    # Repeating the batch answers alike and writes nothing more.
+    again = ok_batch(api, "complete", [item(g, result={"n": n}) for n, g in enumerate(grants)])
+    assert [r["attempt"] for r in again] == [r["attempt"] for r in results[:5]]
+    with api.server.engine.connect() as conn:
+        total = conn.scalar(
+            sa.select(sa.func.count()).select_from(result_events).where(result_events.c.task_id.in_(ids))
+        )
+    assert total == 5
+    check_attempt_history(api.server.engine, ids)
+
+
+def test_a_late_complete_in_a_batch_is_kept_as_evidence_and_the_others_succeed(api: Api) -> None:
+    queue = api.queue()
+    late, on_time = leased(api, queue, 2, retry_safe=True)
+    ok_batch(api, "start", [item(late), item(on_time)])
+    lapse(api, late)
+    results = ok_batch(api, "complete", [item(late, result="late"), item(on_time, result="on time")])
+    assert results[0]["status"] == 409 and results[0]["error"]["code"] == "lease_lost"
+    assert results[0]["error"]["evidence_recorded"] is True
+    assert results[1]["status"] == 200
+    (attempt,) = api.attempts(late["task"]["id"])
+    assert attempt["status"] == "EXPIRED" and attempt["late_report"] == {
+        "outcome": "succeeded",
+        "result": "late",
+    }
+    assert api.task(late["task"]["id"])["status"] == "WAITING"  # retry-safe: leased again later
+    assert api.task(on_time["task"]["id"])["result"] == "on time"
+
+
+def test_heartbeat_and_fail_batches(api: Api) -> None:
+    queue = api.queue()
+    grants = leased(api, queue, 3, backoff_base_seconds=0, max_attempts=2)
+    ok_batch(api, "start", [item(g) for g in grants])
+    cancelled = grants[2]
+    api.admin(cancelled["task"]["id"], "cancel", reason="stop it")
+    beats = ok_batch(api, "heartbeat", [item(grants[0], lease_seconds=120), item(grants[1]), item(cancelled)])
+    assert [b["status"] for b in beats] == [200, 200, 200]
+    assert [b["attempt"]["cancel_requested"] for b in beats] == [False, False, True]
+    renewed = [datetime.fromisoformat(b["attempt"]["lease_expires_at"].replace("Z", "+00:00")) for b in beats]
+    assert 85 < (renewed[0] - renewed[1]).total_seconds() < 95  # 120 s asked vs the 30 s of the lease
+    retryable = {"type": "Timeout", "message": "upstream", "retryable": True}
+    fatal = {"type": "ValueError", "message": "bad", "retryable": False}
+    stopped = {"type": "cancelled", "message": "asked to stop", "retryable": False}
+    failed = ok_batch(api, "fail", [
+        item(grants[0], error=retryable),
+        item(grants[1], error=fatal),
+        item(cancelled, error=stopped),
+        item(grants[1], token="forged", error=fatal),
+    ])  # fmt: skip
+    assert [f["status"] for f in failed] == [200, 200, 200, 409]
+    assert [f["attempt"]["task_status"] for f in failed[:3]] == ["WAITING", "FAILED", "CANCELLED"]
+    assert api.task(grants[1]["task"]["id"])["error"] == fatal
+    check_attempt_history(api.server.engine, [g["task"]["id"] for g in grants])
+
+
+def test_whole_request_refusals(api: Api, quiet_server: RunningServer) -> None:
+    queue = api.queue()
+    (grant,) = leased(api, queue, 1)
+    too_many = [item(grant)] * (MAX_ATTEMPT_BATCH_ITEMS + 1)
+    for action in ("start", "heartbeat", "complete", "fail"):
+        assert batch(api, action, []).status_code == 422
+    assert batch(api, "start", too_many).status_code == 422
+    assert batch(api, "start", [{"lease_token": "t"}]).status_code == 422
+    assert batch(api, "start", [item(grant)], role="submit").status_code == 403
+    assert batch(api, "start", [item(grant)], role="read").status_code == 403
+    other = f"ns-{uuid.uuid4().hex[:8]}"
+    other_keys = quiet_server.add_namespace(other)
+    with httpx.Client(
+        base_url=quiet_server.base_url, headers={"Authorization": f"Bearer {other_keys['work']}"}
+    ) as http:
+        # Another namespace's key: the route's namespace does not exist for it.
+        response = http.post(f"/v1/namespaces/{api.ns}/attempts/start", json={"items": [item(grant)]})
+        assert response.status_code == 404 and response.json()["code"] == "namespace_not_found"
+        # In its own namespace, this namespace's attempt does not exist.
+        response = http.post(f"/v1/namespaces/{other}/attempts/start", json={"items": [item(grant)]})
+        assert response.status_code == 200 and response.json()["items"][0]["status"] == 404
+    assert api.task(grant["task"]["id"])["status"] == "LEASED"
+    # The full batch size is accepted.
+    assert len(ok_batch(api, "heartbeat", [item(grant)] * MAX_ATTEMPT_BATCH_ITEMS)) == MAX_ATTEMPT_BATCH_ITEMS
+
+
+def test_an_item_refused_after_writing_is_undone_alone(api: Api) -> None:
+    """The savepoint path: an item that wrote and was then refused leaves nothing; the others stay."""
+    queue = api.queue()
+    first, middle, last = leased(api, queue, 3)
+    with api.server.engine.connect() as conn:
+        ns_id = conn.scalar(sa.select(tasks.c.namespace_id).where(tasks.c.id == first["task"]["id"]))
+    calls: list[str] = []
+
+    def start(grant: dict[str, Any]) -> Any:
+        attempt = grant["attempt"]
+        return partial(
+            execution.start_attempt,
+            namespace_id=ns_id,
+            attempt_id=attempt["id"],
+            lease_token=attempt["lease_token"],
+        )
+
+    def writes_then_refused(conn: Connection) -> Any:
+        calls.append("refused")
+        conn.execute(
+            tasks.update().where(tasks.c.id == middle["task"]["id"]).values(cancel_reason="half-written")
+        )
+        raise errors.InvalidTransition("refused after a write")
+
+    def conflicts_once(conn: Connection) -> Any:
+        calls.append("conflict")
+        if calls.count("conflict") == 1:
+            raise errors.ConcurrentUpdate("changed")
+        return start(last)(conn)
+
+    items = [start(first), writes_then_refused, conflicts_once]
+    with pytest.raises(Redo):
+        execution.transact(api.server.engine, run_items, items)
+    assert api.task(first["task"]["id"])["status"] == "LEASED"  # the first try was rolled back whole
+    outcomes = execution.transact(api.server.engine, run_items, items, savepoints=True)
+    assert isinstance(outcomes[0], AttemptState) and outcomes[0].status == "RUNNING"
+    assert isinstance(outcomes[1], errors.InvalidTransition)
+    assert isinstance(outcomes[2], AttemptState) and outcomes[2].status == "RUNNING"
+    assert api.task(middle["task"]["id"])["cancel_reason"] is None
+    assert [api.task(g["task"]["id"])["status"] for g in (first, middle, last)] == [
+        "RUNNING",
+        "LEASED",
+        "RUNNING",
+    ]
+
+
+def test_an_attempt_call_locks_the_task_row_and_not_the_attempt_row(api: Api) -> None:
+    """Lock order (task first) holds with the one-statement read of task, attempt and clock."""
+    if api.server.engine.dialect.name != "mysql":
+        pytest.skip("SQLite has no row locks: one writer at a time")
+    queue = api.queue()
+    (grant,) = leased(api, queue, 1)
+    engine = api.server.engine
+    with engine.connect() as holder, engine.connect() as probe:
+        held = holder.begin()
+        ns_id = holder.scalar(sa.select(tasks.c.namespace_id).where(tasks.c.id == grant["task"]["id"]))
+        task, attempt, _ = execution._locked_attempt(holder, ns_id, grant["attempt"]["id"])
+        assert task["id"] == grant["task"]["id"] and attempt["id"] == grant["attempt"]["id"]
+        assert attempt["status"] == "LEASED" and attempt["generation"] == 1
+        with probe.begin():
+            probe.execute(
+                sa.text("SELECT id FROM task_attempts WHERE id = :a FOR UPDATE NOWAIT"),
+                {"a": grant["attempt"]["id"]},
+            ).all()
+        with probe.begin(), pytest.raises(sa.exc.OperationalError):
+            probe.execute(
+                sa.text("SELECT id FROM tasks WHERE id = :t FOR UPDATE NOWAIT"), {"t": grant["task"]["id"]}
+            ).all()
+        held.rollback()

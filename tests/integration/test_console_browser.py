@@ -1,0 +1,207 @@
+"""The web console in a real browser: Debian's chromium driven by Playwright, against a real server.
+
+One browser for the module. Each page is saved as a screenshot under the test's tmp directory
+(``pytest --basetemp=DIR`` keeps them somewhere known). Without chromium the tests are skipped,
+except under ``CI=true``, where they fail: `.ci/run` installs it (``apt-get install chromium``).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.conftest import IN_CI, DatabaseFactory
+from tests.console_support import TRACEBACK, Seeder
+from tests.servers import RunningServer, run_server
+
+CHROMIUM = os.environ.get("ORBIT_TEST_CHROMIUM", "/usr/bin/chromium")
+CHROMIUM_ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+]
+
+
+def _missing(reason: str) -> None:
+    if IN_CI:
+        pytest.fail(
+            f"{reason} (CI=true: the browser tests must run; .ci/run installs chromium)", pytrace=False
+        )
+    pytest.skip(reason)
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Any]:
+    try:
+        from playwright.sync_api import sync_playwright
+    except ImportError:
+        _missing("playwright is not installed (pip install -e '.[dev]')")
+    if not Path(CHROMIUM).exists():
+        _missing(f"no chromium at {CHROMIUM} (apt-get install chromium)")
+    with sync_playwright() as playwright:
+        launched = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
+        try:
+            yield launched
+        finally:
+            launched.close()
+
+
+@pytest.fixture(scope="module")
+def server(make_database: DatabaseFactory) -> Iterator[RunningServer]:
+    with run_server(make_database("sqlite"), console_secret="browser-test") as running:
+        running.keys = running.add_namespace("shop")
+        yield running
+
+
+@pytest.fixture(scope="module")
+def seed(server: RunningServer) -> Iterator[Seeder]:
+    seeder = Seeder(server, "shop", server.keys)
+    yield seeder
+    seeder.close()
+
+
+@pytest.fixture
+def page(browser: Any, server: RunningServer, tmp_path: Path) -> Iterator[Any]:
+    context = browser.new_context(base_url=server.base_url, viewport={"width": 1280, "height": 900})
+    context.set_default_timeout(10_000)
+    tab = context.new_page()
+    tab.shots = tmp_path  # where :func:`shot` saves
+    try:
+        yield tab
+    finally:
+        context.close()
+
+
+def shot(page: Any, name: str) -> None:
+    path = Path(page.shots) / f"{name}.png"
+    page.screenshot(path=str(path), full_page=True)
+    assert path.stat().st_size > 0
+
+
+def sign_in(page: Any, key: str) -> None:
+    page.goto("/ui/")
+    assert page.url.endswith("/ui/login?next=%2Fui%2F")
+    shot(page, "sign-in")
+    page.fill("input[name=api_key]", key)
+    page.click("button[type=submit]")
+    page.wait_for_url("**/ui/")
+
+
+def test_sign_in_overview_filter_and_a_failed_tasks_traceback_then_retry(
+    page: Any, server: RunningServer, seed: Seeder
+) -> None:
+    failed = seed.failed("order-1001")
+    for _ in range(3):
+        seed.submit(handler="ship")
+    sign_in(page, server.keys["admin"])
+    assert page.locator("header .who").inner_text().startswith("namespace shop")
+    assert page.locator("table.queues tbody tr").count() >= 2
+    shot(page, "overview")
+
+    page.click("nav >> text=Tasks")
+    page.fill("input[name=idempotency_key]", "order-1001")
+    page.click("form.filters button[type=submit]")
+    page.wait_for_url("**/ui/tasks?*idempotency_key=order-1001*")
+    rows = page.locator("table.tasks tbody tr")
+    assert rows.count() == 1 and "FAILED" in rows.first.inner_text()
+    shot(page, "tasks-filtered")
+    page.select_option("select[name=status]", "WAITING")
+    page.fill("input[name=idempotency_key]", "")
+    page.click("form.filters button[type=submit]")
+    page.wait_for_url("**status=WAITING*")
+    assert page.locator("table.tasks tbody tr").count() == 3
+    assert all("ship" in text for text in page.locator("table.tasks tbody tr").all_inner_texts())
+
+    page.goto(f"/ui/tasks/{failed}")
+    assert page.locator("#task-status").inner_text() == "FAILED"
+    assert "KeyError" in page.locator("#error").inner_text()
+    assert page.locator("#traceback").inner_text().strip() == TRACEBACK.strip()
+    assert '"customer": 41' in page.locator("#params").inner_text()
+    assert "worker-7" in page.locator("table.attempts").inner_text()
+    timeline = page.locator("#timeline").inner_text()
+    assert "accepted" in timeline and "RUNNING → FAILED" in timeline
+    shot(page, "task-failed")
+
+    page.fill("#retry-form input[name=reason]", "order_id now sent by the shop")
+    page.click("#retry-form button[type=submit]")
+    page.wait_for_url(re.compile(r".*/ui/tasks/[0-9a-f-]{36}\?done=retried"))
+    assert page.locator("#task-status").inner_text() == "WAITING"
+    assert failed in page.locator("dl.facts").inner_text()  # the retry_of chain, backwards
+    shot(page, "task-retried")
+    page.goto(f"/ui/tasks/{failed}")
+    assert "Retried as" in page.locator("dl.facts").inner_text()
+    assert "order_id now sent by the shop" in page.locator("#timeline").inner_text()
+    assert page.locator("#retry-form").count() == 0
+
+
+def test_review_a_needs_review_task_from_the_inbox(page: Any, server: RunningServer, seed: Seeder) -> None:
+    task_id = seed.needs_review()
+    sign_in(page, server.keys["admin"])
+    page.click("nav >> text=Needs review")
+    page.wait_for_url("**/ui/review")
+    shot(page, "needs-review")
+    page.click(f"a[href='/ui/tasks/{task_id}']")
+    assert page.locator("#task-status").inner_text() == "NEEDS_REVIEW"
+    shot(page, "task-needs-review")
+    page.check("#review-form input[value=failed]")
+    page.fill("#review-form input[name=reason]", "payment provider says never charged")
+    page.fill("#review-form input[name=evidence_ref]", "PSP-4711")
+    page.click("#review-form button[type=submit]")
+    page.wait_for_url("**?done=reviewed")
+    assert page.locator("#task-status").inner_text() == "FAILED"
+    last = page.locator("#timeline li").last.inner_text()
+    assert (
+        "reviewed" in last and "NEEDS_REVIEW → FAILED" in last and "PSP-4711" in last and "api_key:" in last
+    )
+    page.goto("/ui/review")
+    assert task_id not in page.content()
+
+
+def test_create_and_revoke_a_key(page: Any, server: RunningServer, browser: Any) -> None:
+    sign_in(page, server.keys["admin"])
+    page.click("nav >> text=API keys")
+    page.select_option("select[name=role]", "read")
+    page.fill("input[name=label]", "dashboard")
+    page.click("form.filters button[type=submit]")
+    new_key = page.locator("#new-key").inner_text().strip()
+    assert new_key.startswith("orbit_")
+    shot(page, "api-keys-created")
+    row = page.locator("tr", has_text="dashboard")
+    row.locator("input[name=reason]").fill("dashboard retired")
+    row.locator("button").click()
+    page.wait_for_url("**/ui/api-keys")
+    row = page.locator("tr", has_text="dashboard")
+    assert "UTC" in row.locator("td.revoked").inner_text() and row.locator("button").count() == 0
+    shot(page, "api-keys-revoked")
+
+    other = browser.new_context(base_url=server.base_url)
+    try:
+        tab = other.new_page()
+        tab.goto("/ui/login")
+        tab.fill("input[name=api_key]", new_key)
+        tab.click("button[type=submit]")
+        assert "unknown or revoked" in tab.locator(".error").inner_text()
+    finally:
+        other.close()
+
+
+def test_a_read_key_sees_no_action_buttons(page: Any, server: RunningServer, seed: Seeder) -> None:
+    task = seed.submit()
+    sign_in(page, server.keys["read"])
+    assert page.locator("nav >> text=API keys").count() == 0
+    page.goto(f"/ui/tasks/{task['id']}")
+    assert (
+        page.locator("#cancel-form").count() == 0 and page.locator("#task-status").inner_text() == "WAITING"
+    )
+    shot(page, "task-read-key")
+    page.click("header button:has-text('Sign out')")
+    page.wait_for_url("**/ui/login")

@@ -1,0 +1,292 @@
+"""The workers' coalesced reports against a real server, on SQLite and MariaDB (DESIGN §4).
+
+The HTTP requests a worker makes are counted by a transport wrapped around the real one, so the
+tests assert how many calls N tasks cost, and what happens when an answer is lost or the server
+has no batched calls.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+import pytest
+import sqlalchemy as sa
+
+from orbit_client import AsyncOrbitClient, AsyncWorker, OrbitClient, RetryPolicy, TaskContext, Worker
+from orbit_server.schema import result_events
+from tests.conftest import DatabaseFactory
+from tests.execution_support import check_attempt_history
+from tests.integration.conftest import BACKENDS
+from tests.integration.test_worker_sdk import FAST, Env, running
+from tests.servers import run_server
+
+#: Long enough never to be what ends a batch here: batches end when every task in flight reported.
+PATIENT = 0.5
+
+
+@dataclass
+class Sent:
+    """One request the worker made: its kind (``lease``, ``start``, ``start (batch)``...), items, grants."""
+
+    kind: str
+    items: int
+    grants: int = 0
+
+
+def kind_of(request: httpx.Request) -> str:
+    path = request.url.path
+    if path.endswith("/leases"):
+        return "lease"
+    head, action = path.rsplit("/", 1)
+    return f"{action} (batch)" if head.endswith("/attempts") else action
+
+
+@dataclass
+class Recorder:
+    """What the counting transports saw, and optional faults to inject per request kind."""
+
+    sent: list[Sent] = field(default_factory=list)
+    #: kind → what to do instead of (``"missing"``: answer 404 as an old server) or after
+    #: (``"lose"``: forward, then raise ReadTimeout once) forwarding the request.
+    faults: dict[str, str] = field(default_factory=dict)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    #: Set once a heartbeat call renewed more than one lease.
+    shared_heartbeat: threading.Event = field(default_factory=threading.Event)
+
+    def before(self, request: httpx.Request) -> httpx.Response | None:
+        kind = kind_of(request)
+        items = len(json.loads(request.content)["items"]) if "(batch)" in kind else 1
+        with self.lock:
+            self.sent.append(Sent(kind, items))
+            fault = self.faults.get(kind)
+        if kind == "heartbeat (batch)" and items > 1:
+            self.shared_heartbeat.set()
+        if fault == "missing":
+            body = {"title": "Not found", "status": 404, "code": "not_found"}
+            return httpx.Response(404, json=body, headers={"content-type": "application/problem+json"})
+        return None
+
+    def after(self, request: httpx.Request, response: httpx.Response) -> None:
+        kind = kind_of(request)
+        if kind == "lease" and response.status_code == 200:
+            grants = len(json.loads(response.content))
+            with self.lock:
+                for sent in reversed(self.sent):
+                    if sent.kind == "lease" and sent.grants == 0:
+                        sent.grants = grants
+                        break
+        with self.lock:
+            lose = self.faults.get(kind) == "lose"
+            if lose:
+                del self.faults[kind]
+        if lose:
+            raise httpx.ReadTimeout("the answer was lost on the way back", request=request)
+
+    def count(self, kind: str) -> int:
+        return sum(1 for s in self.sent if s.kind == kind)
+
+    def items(self, kind: str) -> list[int]:
+        return [s.items for s in self.sent if s.kind == kind]
+
+
+class CountingTransport(httpx.BaseTransport):
+    def __init__(self, recorder: Recorder) -> None:
+        self.recorder = recorder
+        self.inner = httpx.HTTPTransport()
+
+    def handle_request(self, request: httpx.Request) -> httpx.Response:
+        injected = self.recorder.before(request)
+        if injected is not None:
+            return injected
+        response = self.inner.handle_request(request)
+        response.read()
+        self.recorder.after(request, response)
+        return response
+
+    def close(self) -> None:
+        self.inner.close()
+
+
+class AsyncCountingTransport(httpx.AsyncBaseTransport):
+    def __init__(self, recorder: Recorder) -> None:
+        self.recorder = recorder
+        self.inner = httpx.AsyncHTTPTransport()
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        injected = self.recorder.before(request)
+        if injected is not None:
+            return injected
+        response = await self.inner.handle_async_request(request)
+        await response.aread()
+        self.recorder.after(request, response)
+        return response
+
+    async def aclose(self) -> None:
+        await self.inner.aclose()
+
+
+@pytest.fixture(scope="module", params=BACKENDS)
+def env(request: pytest.FixtureRequest, make_database: DatabaseFactory) -> Iterator[Env]:
+    with run_server(make_database(request.param), sweep_interval_seconds=0.2) as server:
+        environment = Env(server)
+        yield environment
+        environment.admin.close()
+
+
+def counted_client(env: Env, recorder: Recorder) -> OrbitClient:
+    return OrbitClient(
+        env.server.base_url,
+        api_key=env.keys["work"],
+        transport=CountingTransport(recorder),
+        retry=RetryPolicy(backoff_base=0.01),
+    )
+
+
+def echo(ctx: TaskContext) -> Any:
+    return {"n": ctx.params["n"], "generation": ctx.generation}
+
+
+def result_event_counts(env: Env, ids: list[str]) -> dict[str, int]:
+    with env.server.engine.connect() as conn:
+        return dict(
+            conn.execute(
+                sa.select(result_events.c.task_id, sa.func.count())
+                .where(result_events.c.task_id.in_(ids))
+                .group_by(result_events.c.task_id)
+            ).all()
+        )
+
+
+def drain(env: Env, worker_for: Callable[[OrbitClient], Worker], recorder: Recorder, ids: list[str]) -> None:
+    with counted_client(env, recorder) as client, running(worker_for(client)):
+        for task_id in ids:
+            env.wait(task_id, "SUCCEEDED")
+
+
+def test_n_tasks_cost_one_lease_one_start_and_one_complete_call(env: Env) -> None:
+    queue = env.queue()
+    ids = [env.submit(queue, "echo", {"n": n}) for n in range(8)]
+    recorder = Recorder()
+    drain(env, lambda client: Worker(
+        client, env.ns, queue, {"echo": echo}, concurrency=8, report_linger=PATIENT, **FAST
+    ), recorder, ids)  # fmt: skip
+    assert [s.grants for s in recorder.sent if s.kind == "lease" and s.grants] == [8]
+    assert recorder.items("start (batch)") == [8]
+    assert recorder.items("complete (batch)") == [8]
+    assert recorder.count("start") == recorder.count("complete") == 0
+    assert [env.admin.get_task(env.ns, i).result for i in ids] == [
+        {"n": n, "generation": 1} for n in range(8)
+    ]
+    assert result_event_counts(env, ids) == dict.fromkeys(ids, 1)
+    check_attempt_history(env.server.engine, ids)
+
+
+def test_without_report_linger_every_report_is_its_own_call(env: Env) -> None:
+    queue = env.queue()
+    ids = [env.submit(queue, "echo", {"n": n}) for n in range(4)]
+    recorder = Recorder()
+    drain(env, lambda client: Worker(
+        client, env.ns, queue, {"echo": echo}, concurrency=4, report_linger=None, **FAST
+    ), recorder, ids)  # fmt: skip
+    assert recorder.count("start") == recorder.count("complete") == 4
+    assert recorder.count("start (batch)") == recorder.count("complete (batch)") == 0
+
+
+def test_a_lost_batch_answer_is_retried_and_each_task_succeeds_once(env: Env) -> None:
+    queue = env.queue()
+    ids = [env.submit(queue, "echo", {"n": n}) for n in range(4)]
+    recorder = Recorder(faults={"complete (batch)": "lose"})
+    drain(env, lambda client: Worker(
+        client, env.ns, queue, {"echo": echo}, concurrency=4, report_linger=PATIENT, **FAST
+    ), recorder, ids)  # fmt: skip
+    # The server saved the first batch; the client's retry of the same items answered 200 again.
+    assert recorder.items("complete (batch)") == [4, 4]
+    assert result_event_counts(env, ids) == dict.fromkeys(ids, 1)
+    assert [len(env.admin.list_attempts(env.ns, i)) for i in ids] == [1] * 4
+    check_attempt_history(env.server.engine, ids)
+
+
+def test_a_lost_lease_answer_never_leaves_a_task_running(env: Env) -> None:
+    queue = env.queue()
+    ids = [env.submit(queue, "echo", {"n": n}, retry_safe=False) for n in range(2)]
+    recorder = Recorder(faults={"lease": "lose"})
+    drain(env, lambda client: Worker(
+        client, env.ns, queue, {"echo": echo}, concurrency=2, lease_seconds=0.5, report_linger=PATIENT, **FAST
+    ), recorder, ids)  # fmt: skip
+    for task_id in ids:
+        first, second = env.admin.list_attempts(env.ns, task_id)
+        # The grant whose answer was lost was never started: it lapsed back to WAITING, not NEEDS_REVIEW.
+        assert first.status == "EXPIRED" and first.started_at is None
+        assert second.status == "SUCCEEDED" and env.admin.get_task(env.ns, task_id).result["generation"] == 2  # type: ignore[index]
+    check_attempt_history(env.server.engine, ids)
+
+
+def test_a_server_without_batched_calls_gets_single_calls(env: Env) -> None:
+    queue = env.queue()
+    ids = [env.submit(queue, "echo", {"n": n}) for n in range(6)]
+    recorder = Recorder(
+        faults={kind: "missing" for kind in ("start (batch)", "complete (batch)", "heartbeat (batch)")}
+    )
+    drain(env, lambda client: Worker(
+        client, env.ns, queue, {"echo": echo}, concurrency=3, report_linger=PATIENT, **FAST
+    ), recorder, ids)  # fmt: skip
+    assert recorder.count("start (batch)") == recorder.count("complete (batch)") == 1  # then never again
+    assert recorder.count("start") == recorder.count("complete") == 6
+    assert result_event_counts(env, ids) == dict.fromkeys(ids, 1)
+
+
+def test_async_worker_coalesces_its_reports(env: Env) -> None:
+    queue = env.queue()
+    ids = [env.submit(queue, "echo", {"n": n}) for n in range(6)]
+    recorder = Recorder()
+
+    async def aecho(ctx: TaskContext) -> Any:
+        await asyncio.sleep(0)
+        return {"n": ctx.params["n"]}
+
+    async def scenario() -> None:
+        async with AsyncOrbitClient(
+            env.server.base_url, api_key=env.keys["work"], transport=AsyncCountingTransport(recorder)
+        ) as client:
+            worker = AsyncWorker(
+                client, env.ns, queue, {"echo": aecho}, concurrency=6, report_linger=PATIENT, **FAST
+            )
+            runner = asyncio.create_task(worker.run())
+            for task_id in ids:
+                await asyncio.to_thread(env.wait, task_id, "SUCCEEDED")
+            worker.stop()
+            await asyncio.wait_for(runner, 20)
+
+    asyncio.run(scenario())
+    assert [s.grants for s in recorder.sent if s.kind == "lease" and s.grants] == [6]
+    assert recorder.items("start (batch)") == [6]
+    assert recorder.items("complete (batch)") == [6]
+    assert result_event_counts(env, ids) == dict.fromkeys(ids, 1)
+
+
+def test_heartbeats_due_together_share_one_call(env: Env) -> None:
+    queue = env.queue()
+    release = threading.Event()
+
+    def held(ctx: TaskContext) -> Any:
+        release.wait(10)
+        return "done"
+
+    ids = [env.submit(queue, "held") for _ in range(4)]
+    recorder = Recorder()
+    worker_for = lambda client: Worker(  # noqa: E731
+        client, env.ns, queue, {"held": held}, concurrency=4, lease_seconds=0.6, report_linger=PATIENT, **FAST
+    )
+    with counted_client(env, recorder) as client, running(worker_for(client)):
+        assert recorder.shared_heartbeat.wait(10), recorder.sent
+        release.set()
+        for task_id in ids:
+            env.wait(task_id, "SUCCEEDED")
+    assert recorder.count("heartbeat") == 0
+    assert [env.admin.get_task(env.ns, i).attempt_count for i in ids] == [1] * 4
