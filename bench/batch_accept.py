@@ -112,7 +112,10 @@ def counted(url: str, items: int) -> list[tuple[str, int, dict[str, Any]]]:
         from orbit_server import store
 
         key = store.create_api_key(conn, "bench", "submit")
-    app = create_app(ServerSettings(database_url=url, sweep_interval_seconds=0), engine=engine)
+    app = create_app(
+        ServerSettings(database_url=url, sweep_interval_seconds=0, scheduler_interval_seconds=0),
+        engine=engine,
+    )
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     sock.bind(("127.0.0.1", 0))
     sock.listen(64)

@@ -80,6 +80,15 @@ from orbit_client._models import (
     is_valid_idempotency_key,
 )
 from orbit_client._retry import RetryPolicy
+from orbit_client._schedule_models import (
+    MisfirePolicy,
+    OccurrenceStatus,
+    OverlapPolicy,
+    Schedule,
+    ScheduleCreate,
+    ScheduleOccurrence,
+    ScheduleUpdate,
+)
 from orbit_client._version import __version__
 from orbit_client._worker import AsyncWorker, RetryableError, TaskCancelled, TaskContext, Worker
 
@@ -123,7 +132,9 @@ __all__ = [
     "LeaseLostError",
     "LeaseRequest",
     "LeaseTokenRequest",
+    "MisfirePolicy",
     "NotFoundError",
+    "OccurrenceStatus",
     "OrbitAPIError",
     "OrbitClient",
     "OrbitConnectError",
@@ -131,6 +142,7 @@ __all__ = [
     "OrbitOutcomeUnknownError",
     "OrbitTransportError",
     "OrbitUsageError",
+    "OverlapPolicy",
     "PayloadTooLargeError",
     "PermissionDeniedError",
     "Problem",
@@ -142,6 +154,10 @@ __all__ = [
     "RetryRequest",
     "RetryableError",
     "ReviewRequest",
+    "Schedule",
+    "ScheduleCreate",
+    "ScheduleOccurrence",
+    "ScheduleUpdate",
     "ServerError",
     "ServiceUnavailableError",
     "StartBatch",

@@ -75,6 +75,7 @@ from orbit_client._models import (
     is_valid_idempotency_key,
 )
 from orbit_client._retry import RetryPolicy, _CallRetries
+from orbit_client._schedule_models import Schedule, ScheduleCreate, ScheduleOccurrence, ScheduleUpdate
 from orbit_client._version import __version__
 
 __all__ = ["AsyncOrbitClient", "OrbitClient"]
@@ -1142,6 +1143,89 @@ class OrbitClient(_BaseClient):
         )
         self._request("POST", path)
 
+    # --- schedules (README "Schedules") ----------------------------------------------------------------
+
+    def create_schedule(self, namespace: str, name: str, **fields: Any) -> Schedule:
+        """Create a schedule (``admin`` key): ``POST /v1/namespaces/{ns}/schedules``.
+
+        Args:
+            name: unique in the namespace (pattern of queue names).
+            fields: those of :class:`ScheduleCreate`: ``queue``, ``handler``, ``params``, exactly
+                one of ``cron`` (five fields, in ``timezone``, default ``"UTC"``) and
+                ``interval_seconds``, and optionally ``start_at``/``end_at`` (aware datetimes),
+                ``misfire_policy`` (``skip``, ``run_once``, ``catch_up``), ``catch_up_max``,
+                ``misfire_grace_seconds``, ``overlap_policy`` (``allow``, ``skip_if_running``),
+                ``paused``, ``options`` (a :class:`SubmitOptions` or mapping).
+
+        Not retried: if an answer is lost, a second call answers ``409 already_exists``; then
+        :meth:`get_schedule` shows it.
+
+        Raises:
+            OrbitUsageError: invalid fields (e.g. both or neither of cron and interval); nothing sent.
+            UnprocessableEntityError: ``invalid_cron`` or ``unknown_timezone``.
+            NotFoundError: ``queue_not_found``. ConflictError: ``already_exists``.
+            OrbitError: as for every call.
+        """
+        path, body = _schedule_create(namespace, name, fields)
+        return self._parse_model(Schedule, self._request("POST", path, json=body, retry=False))
+
+    def get_schedule(self, namespace: str, name: str) -> Schedule:
+        """Fetch a schedule (``GET .../schedules/{name}``); ``NotFoundError`` ``schedule_not_found``."""
+        path = self._path("/v1/namespaces/{}/schedules/{}", namespace, name)
+        return self._parse_model(Schedule, self._request("GET", path))
+
+    def list_schedules(self, namespace: str, *, limit: int = 100, after: str | None = None) -> list[Schedule]:
+        """The namespace's schedules by name, up to ``limit`` (1-1000), those named after ``after``."""
+        path, params = _schedule_list(namespace, limit, after)
+        return self._parse_list(Schedule, self._request("GET", path, params=params))
+
+    def update_schedule(self, namespace: str, name: str, **changes: Any) -> Schedule:
+        """Change the given fields of a schedule (``admin`` key): ``PATCH .../schedules/{name}``.
+
+        ``changes`` are fields of :class:`ScheduleUpdate`; the schedule gets a new ``version``. A
+        changed ``cron``/``interval_seconds``/``timezone``/bound recomputes ``next_fire_at``;
+        fire times already handled never fire again. Not retried (each call is a new version).
+
+        Raises:
+            OrbitUsageError: invalid or no fields; nothing was sent.
+            NotFoundError: ``schedule_not_found``, ``queue_not_found``.
+            UnprocessableEntityError: ``invalid_cron``, ``unknown_timezone``, ``invalid_schedule``.
+            OrbitError: as for every call.
+        """
+        path, body = _schedule_update(namespace, name, changes)
+        return self._parse_model(Schedule, self._request("PATCH", path, json=body, retry=False))
+
+    def pause_schedule(self, namespace: str, name: str) -> Schedule:
+        """Stop a schedule firing (``admin`` key; idempotent, retried)."""
+        path = self._path("/v1/namespaces/{}/schedules/{}/pause", namespace, name)
+        return self._parse_model(Schedule, self._request("POST", path))
+
+    def resume_schedule(self, namespace: str, name: str) -> Schedule:
+        """Let a paused schedule fire again (``admin`` key; idempotent, retried). Fire times
+        passed while it was paused follow its misfire policy."""
+        path = self._path("/v1/namespaces/{}/schedules/{}/resume", namespace, name)
+        return self._parse_model(Schedule, self._request("POST", path))
+
+    def delete_schedule(self, namespace: str, name: str) -> None:
+        """Delete a schedule and its occurrences (``admin`` key); the tasks it created stay.
+
+        Not retried: a lost answer makes a second call answer ``NotFoundError``
+        ``schedule_not_found``, which then means it is gone.
+        """
+        path = self._path("/v1/namespaces/{}/schedules/{}", namespace, name)
+        self._request("DELETE", path, retry=False)
+
+    def list_occurrences(
+        self, namespace: str, name: str, *, limit: int = 100, before: datetime | None = None
+    ) -> list[ScheduleOccurrence]:
+        """A schedule's occurrences, newest fire time first (``GET .../schedules/{name}/occurrences``).
+
+        Each has ``scheduled_at`` (UTC), ``task_id`` (``None`` when skipped), ``status`` and
+        ``skip_reason``. ``limit`` 1-1000; ``before`` (aware datetime) pages to older ones.
+        """
+        path, params = _occurrence_list(namespace, name, limit, before)
+        return self._parse_list(ScheduleOccurrence, self._request("GET", path, params=params))
+
 
 class AsyncOrbitClient(_BaseClient):
     """The asyncio twin of :class:`OrbitClient`: same methods, awaited; :meth:`aclose` to close.
@@ -1432,3 +1516,101 @@ class AsyncOrbitClient(_BaseClient):
             "/v1/namespaces/{}/subscriptions/{}/deliveries/{}/ack", namespace, subscription, delivery_id
         )
         await self._request("POST", path)
+
+    # --- schedules (README "Schedules") ----------------------------------------------------------------
+
+    async def create_schedule(self, namespace: str, name: str, **fields: Any) -> Schedule:
+        """Async twin of :meth:`OrbitClient.create_schedule` (not retried)."""
+        path, body = _schedule_create(namespace, name, fields)
+        return self._parse_model(Schedule, await self._request("POST", path, json=body, retry=False))
+
+    async def get_schedule(self, namespace: str, name: str) -> Schedule:
+        """Async twin of :meth:`OrbitClient.get_schedule`."""
+        path = self._path("/v1/namespaces/{}/schedules/{}", namespace, name)
+        return self._parse_model(Schedule, await self._request("GET", path))
+
+    async def list_schedules(
+        self, namespace: str, *, limit: int = 100, after: str | None = None
+    ) -> list[Schedule]:
+        """Async twin of :meth:`OrbitClient.list_schedules`."""
+        path, params = _schedule_list(namespace, limit, after)
+        return self._parse_list(Schedule, await self._request("GET", path, params=params))
+
+    async def update_schedule(self, namespace: str, name: str, **changes: Any) -> Schedule:
+        """Async twin of :meth:`OrbitClient.update_schedule` (not retried)."""
+        path, body = _schedule_update(namespace, name, changes)
+        return self._parse_model(Schedule, await self._request("PATCH", path, json=body, retry=False))
+
+    async def pause_schedule(self, namespace: str, name: str) -> Schedule:
+        """Async twin of :meth:`OrbitClient.pause_schedule`."""
+        path = self._path("/v1/namespaces/{}/schedules/{}/pause", namespace, name)
+        return self._parse_model(Schedule, await self._request("POST", path))
+
+    async def resume_schedule(self, namespace: str, name: str) -> Schedule:
+        """Async twin of :meth:`OrbitClient.resume_schedule`."""
+        path = self._path("/v1/namespaces/{}/schedules/{}/resume", namespace, name)
+        return self._parse_model(Schedule, await self._request("POST", path))
+
+    async def delete_schedule(self, namespace: str, name: str) -> None:
+        """Async twin of :meth:`OrbitClient.delete_schedule` (not retried)."""
+        path = self._path("/v1/namespaces/{}/schedules/{}", namespace, name)
+        await self._request("DELETE", path, retry=False)
+
+    async def list_occurrences(
+        self, namespace: str, name: str, *, limit: int = 100, before: datetime | None = None
+    ) -> list[ScheduleOccurrence]:
+        """Async twin of :meth:`OrbitClient.list_occurrences`."""
+        path, params = _occurrence_list(namespace, name, limit, before)
+        return self._parse_list(ScheduleOccurrence, await self._request("GET", path, params=params))
+
+
+# --- schedule requests, shared by both clients ------------------------------------------------------
+
+
+def _schedule_body(model: type[BaseModel], what: str, fields: Mapping[str, Any]) -> dict[str, Any]:
+    """Validate ``fields`` as ``model``; the JSON body of the fields given. Sends nothing."""
+    try:
+        value = model(**fields)
+    except ValidationError as exc:
+        problems = "; ".join(
+            f"{'.'.join(map(str, e['loc'])) or 'value'}: {e['msg']}"
+            for e in exc.errors(include_url=False, include_input=False)
+        )
+        raise OrbitUsageError(f"invalid {what}, nothing was sent: {problems}") from None
+    except TypeError as exc:
+        raise OrbitUsageError(f"invalid {what}, nothing was sent: {exc}") from None
+    return value.model_dump(mode="json", exclude_unset=True)
+
+
+def _schedule_create(namespace: str, name: str, fields: Mapping[str, Any]) -> tuple[str, dict[str, Any]]:
+    path = _BaseClient._path("/v1/namespaces/{}/schedules", namespace)
+    return path, _schedule_body(ScheduleCreate, "schedule", {"name": name, **fields})
+
+
+def _schedule_update(namespace: str, name: str, changes: Mapping[str, Any]) -> tuple[str, dict[str, Any]]:
+    path = _BaseClient._path("/v1/namespaces/{}/schedules/{}", namespace, name)
+    return path, _schedule_body(ScheduleUpdate, "schedule update", changes)
+
+
+def _check_limit(limit: int) -> dict[str, str]:
+    if not isinstance(limit, int) or not 1 <= limit <= 1000:
+        raise OrbitUsageError(f"limit must be between 1 and 1000, not {limit!r}")
+    return {"limit": str(limit)}
+
+
+def _schedule_list(namespace: str, limit: int, after: str | None) -> tuple[str, dict[str, str]]:
+    params = _check_limit(limit)
+    if after is not None:
+        params["after"] = after
+    return _BaseClient._path("/v1/namespaces/{}/schedules", namespace), params
+
+
+def _occurrence_list(
+    namespace: str, name: str, limit: int, before: datetime | None
+) -> tuple[str, dict[str, str]]:
+    params = _check_limit(limit)
+    if before is not None:
+        if before.tzinfo is None:
+            raise OrbitUsageError("before must carry a timezone offset (e.g. datetime.now(UTC))")
+        params["before"] = before.astimezone(UTC).isoformat().replace("+00:00", "Z")
+    return _BaseClient._path("/v1/namespaces/{}/schedules/{}/occurrences", namespace, name), params

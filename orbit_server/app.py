@@ -66,6 +66,8 @@ from ._metrics import Metrics
 from .attempt_batches import attempt_batch_router
 from .batch_api import batch_router
 from .console import console_router
+from .scheduler import run_scheduler
+from .schedules_api import schedules_router
 from .settings import ServerSettings
 
 __all__ = ["create_app"]
@@ -258,9 +260,18 @@ def create_app(settings: ServerSettings | None = None, *, engine: Engine | None 
             sweeper = asyncio.create_task(
                 sweep_forever(settings.sweep_interval_seconds), name="orbit-expiry-sweep"
             )
+        scheduler = None
+        if settings.scheduler_interval_seconds > 0:
+            scheduler = asyncio.create_task(
+                run_scheduler(the_engine, settings, wakeup.notify), name="orbit-scheduler"
+            )
         try:
             yield
         finally:
+            if scheduler is not None:
+                scheduler.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await scheduler
             if sweeper is not None:
                 sweeper.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
@@ -734,6 +745,7 @@ def create_app(settings: ServerSettings | None = None, *, engine: Engine | None 
     app.include_router(
         batch_router(engine=the_engine, settings=settings, metrics=metrics, on_created=wakeup.notify)
     )
+    app.include_router(schedules_router(engine=the_engine))
     app.include_router(
         console_router(
             engine=the_engine, settings=settings, key_cache=app.state.key_cache, on_created=wakeup.notify

@@ -21,6 +21,9 @@ __all__ = [
     "namespaces",
     "queues",
     "result_events",
+    "schedule_events",
+    "schedule_occurrences",
+    "schedules",
     "submission_keys",
     "subscriptions",
     "task_attempts",
@@ -230,4 +233,78 @@ event_deliveries = sa.Table(
     sa.UniqueConstraint("subscription_id", "event_id", name="uq_event_deliveries_subscription_event"),
     # Serves the lease query: one subscription's pending deliveries, oldest first.
     sa.Index("ix_event_deliveries_claim", "subscription_id", "state", "id"),
+)
+
+# --- schedules (revision 0004): DESIGN §9 "Schedules", §4/§5 "调度触发" of seed 001 ---
+
+schedules = sa.Table(
+    "schedules",
+    metadata,
+    # A UUID, never reused: the idempotency keys of its tasks are built from it.
+    sa.Column("id", Key(36), primary_key=True),
+    sa.Column("namespace_id", sa.BigInteger, sa.ForeignKey("namespaces.id"), nullable=False),
+    sa.Column("name", Key(64), nullable=False),
+    sa.Column("queue_id", sa.BigInteger, sa.ForeignKey("queues.id"), nullable=False),
+    sa.Column("handler", sa.String(255), nullable=False),
+    sa.Column("params", sa.JSON(none_as_null=True), nullable=True),
+    # The SubmitOptions of every task it creates (JSON object), or NULL.
+    sa.Column("options", sa.JSON(none_as_null=True), nullable=True),
+    # Exactly one of cron (evaluated in timezone) and interval_seconds (UTC, from start_at).
+    sa.Column("cron", sa.String(255), nullable=True),
+    sa.Column("interval_seconds", sa.Integer, nullable=True),
+    sa.Column("timezone", sa.String(64), nullable=False),
+    # Fire-time bounds, inclusive; start_at is set to the creation time when none is given.
+    sa.Column("start_at", Timestamp, nullable=False),
+    sa.Column("end_at", Timestamp, nullable=True),
+    # The next fire time; NULL once end_at is passed.
+    sa.Column("next_fire_at", Timestamp, nullable=True),
+    sa.Column("misfire_policy", sa.String(16), nullable=False),
+    sa.Column("catch_up_max", sa.Integer, nullable=False),
+    sa.Column("misfire_grace_seconds", sa.Integer, nullable=False),
+    sa.Column("overlap_policy", sa.String(16), nullable=False),
+    sa.Column("paused", sa.Boolean, nullable=False),
+    # Bumped by every change of the definition; fires are conditional on it.
+    sa.Column("version", sa.Integer, nullable=False),
+    # The latest fire time handled, and the task of the latest occurrence that created one.
+    sa.Column("last_fired_at", Timestamp, nullable=True),
+    sa.Column("last_task_id", Key(36), nullable=True),
+    sa.Column("created_at", Timestamp, nullable=False),
+    sa.Column("updated_at", Timestamp, nullable=False),
+    sa.UniqueConstraint("namespace_id", "name", name="uq_schedules_namespace_name"),
+    # Serves the scheduler's claim: unpaused schedules by next fire time.
+    sa.Index("ix_schedules_due", "paused", "next_fire_at"),
+)
+
+schedule_occurrences = sa.Table(
+    "schedule_occurrences",
+    metadata,
+    sa.Column("id", BigId, primary_key=True, autoincrement=True),
+    sa.Column("schedule_id", Key(36), sa.ForeignKey("schedules.id"), nullable=False),
+    # The fire time, UTC: one occurrence per schedule and fire time, whatever the versions.
+    sa.Column("scheduled_at", Timestamp, nullable=False),
+    sa.Column("schedule_version", sa.Integer, nullable=False),
+    # created (task_id set) or skipped (task_id NULL, skip_reason says why).
+    sa.Column("status", sa.String(16), nullable=False),
+    sa.Column("task_id", Key(36), nullable=True),
+    sa.Column("skip_reason", sa.String(255), nullable=True),
+    sa.Column("misfired", sa.Boolean, nullable=False),
+    sa.Column("created_at", Timestamp, nullable=False),
+    sa.UniqueConstraint("schedule_id", "scheduled_at", name="uq_schedule_occurrences_schedule_time"),
+)
+
+# Audit of schedule changes: who did what (create, update, pause, resume, delete), when.
+schedule_events = sa.Table(
+    "schedule_events",
+    metadata,
+    sa.Column("id", BigId, primary_key=True, autoincrement=True),
+    sa.Column("namespace_id", sa.BigInteger, sa.ForeignKey("namespaces.id"), nullable=False),
+    # No foreign key: the audit outlives a deleted schedule.
+    sa.Column("schedule_id", Key(36), nullable=False),
+    sa.Column("schedule_name", Key(64), nullable=False),
+    sa.Column("event", sa.String(32), nullable=False),
+    sa.Column("version", sa.Integer, nullable=False),
+    sa.Column("actor", sa.String(255), nullable=True),
+    sa.Column("data", sa.JSON(none_as_null=True), nullable=True),
+    sa.Column("created_at", Timestamp, nullable=False),
+    sa.Index("ix_schedule_events_schedule", "schedule_id", "id"),
 )

@@ -83,3 +83,11 @@ class ServerSettings(BaseSettings):
         ),
     )
     log_level: str = Field(default="info", description="Log level: debug, info, warning, error.")
+    scheduler_interval_seconds: float = Field(
+        default=1.0,
+        ge=0,
+        description=(
+            "Seconds between two passes of the scheduler inside the server, which fires due schedules; "
+            "0 turns it off in this process (another server process may still run it)."
+        ),
+    )

@@ -345,7 +345,12 @@ def test_a_batch_wakes_a_long_polling_lease(make_database: DatabaseFactory):
     The batch is sent once the lease call has looked for due tasks (the first transaction
     committed after the lease request left, with both keys cached and no sweeper running).
     """
-    settings = {"lease_poll_interval_seconds": 60, "sweep_interval_seconds": 0, "api_key_cache_seconds": 300}
+    settings = {
+        "lease_poll_interval_seconds": 60,
+        "sweep_interval_seconds": 0,
+        "scheduler_interval_seconds": 0,
+        "api_key_cache_seconds": 300,
+    }
     with run_server(make_database("sqlite"), **settings) as running:
         keys = running.add_namespace("acme")
         lease_path = "/v1/namespaces/acme/queues/default/leases"
@@ -425,7 +430,9 @@ def test_batch_example_runs(make_database: DatabaseFactory) -> None:
 @pytest.mark.parametrize("kind", [pytest.param("sqlite"), pytest.param("mariadb", marks=pytest.mark.mariadb)])
 def test_statements_per_batch_do_not_grow_with_its_size(make_database: DatabaseFactory, kind: str):
     """Set-based: a batch costs the same statements for 5 items as for 200, new or replayed."""
-    with run_server(make_database(kind), sweep_interval_seconds=0, api_key_cache_seconds=300) as running:
+    with run_server(
+        make_database(kind), sweep_interval_seconds=0, scheduler_interval_seconds=0, api_key_cache_seconds=300
+    ) as running:
         keys = running.add_namespace("acme")
         statements: list[str] = []
         with _client(running, keys["submit"]) as http:
