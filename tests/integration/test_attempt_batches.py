@@ -376,3 +376,34 @@ def test_a_batch_naming_an_attempt_twice_is_answered_item_by_item(api: Api) -> N
     done = ok_batch(api, "complete", [item(grant, result=1), item(grant, result=2)])
     assert [d["status"] for d in done] == [200, 409]
     assert api.task(grant["task"]["id"])["result"] == 1
+
+
+def test_the_set_based_path_locks_the_tasks_and_not_the_attempts(api: Api) -> None:
+    """Lock order (task first) holds for the batch's one locking read of its tasks."""
+    if api.server.engine.dialect.name != "mysql":
+        pytest.skip("SQLite has no row locks: one writer at a time")
+    from orbit_server import attempt_sets
+
+    queue = api.queue()
+    grants = leased(api, queue, 2)
+    engine = api.server.engine
+    with engine.connect() as holder, engine.connect() as probe:
+        held = holder.begin()
+        ns_id = holder.scalar(sa.select(tasks.c.namespace_id).where(tasks.c.id == grants[0]["task"]["id"]))
+        locked = holder.execute(
+            attempt_sets._lock_tasks_statement(holder),
+            {"attempt_ids": [g["attempt"]["id"] for g in grants], "namespace_id": ns_id},
+        ).all()
+        assert sorted(row.id for row in locked) == sorted(g["task"]["id"] for g in grants)
+        for grant in grants:
+            with probe.begin():
+                probe.execute(
+                    sa.text("SELECT id FROM task_attempts WHERE id = :a FOR UPDATE NOWAIT"),
+                    {"a": grant["attempt"]["id"]},
+                ).all()
+            with probe.begin(), pytest.raises(sa.exc.OperationalError):
+                probe.execute(
+                    sa.text("SELECT id FROM tasks WHERE id = :t FOR UPDATE NOWAIT"),
+                    {"t": grant["task"]["id"]},
+                ).all()
+        held.rollback()
