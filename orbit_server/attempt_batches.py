@@ -48,7 +48,7 @@ from orbit_client import (
     StartItem,
 )
 
-from . import errors, execution
+from . import attempt_sets, errors, execution
 from ._auth import Caller, authorize
 
 __all__ = ["Redo", "attempt_batch_router", "run_items"]
@@ -60,6 +60,8 @@ _ITEM_TRIES = 5
 
 NamespaceName = Annotated[str, Path(pattern=NAME_PATTERN, description="Namespace name.")]
 Item = Callable[[Connection], AttemptState]
+#: A whole batch set-based: its states, or ``None`` (nothing written) to run it item by item.
+AllAtOnce = Callable[[Connection], Sequence[AttemptState] | None]
 
 
 class Redo(Exception):
@@ -116,6 +118,15 @@ def run_items(
     return out
 
 
+def _set_based_or_items(
+    conn: Connection, all_at_once: AllAtOnce | None, items: Sequence[Item]
+) -> Sequence[AttemptState | errors.OrbitServerError]:
+    """The set-based path (:mod:`orbit_server.attempt_sets`) when it takes the batch, else :func:`run_items`."""
+    if all_at_once is not None and (states := all_at_once(conn)) is not None:
+        return states
+    return run_items(conn, items)
+
+
 def _start(namespace_id: int, item: StartItem, conn: Connection) -> AttemptState:
     return execution.start_attempt(conn, namespace_id, item.attempt_id, item.lease_token)
 
@@ -164,9 +175,11 @@ def attempt_batch_router(engine: Engine) -> APIRouter:
         for status in (401, 403, 404, 413, 422)
     }
 
-    def run(request: Request, items: list[Item]) -> AttemptBatchResponse:
+    def run(
+        request: Request, items: list[Item], all_at_once: AllAtOnce | None = None
+    ) -> AttemptBatchResponse:
         try:
-            outcomes = execution.transact(engine, run_items, items)
+            outcomes = execution.transact(engine, _set_based_or_items, all_at_once, items)
         except Redo:
             outcomes = execution.transact(engine, run_items, items, savepoints=True)
         return _answer(outcomes, request)
@@ -183,7 +196,8 @@ def attempt_batch_router(engine: Engine) -> APIRouter:
         """
         authorize(caller, namespace, "work")
         ns = caller.namespace_id
-        return run(request, [partial(_start, ns, item) for item in body.items])
+        items: list[Item] = [partial(_start, ns, item) for item in body.items]
+        return run(request, items, partial(attempt_sets.start_all, namespace_id=ns, items=body.items))
 
     @router.post(f"{path}/heartbeat", response_model=AttemptBatchResponse, responses=problems)
     def heartbeats(
@@ -209,7 +223,8 @@ def attempt_batch_router(engine: Engine) -> APIRouter:
         """
         authorize(caller, namespace, "work")
         ns = caller.namespace_id
-        return run(request, [partial(_complete, ns, item) for item in body.items])
+        items: list[Item] = [partial(_complete, ns, item) for item in body.items]
+        return run(request, items, partial(attempt_sets.complete_all, namespace_id=ns, items=body.items))
 
     @router.post(f"{path}/fail", response_model=AttemptBatchResponse, responses=problems)
     def fail_attempts(

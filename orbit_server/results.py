@@ -51,7 +51,7 @@ Each function takes the caller's connection and does one short unit of work; run
 from __future__ import annotations
 
 import uuid
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from datetime import datetime, timedelta
 from typing import Any, Final
 
@@ -81,6 +81,7 @@ __all__ = [
     "get_subscription",
     "lease_deliveries",
     "record_result_event",
+    "record_result_events",
 ]
 
 #: The task states whose transitions write a result event (DESIGN §4).
@@ -176,6 +177,72 @@ def record_result_event(conn: Connection, task_id: str, now: datetime) -> str:
             ],
         )
     return event_id
+
+
+def record_result_events(
+    conn: Connection, namespace_id: int, changed: Sequence[Mapping[str, Any]], now: datetime
+) -> list[str]:
+    """:func:`record_result_event` for many tasks of one namespace, set-based (4 statements at most).
+
+    Call it in the transitions' transaction, after the task rows were updated (and while they
+    are locked). ``changed`` are the task rows as written: ``id``, ``queue_id``, ``handler``,
+    ``status``, ``result``, ``error`` and ``state_version``. The rows written are exactly those
+    of one :func:`record_result_event` per task, in the same lock order: the events, then a
+    shared lock on the namespace and the tasks' queues, then the locking read of the
+    subscriptions.
+
+    Returns:
+        The new events' ids, in the order of ``changed``.
+
+    Raises:
+        errors.ConcurrentUpdate: a task's queue was not found in the namespace.
+    """
+    events = [
+        {
+            "id": str(uuid.uuid4()), "task_id": task["id"], "namespace_id": namespace_id,
+            "queue_id": task["queue_id"], "handler": task["handler"], "status": task["status"],
+            "result": task["result"], "error": task["error"], "state_version": task["state_version"],
+            "occurred_at": now,
+        }
+        for task in changed
+    ]  # fmt: skip
+    conn.execute(result_events.insert(), events)
+    queue_ids = sorted({task["queue_id"] for task in changed})
+    names = dict(conn.execute(_LOCK_QUEUES, {"namespace_id": namespace_id, "queue_ids": queue_ids}).all())
+    if len(names) != len(queue_ids):
+        raise errors.ConcurrentUpdate("a task's queue vanished while its result event was written")
+    subscribed = conn.execute(_LOCK_SUBSCRIPTIONS, {"namespace_id": namespace_id, "now": now}).all()
+    deliveries = [
+        {"subscription_id": row.id, "event_id": event["id"], "state": PENDING, "delivery_count": 0,
+         "created_at": now}
+        for event in events
+        for row in subscribed
+        if row.queues is None or names[event["queue_id"]] in row.queues
+    ]  # fmt: skip
+    if deliveries:
+        conn.execute(event_deliveries.insert(), deliveries)
+    return [event["id"] for event in events]
+
+
+#: :func:`record_result_events`: the shared lock on the namespace and the tasks' queues.
+_LOCK_QUEUES = (
+    sa.select(queues.c.id, queues.c.name)
+    .select_from(namespaces.join(queues, queues.c.namespace_id == namespaces.c.id))
+    .where(
+        namespaces.c.id == sa.bindparam("namespace_id"),
+        queues.c.id.in_(sa.bindparam("queue_ids", expanding=True)),
+    )
+    .with_for_update(read=True)
+)
+#: :func:`record_result_events`: the locking read of the namespace's subscriptions.
+_LOCK_SUBSCRIPTIONS = (
+    sa.select(subscriptions.c.id, subscriptions.c.queues)
+    .where(
+        subscriptions.c.namespace_id == sa.bindparam("namespace_id"),
+        subscriptions.c.created_at <= sa.bindparam("now", type_=subscriptions.c.created_at.type),
+    )
+    .with_for_update(read=True)
+)
 
 
 # --------------------------------------------------------------- subscriptions

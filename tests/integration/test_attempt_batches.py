@@ -286,3 +286,124 @@ def test_an_attempt_call_locks_the_task_row_and_not_the_attempt_row(api: Api) ->
                 sa.text("SELECT id FROM tasks WHERE id = :t FOR UPDATE NOWAIT"), {"t": grant["task"]["id"]}
             ).all()
         held.rollback()
+
+
+def _written(engine: sa.Engine, task_ids: list[str]) -> list[Any]:
+    """What a task's start and complete wrote, without ids and times (compared between two tasks)."""
+    from orbit_server.schema import event_deliveries, subscriptions, task_events
+
+    out = []
+    with engine.connect() as conn:
+        for task_id in task_ids:
+            task = conn.execute(sa.select(tasks).where(tasks.c.id == task_id)).mappings().one()
+            attempt = conn.execute(
+                sa.select(task_attempts).where(task_attempts.c.task_id == task_id)
+            ).mappings().one()  # fmt: skip
+            events = conn.execute(
+                sa.select(task_events.c.state_version, task_events.c.event, task_events.c.from_status,
+                          task_events.c.to_status, task_events.c.actor, task_events.c.reason,
+                          task_events.c.data)
+                .where(task_events.c.task_id == task_id).order_by(task_events.c.state_version)
+            ).all()  # fmt: skip
+            result = conn.execute(
+                sa.select(result_events).where(result_events.c.task_id == task_id)
+            ).mappings().one()  # fmt: skip
+            delivered = conn.execute(
+                sa.select(subscriptions.c.name, event_deliveries.c.state, event_deliveries.c.delivery_count)
+                .join(subscriptions, subscriptions.c.id == event_deliveries.c.subscription_id)
+                .where(event_deliveries.c.event_id == result["id"]).order_by(subscriptions.c.name)
+            ).all()  # fmt: skip
+            assert (
+                task["finished_at"] == task["updated_at"] == attempt["finished_at"] == result["occurred_at"]
+            )
+            assert attempt["started_at"] is not None and attempt["lease_expires_at"] > attempt["started_at"]
+            out.append({
+                "task": (task["status"], task["state_version"], task["attempt_count"], task["result"],
+                         task["error"], task["current_attempt_id"] == attempt["id"]),
+                "attempt": (attempt["status"], attempt["generation"], attempt["result"], attempt["error"],
+                            attempt["started_at"] <= attempt["finished_at"]),
+                "events": [(*e[:-1], sorted(e[-1] or {})) for e in events],
+                "result": (result["status"], result["result"], result["error"], result["handler"],
+                           result["state_version"], result["queue_id"] == task["queue_id"]),
+                "delivered": delivered,
+            })  # fmt: skip
+    return out
+
+
+def test_a_plain_batch_writes_exactly_what_the_single_calls_write(api: Api) -> None:
+    """The set-based path (all items plain) and the single calls leave the same rows behind."""
+    queue, other = api.queue(), api.queue()
+    for name, queues in ((f"all-{queue}", None), (f"mine-{queue}", [queue]), (f"other-{queue}", [other])):
+        r = api.http["admin"].post(
+            f"/v1/namespaces/{api.ns}/subscriptions", json={"name": name, "queues": queues}
+        )
+        assert r.status_code == 201, r.text
+    results: list[Any] = [{"n": 1}, None, [1, "two"], "text", 0]
+    singles = leased(api, queue, len(results))
+    for grant, result in zip(singles, results, strict=True):
+        r = api.http["work"].post(f"/v1/namespaces/{api.ns}/attempts/{grant['attempt']['id']}/start",
+                                  json={"lease_token": grant["attempt"]["lease_token"]})  # fmt: skip
+        assert r.status_code == 200, r.text
+        r = api.http["work"].post(f"/v1/namespaces/{api.ns}/attempts/{grant['attempt']['id']}/complete",
+                                  json={"lease_token": grant["attempt"]["lease_token"], "result": result})  # fmt: skip
+        assert r.status_code == 200, r.text
+    batched = leased(api, queue, len(results))
+    started = ok_batch(api, "start", [item(g) for g in batched])
+    assert [s["attempt"]["status"] for s in started] == ["RUNNING"] * len(results)
+    assert [s["attempt"]["task_id"] for s in started] == [g["task"]["id"] for g in batched]
+    done = ok_batch(api, "complete", [item(g, result=x) for g, x in zip(batched, results, strict=True)])
+    assert [(d["status"], d["attempt"]["status"], d["attempt"]["task_status"]) for d in done] == [
+        (200, "SUCCEEDED", "SUCCEEDED")
+    ] * len(results)
+    assert [api.task(g["task"]["id"])["result"] for g in batched] == results
+    ours = _written(api.server.engine, [g["task"]["id"] for g in batched])
+    theirs = _written(api.server.engine, [g["task"]["id"] for g in singles])
+    assert ours == theirs
+    assert [d[0] for d in ours[0]["delivered"]] == [f"all-{queue}", f"mine-{queue}"]
+    # The same batch again takes the item-by-item path and answers alike (idempotent repeat).
+    again = ok_batch(api, "complete", [item(g, result=x) for g, x in zip(batched, results, strict=True)])
+    assert [a["attempt"] for a in again] == [d["attempt"] for d in done]
+    assert _written(api.server.engine, [g["task"]["id"] for g in batched]) == ours
+    check_attempt_history(api.server.engine, [g["task"]["id"] for g in batched])
+
+
+def test_a_batch_naming_an_attempt_twice_is_answered_item_by_item(api: Api) -> None:
+    queue = api.queue()
+    (grant,) = leased(api, queue, 1)
+    started = ok_batch(api, "start", [item(grant), item(grant)])
+    assert [s["status"] for s in started] == [200, 200]
+    assert started[0]["attempt"] == started[1]["attempt"]
+    done = ok_batch(api, "complete", [item(grant, result=1), item(grant, result=2)])
+    assert [d["status"] for d in done] == [200, 409]
+    assert api.task(grant["task"]["id"])["result"] == 1
+
+
+def test_the_set_based_path_locks_the_tasks_and_not_the_attempts(api: Api) -> None:
+    """Lock order (task first) holds for the batch's one locking read of its tasks."""
+    if api.server.engine.dialect.name != "mysql":
+        pytest.skip("SQLite has no row locks: one writer at a time")
+    from orbit_server import attempt_sets
+
+    queue = api.queue()
+    grants = leased(api, queue, 2)
+    engine = api.server.engine
+    with engine.connect() as holder, engine.connect() as probe:
+        held = holder.begin()
+        ns_id = holder.scalar(sa.select(tasks.c.namespace_id).where(tasks.c.id == grants[0]["task"]["id"]))
+        locked = holder.execute(
+            attempt_sets._lock_tasks_statement(holder),
+            {"attempt_ids": [g["attempt"]["id"] for g in grants], "namespace_id": ns_id},
+        ).all()
+        assert sorted(row.id for row in locked) == sorted(g["task"]["id"] for g in grants)
+        for grant in grants:
+            with probe.begin():
+                probe.execute(
+                    sa.text("SELECT id FROM task_attempts WHERE id = :a FOR UPDATE NOWAIT"),
+                    {"a": grant["attempt"]["id"]},
+                ).all()
+            with probe.begin(), pytest.raises(sa.exc.OperationalError):
+                probe.execute(
+                    sa.text("SELECT id FROM tasks WHERE id = :t FOR UPDATE NOWAIT"),
+                    {"t": grant["task"]["id"]},
+                ).all()
+        held.rollback()
