@@ -23,8 +23,10 @@ from pydantic import (
     Field,
     JsonValue,
     PlainSerializer,
+    SerializerFunctionWrapHandler,
     StrictBool,
     StrictInt,
+    model_serializer,
     model_validator,
 )
 
@@ -33,6 +35,7 @@ __all__ = [
     "JSON_MAX_DEPTH",
     "MAX_ATTEMPT_BATCH_ITEMS",
     "NAME_PATTERN",
+    "TRACEBACK_MAX_LENGTH",
     "Attempt",
     "AttemptBatchResponse",
     "AttemptError",
@@ -531,6 +534,11 @@ class CompleteRequest(_Wire):
     result: JsonData = None
 
 
+#: Longest ``AttemptError.traceback`` accepted, in characters (16 KiB). The worker SDK keeps the
+#: end of a longer traceback (the innermost frames and the exception line) and marks the cut.
+TRACEBACK_MAX_LENGTH = 16 * 1024
+
+
 class AttemptError(_Wire):
     """Why an attempt failed, as the worker reports it.
 
@@ -542,11 +550,37 @@ class AttemptError(_Wire):
         retryable: ``True`` declares that running the handler again is safe and may
             succeed; the server then schedules another attempt while the budget and the
             deadline allow.
+        traceback: the handler's formatted Python traceback, at most
+            :data:`TRACEBACK_MAX_LENGTH` characters, or ``None``. The worker SDK sends it with
+            every handler exception; the server stores it in the attempt's and the task's
+            ``error`` (shown by ``orbit-server task show`` and the console). ``None`` is left
+            out of the JSON, so an error without one reads as before.
     """
 
     type: str = Field(min_length=1, max_length=255)
     message: str = Field(default="", max_length=10_000)
     retryable: bool = False
+    traceback: str | None = Field(default=None, max_length=TRACEBACK_MAX_LENGTH)
+
+    @model_serializer(mode="wrap")
+    def _leave_out_no_traceback(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        data: dict[str, Any] = handler(self)
+        if data.get("traceback") is None:
+            data.pop("traceback", None)
+        return data
+
+    @staticmethod
+    def bounded_traceback(text: str, limit: int = TRACEBACK_MAX_LENGTH) -> str:
+        """``text`` if it has at most ``limit`` characters (``limit`` >= 100); else its end, from a
+        line start, after a first line ``... [N characters cut]``: at most ``limit`` characters in
+        all. The end of a traceback (innermost frames, the exception) is the informative part."""
+        if len(text) <= limit:
+            return text
+        tail = text[-(limit - 40) :]  # 40 leaves room for the marker line
+        newline = tail.find("\n")
+        if 0 <= newline < len(tail) - 1:
+            tail = tail[newline + 1 :]
+        return f"... [{len(text) - len(tail)} characters cut]\n{tail}"
 
 
 class FailRequest(_Wire):
