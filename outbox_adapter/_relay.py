@@ -50,6 +50,7 @@ from outbox_adapter._outcomes import (
     Verdict,
     accepted,
     classify_error,
+    dead_queue_hint,
     item_outcome,
 )
 from outbox_adapter._sending import Batch, Done, QueueCache, requests_of, route_missing
@@ -532,8 +533,10 @@ class Relay:
                     verdict=Verdict.DEAD,
                     status_code=status,
                     error=(
-                        f"namespace {batch.namespace!r} does not exist for the relay's API key ({exc}); check the "
-                        "namespace and the key, then `orbit-outbox retry`"
+                        f"namespace {batch.namespace!r} does not exist for the relay's API key ({exc}); if the "
+                        "namespace is right, fix the key (ORBIT_API_KEY) and run `orbit-outbox retry --all-dead`; if "
+                        "it is wrong, delete the rows: `orbit-outbox purge --dead-older-than 0s --row ID --reason "
+                        "TEXT` (audited)"
                     ),
                 )
             return [outcome] * len(claims)
@@ -564,8 +567,8 @@ class Relay:
                     error=(
                         f"queue {claim.queue!r} of namespace {claim.namespace!r} does not exist for the relay's "
                         f"API key ({checked.status_code} {getattr(exc, 'code', '')}, request id "
-                        f"{getattr(exc, 'request_id', None) or '-'}); create it (orbit-server queue create), then "
-                        f"`orbit-outbox retry {claim.id}`"
+                        f"{getattr(exc, 'request_id', None) or '-'}); "
+                        + dead_queue_hint(claim.namespace, claim.queue, claim.id)
                     ),
                 )
             # The submission itself was not sent: whatever went wrong, the server did nothing.
