@@ -1,7 +1,7 @@
 """Orbit client: submit tasks to an Orbit server over HTTP, at most once per idempotency key.
 
 Everything public is re-exported here; the ``_modules`` behind it are private.
-Importing this package never imports SQLAlchemy or a database driver (DESIGN §1).
+Importing this package never imports SQLAlchemy or a database driver (README "Using the client").
 """
 
 from orbit_client._client import AsyncOrbitClient, OrbitClient

@@ -360,7 +360,7 @@ class BatchItem(_Wire):
 
     Attributes:
         idempotency_key: 1-255 printable ASCII characters (0x20-0x7E), no leading or
-            trailing space (the ``Idempotency-Key`` rule of DESIGN §3). The server checks it
+            trailing space (the ``Idempotency-Key`` rule, README "HTTP API"). The server checks it
             per item, so one malformed key fails only its item (400).
         queue, handler, params, options: as in :class:`TaskSubmission`.
     """
@@ -871,7 +871,7 @@ class ResultEvent(_Wire):
 
     Written in the same transaction as that transition, so it exists exactly when the
     transition committed. A task that goes ``NEEDS_REVIEW`` and is then reviewed has two
-    events. Receivers dedupe by ``id`` (DESIGN §5 "Inbox").
+    events. Receivers dedupe by ``id`` (README "Consuming results (inbox)").
 
     Attributes:
         id: the event's id (a UUID), the same in every delivery of the event.

@@ -276,7 +276,7 @@ class Worker:
 
     One lease call asks for as many tasks as there are free slots. The ``start``, ``complete``
     and ``fail`` reports made within ``report_linger`` of each other travel as one batched call
-    per kind, and the heartbeats due together as one (DESIGN §4 "Batched attempt calls"); each
+    per kind, and the heartbeats due together as one (README "Workers", "Batched attempt calls"); each
     report still gets its own outcome, so a ``lease_lost`` reaches its own task only. The start
     is always confirmed by its own report after the lease: a lease whose answer is lost leaves
     its tasks ``LEASED`` until their leases lapse, never ``RUNNING``.

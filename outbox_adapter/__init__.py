@@ -1,5 +1,5 @@
 """Transactional outbox for Orbit: write the intent to submit a task in the business transaction,
-and let a relay deliver it exactly once per key (DESIGN §5, §6.1 of the reliability model).
+and let a relay deliver it exactly once per key (README "Outbox").
 
 ::
 
@@ -14,7 +14,7 @@ result event of a subscription once, in the transaction that records it in ``orb
 (``orbit-outbox consume --subscription NAME --handler module:function``).
 
 Everything public is re-exported here; the ``_modules`` behind it are private. The
-package never imports ``orbit_server`` (DESIGN §1).
+package never imports ``orbit_server``.
 """
 
 import typing as _typing

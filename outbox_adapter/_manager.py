@@ -52,7 +52,7 @@ DeliveredHook = Callable[[Connection, DeliveredRow], None]
 
 
 class Outbox:
-    """The outbox (and inbox) tables of one business database, with the operator operations of DESIGN §5.
+    """The outbox (and inbox) tables of one business database, with the operator operations of README "Outbox".
 
     Give exactly one of ``engine`` and ``database_url``.
 
@@ -253,7 +253,7 @@ class Outbox:
         """Send a ``DEAD`` row again: ``DEAD`` → ``PENDING``, same key, fresh budget, due now; audited.
 
         Fix what made the server refuse it first (e.g. create the missing queue): the row's
-        data and key never change (DESIGN §5).
+        data and key never change (README "Outbox").
 
         Args:
             row_id: the row.
@@ -466,7 +466,7 @@ class Outbox:
         on_decision: Callable[[ReconcileDecision], None] | None = None,
         on_delivered: DeliveredHook | None = None,
     ) -> list[ReconcileDecision]:
-        """Settle every ``NEEDS_RECONCILE`` row by its original key (DESIGN §5).
+        """Settle every ``NEEDS_RECONCILE`` row by its original key (README "Outbox").
 
         For each row, ``GET /v1/namespaces/{ns}/submissions/{key}``:
 
@@ -637,7 +637,7 @@ class Outbox:
         """Delete ``DELIVERED`` rows delivered more than ``older_than_seconds`` ago, with their events.
 
         Deletes in batches of at most ``batch_size`` rows, one short transaction each, and
-        never touches a row in any other state (DESIGN §5 retention).
+        never touches a row in any other state (README "Outbox").
 
         Args:
             older_than_seconds: age, in seconds, measured from ``delivered_at`` to the

@@ -76,14 +76,14 @@ class _HookFailed(Exception):
 
 
 class Relay:
-    """Delivers outbox rows to Orbit: every committed row becomes exactly one task (DESIGN §5).
+    """Delivers outbox rows to Orbit: every committed row becomes exactly one task (README "Outbox").
 
     Any number of relays may run on one table: claims are disjoint (``SKIP LOCKED``, or
     SQLite's single writer, and in any case a conditional update whose row count is
     checked) and every recorded outcome is fenced by the row's lease token.
 
     **Batches.** Each claim leases up to ``batch_size`` due rows and sends them at once,
-    one ``POST /v1/namespaces/{ns}/tasks/batch`` per namespace (DESIGN §3), each row with
+    one ``POST /v1/namespaces/{ns}/tasks/batch`` per namespace (README "Batch acceptance"), each row with
     its own idempotency key; the outcomes of a request are recorded in one transaction
     (one conditional update per outcome class). A server without the batch route (404 /
     405) is remembered and rows are then submitted one by one.
@@ -95,7 +95,7 @@ class Relay:
     half the lease when the lease is shorter than that, the rows are released unsent
     (attempt given back, due now) and claimed again.
 
-    **Outcomes** (DESIGN §5, per row, also per item of a batch; the table is in
+    **Outcomes** (README "Outbox", per row, also per item of a batch; the table is in
     ``_outcomes``): accepted (201/200) → ``DELIVERED`` with the task id; definitely not
     accepted (connection refused, 429, 503, 409 ``request_in_progress``, and 401/403,
     which blame the relay's key) → ``PENDING`` after a backoff, ``Retry-After`` honoured;
