@@ -291,7 +291,7 @@ class _BaseClient:
                     )
                     # ``from None``: pydantic's own message repeats the input (params may be secret).
                     raise OrbitUsageError(f"invalid batch item, nothing was sent: {problems}") from None
-            bodies.append(item.model_dump(mode="json", exclude_none=True))
+            bodies.append(item.model_dump(mode="json", exclude_none=True, exclude_unset=True))
         return path, {"items": bodies}
 
     @classmethod

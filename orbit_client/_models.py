@@ -230,12 +230,14 @@ class TaskSubmission(_Wire):
     """Body of ``POST /v1/namespaces/{ns}/tasks``.
 
     ``params`` is any JSON value (finite numbers, valid Unicode, at most
-    :data:`JSON_MAX_DEPTH` levels deep); it is stored and returned unchanged.
+    :data:`JSON_MAX_DEPTH` levels deep); it is stored and returned unchanged. Left out, it
+    is ``{}`` (README "HTTP API"), and a submission without ``params`` means, and digests,
+    exactly as one with ``"params": {}``.
     """
 
     queue: str = Field(pattern=NAME_PATTERN)
     handler: str = Field(min_length=1, max_length=255, pattern=r"^[\x21-\x7e]+$")
-    params: JsonData = None
+    params: JsonData = Field(default_factory=dict)
     options: SubmitOptions | None = None
 
     def canonical_meaning(self) -> dict[str, Any]:
@@ -362,13 +364,14 @@ class BatchItem(_Wire):
         idempotency_key: 1-255 printable ASCII characters (0x20-0x7E), no leading or
             trailing space (the ``Idempotency-Key`` rule, README "HTTP API"). The server checks it
             per item, so one malformed key fails only its item (400).
-        queue, handler, params, options: as in :class:`TaskSubmission`.
+        queue, handler, params, options: as in :class:`TaskSubmission` (``params`` left
+            out is ``{}``).
     """
 
     idempotency_key: _IdempotencyKey
     queue: str = Field(pattern=NAME_PATTERN)
     handler: str = Field(min_length=1, max_length=255, pattern=r"^[\x21-\x7e]+$")
-    params: JsonData = None
+    params: JsonData = Field(default_factory=dict)
     options: SubmitOptions | None = None
 
     def submission(self) -> TaskSubmission:
