@@ -473,7 +473,13 @@ class Worker:
         handler = config.handlers.get(task.handler)
         if handler is None:
             error = _unknown_handler(config.worker_id, task.handler, config.handlers)
-            logger.warning("task %s attempt %s failed: %s", task.id, attempt.id, error.message)
+            logger.warning(
+                "task %s attempt %s (generation %d) failed: %s",
+                task.id,
+                attempt.id,
+                attempt.generation,
+                error.message,
+            )
             free_slot()
             self._report(grant, lambda: reports.fail(attempt, error))
             return
@@ -500,7 +506,11 @@ class Worker:
         except OrbitUsageError as exc:  # the result is not JSON
             error = AttemptError(type="invalid_result", message=str(exc)[:_MESSAGE_MAX], retryable=False)
             logger.warning(
-                "task %s attempt %s failed: invalid_result: %s", task.id, attempt.id, error.message
+                "task %s attempt %s (generation %d) failed: invalid_result: %s",
+                task.id,
+                attempt.id,
+                attempt.generation,
+                error.message,
             )
             self._report(grant, lambda: reports.fail(attempt, error))
 
@@ -755,7 +765,13 @@ class AsyncWorker:
         attempt_id = attempt.id
         if handler is None:
             error = _unknown_handler(config.worker_id, task.handler, config.handlers)
-            logger.warning("task %s attempt %s failed: %s", task.id, attempt_id, error.message)
+            logger.warning(
+                "task %s attempt %s (generation %d) failed: %s",
+                task.id,
+                attempt_id,
+                attempt.generation,
+                error.message,
+            )
             free_slot()
             await self._report(grant, lambda: reports.fail(attempt, error))
             return
@@ -780,7 +796,11 @@ class AsyncWorker:
         except OrbitUsageError as exc:
             error = AttemptError(type="invalid_result", message=str(exc)[:_MESSAGE_MAX], retryable=False)
             logger.warning(
-                "task %s attempt %s failed: invalid_result: %s", task.id, attempt.id, error.message
+                "task %s attempt %s (generation %d) failed: invalid_result: %s",
+                task.id,
+                attempt.id,
+                attempt.generation,
+                error.message,
             )
             await self._report(grant, lambda: reports.fail(attempt, error))
 
