@@ -1,7 +1,7 @@
 """Orbit client: submit tasks to an Orbit server over HTTP, at most once per idempotency key.
 
 Everything public is re-exported here; the ``_modules`` behind it are private.
-Importing this package never imports SQLAlchemy or a database driver (DESIGN §1).
+Importing this package never imports SQLAlchemy or a database driver (README "Using the client").
 """
 
 from orbit_client._client import AsyncOrbitClient, OrbitClient
@@ -33,6 +33,7 @@ from orbit_client._models import (
     IDEMPOTENCY_KEY_MAX_LENGTH,
     MAX_ATTEMPT_BATCH_ITEMS,
     NAME_PATTERN,
+    TRACEBACK_MAX_LENGTH,
     Attempt,
     AttemptBatchResponse,
     AttemptError,
@@ -96,6 +97,7 @@ __all__ = [
     "IDEMPOTENCY_KEY_MAX_LENGTH",
     "MAX_ATTEMPT_BATCH_ITEMS",
     "NAME_PATTERN",
+    "TRACEBACK_MAX_LENGTH",
     "AsyncOrbitClient",
     "AsyncWorker",
     "Attempt",

@@ -148,7 +148,7 @@ def _check_key(idempotency_key: str) -> None:
     if not isinstance(idempotency_key, str) or not is_valid_idempotency_key(idempotency_key):
         raise OrbitUsageError(
             "idempotency_key must be 1-255 printable ASCII characters (0x20-0x7E) without leading "
-            "or trailing spaces (IETF Idempotency-Key draft, DESIGN §3); nothing was sent"
+            "or trailing spaces (IETF Idempotency-Key draft; README, section HTTP API); nothing was sent"
         )
 
 
@@ -292,7 +292,7 @@ class _BaseClient:
                     )
                     # ``from None``: pydantic's own message repeats the input (params may be secret).
                     raise OrbitUsageError(f"invalid batch item, nothing was sent: {problems}") from None
-            bodies.append(item.model_dump(mode="json", exclude_none=True))
+            bodies.append(item.model_dump(mode="json", exclude_none=True, exclude_unset=True))
         return path, {"items": bodies}
 
     @classmethod
@@ -574,7 +574,7 @@ class OrbitClient(_BaseClient):
 
     Args:
         base_url: the server's root URL, e.g. ``"https://orbit.example.com"``; a path prefix is kept.
-        api_key: a bearer API key, bound to one namespace and a role (DESIGN §8); sent as
+        api_key: a bearer API key, bound to one namespace and a role (README "Running the server"); sent as
             ``Authorization: Bearer <api_key>`` and never logged.
         timeout: seconds allowed for each of connecting, sending, waiting for the answer
             and getting a pooled connection, per attempt. Default ``10.0``.
@@ -672,7 +672,7 @@ class OrbitClient(_BaseClient):
         """Submit a task, at most once per idempotency key (``POST /v1/namespaces/{ns}/tasks``).
 
         Retried on retryable errors: safe, because every attempt carries the same
-        ``Idempotency-Key`` (IETF Idempotency-Key draft, DESIGN §3).
+        ``Idempotency-Key`` (IETF Idempotency-Key draft; README "Using the client").
 
         Args:
             namespace: the namespace the API key belongs to.
@@ -753,7 +753,7 @@ class OrbitClient(_BaseClient):
     def find_submission(self, namespace: str, idempotency_key: str) -> Task | None:
         """Find the task an idempotency key created (``GET /v1/namespaces/{ns}/submissions/{key}``).
 
-        This is how to settle an outcome-unknown submission (DESIGN §3, §5).
+        This is how to settle an outcome-unknown submission (README "Using the client").
 
         Returns:
             The task, or ``None`` when the server answers 404 ``submission_not_found``

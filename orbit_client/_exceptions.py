@@ -27,7 +27,7 @@ caller used the client wrongly (usage)::
     │       └── ServiceUnavailableError     503: retryable, outcome known
     └── OrbitUsageError (also ValueError)   misuse caught before anything is sent
 
-Every error carries two attributes a caller (e.g. the outbox relay, DESIGN §5)
+Every error carries two attributes a caller (e.g. the outbox relay; README "Using the client")
 decides on:
 
 - ``retryable``: sending the same request again may succeed. For a submission this
@@ -80,7 +80,7 @@ class OrbitError(Exception):
         message: what happened and what to do about it (also ``str(error)``).
         retryable: ``True`` if sending the same request again may succeed.
         outcome_known: ``True`` if the server definitely did not accept or perform
-            the request; ``False`` if it may have (DESIGN §5 "outcome unknown").
+            the request; ``False`` if it may have (README "Using the client").
     """
 
     #: Class defaults; an instance may override them (see the retry loop's rule in ``RetryPolicy``).
@@ -157,7 +157,7 @@ class OrbitOutcomeUnknownError(OrbitTransportError):
     Raised on read or write timeouts, connection resets and protocol errors after
     the request may have been sent. The server may have performed it:
     ``outcome_known=False``, ``retryable=True``. Retry a submission with the same
-    idempotency key, or look it up with ``find_submission()`` (DESIGN §3, §5).
+    idempotency key, or look it up with ``find_submission()`` (README "Using the client").
     """
 
     retryable = True
@@ -217,13 +217,13 @@ class BadRequestError(OrbitAPIError):
 
 
 class AuthenticationError(OrbitAPIError):
-    """401: the API key is missing or unknown (DESIGN §8). Not retryable."""
+    """401: the API key is missing or unknown (README "HTTP API"). Not retryable."""
 
     hint = "check the api_key given to the client"
 
 
 class PermissionDeniedError(OrbitAPIError):
-    """403: the API key's role does not allow this operation (DESIGN §8). Not retryable."""
+    """403: the API key's role does not allow this operation (README "HTTP API"). Not retryable."""
 
     hint = "use an API key whose role allows this operation (read, submit, work or admin)"
 
@@ -231,7 +231,7 @@ class PermissionDeniedError(OrbitAPIError):
 class NotFoundError(OrbitAPIError):
     """404: the namespace, queue, task or submission does not exist for this API key.
 
-    A key bound to another namespace also gets 404, never 403 (DESIGN §8). Not retryable.
+    A key bound to another namespace also gets 404, never 403 (README "HTTP API"). Not retryable.
     """
 
     hint = "check the namespace, queue or id, and that the API key belongs to that namespace"
@@ -247,7 +247,7 @@ class RequestInProgressError(ConflictError):
     """409 ``request_in_progress``: an earlier request with the same idempotency key is still running.
 
     Nothing was done for this request: ``retryable=True``, ``outcome_known=True``
-    (IETF Idempotency-Key draft, DESIGN §3).
+    (IETF Idempotency-Key draft; README "HTTP API").
     """
 
     retryable = True
@@ -311,7 +311,7 @@ class SuccessorExistsError(ConflictError):
 
 
 class PayloadTooLargeError(OrbitAPIError):
-    """413: the request body or params exceed the server's size limit (DESIGN §8). Not retryable."""
+    """413: the request body or params exceed the server's size limit (README "HTTP API"). Not retryable."""
 
     hint = "make the params smaller, e.g. pass a reference to the data instead of the data"
 
@@ -326,8 +326,8 @@ class IdempotencyKeyReusedError(UnprocessableEntityError):
     """422 ``idempotency_key_reused``: the key was already used for a *different* submission.
 
     Never retried: the same key with a different body is a caller bug (IETF
-    Idempotency-Key draft, DESIGN §3). The outbox relay parks such a row in
-    ``NEEDS_RECONCILE`` (DESIGN §5).
+    Idempotency-Key draft; README "HTTP API"). The outbox relay parks such a row in
+    ``NEEDS_RECONCILE`` (README "Outbox").
     """
 
     hint = (
@@ -351,7 +351,7 @@ class ServerError(OrbitAPIError):
     """5xx: the server failed. It may have done part or all of the work first.
 
     ``retryable=True``, ``outcome_known=False``: retry a submission with the same
-    idempotency key, or look it up with ``find_submission()`` (DESIGN §5).
+    idempotency key, or look it up with ``find_submission()`` (README "Using the client").
     """
 
     retryable = True
@@ -365,7 +365,7 @@ class ServerError(OrbitAPIError):
 class ServiceUnavailableError(ServerError):
     """503: the server refused the request before doing anything (overloaded, starting, draining).
 
-    ``retryable=True``, ``outcome_known=True``; honour ``retry_after`` (DESIGN §5).
+    ``retryable=True``, ``outcome_known=True``; honour ``retry_after`` (README "Using the client").
     """
 
     outcome_known = True

@@ -23,8 +23,10 @@ from pydantic import (
     Field,
     JsonValue,
     PlainSerializer,
+    SerializerFunctionWrapHandler,
     StrictBool,
     StrictInt,
+    model_serializer,
     model_validator,
 )
 
@@ -33,6 +35,7 @@ __all__ = [
     "JSON_MAX_DEPTH",
     "MAX_ATTEMPT_BATCH_ITEMS",
     "NAME_PATTERN",
+    "TRACEBACK_MAX_LENGTH",
     "Attempt",
     "AttemptBatchResponse",
     "AttemptError",
@@ -227,12 +230,14 @@ class TaskSubmission(_Wire):
     """Body of ``POST /v1/namespaces/{ns}/tasks``.
 
     ``params`` is any JSON value (finite numbers, valid Unicode, at most
-    :data:`JSON_MAX_DEPTH` levels deep); it is stored and returned unchanged.
+    :data:`JSON_MAX_DEPTH` levels deep); it is stored and returned unchanged. Left out, it
+    is ``{}`` (README "HTTP API"), and a submission without ``params`` means, and digests,
+    exactly as one with ``"params": {}``.
     """
 
     queue: str = Field(pattern=NAME_PATTERN)
     handler: str = Field(min_length=1, max_length=255, pattern=r"^[\x21-\x7e]+$")
-    params: JsonData = None
+    params: JsonData = Field(default_factory=dict)
     options: SubmitOptions | None = None
 
     def canonical_meaning(self) -> dict[str, Any]:
@@ -357,15 +362,16 @@ class BatchItem(_Wire):
 
     Attributes:
         idempotency_key: 1-255 printable ASCII characters (0x20-0x7E), no leading or
-            trailing space (the ``Idempotency-Key`` rule of DESIGN §3). The server checks it
+            trailing space (the ``Idempotency-Key`` rule, README "HTTP API"). The server checks it
             per item, so one malformed key fails only its item (400).
-        queue, handler, params, options: as in :class:`TaskSubmission`.
+        queue, handler, params, options: as in :class:`TaskSubmission` (``params`` left
+            out is ``{}``).
     """
 
     idempotency_key: _IdempotencyKey
     queue: str = Field(pattern=NAME_PATTERN)
     handler: str = Field(min_length=1, max_length=255, pattern=r"^[\x21-\x7e]+$")
-    params: JsonData = None
+    params: JsonData = Field(default_factory=dict)
     options: SubmitOptions | None = None
 
     def submission(self) -> TaskSubmission:
@@ -531,6 +537,11 @@ class CompleteRequest(_Wire):
     result: JsonData = None
 
 
+#: Longest ``AttemptError.traceback`` accepted, in characters (16 KiB). The worker SDK keeps the
+#: end of a longer traceback (the innermost frames and the exception line) and marks the cut.
+TRACEBACK_MAX_LENGTH = 16 * 1024
+
+
 class AttemptError(_Wire):
     """Why an attempt failed, as the worker reports it.
 
@@ -542,11 +553,37 @@ class AttemptError(_Wire):
         retryable: ``True`` declares that running the handler again is safe and may
             succeed; the server then schedules another attempt while the budget and the
             deadline allow.
+        traceback: the handler's formatted Python traceback, at most
+            :data:`TRACEBACK_MAX_LENGTH` characters, or ``None``. The worker SDK sends it with
+            every handler exception; the server stores it in the attempt's and the task's
+            ``error`` (shown by ``orbit-server task show`` and the console). ``None`` is left
+            out of the JSON, so an error without one reads as before.
     """
 
     type: str = Field(min_length=1, max_length=255)
     message: str = Field(default="", max_length=10_000)
     retryable: bool = False
+    traceback: str | None = Field(default=None, max_length=TRACEBACK_MAX_LENGTH)
+
+    @model_serializer(mode="wrap")
+    def _leave_out_no_traceback(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        data: dict[str, Any] = handler(self)
+        if data.get("traceback") is None:
+            data.pop("traceback", None)
+        return data
+
+    @staticmethod
+    def bounded_traceback(text: str, limit: int = TRACEBACK_MAX_LENGTH) -> str:
+        """``text`` if it has at most ``limit`` characters (``limit`` >= 100); else its end, from a
+        line start, after a first line ``... [N characters cut]``: at most ``limit`` characters in
+        all. The end of a traceback (innermost frames, the exception) is the informative part."""
+        if len(text) <= limit:
+            return text
+        tail = text[-(limit - 40) :]  # 40 leaves room for the marker line
+        newline = tail.find("\n")
+        if 0 <= newline < len(tail) - 1:
+            tail = tail[newline + 1 :]
+        return f"... [{len(text) - len(tail)} characters cut]\n{tail}"
 
 
 class FailRequest(_Wire):
@@ -837,7 +874,7 @@ class ResultEvent(_Wire):
 
     Written in the same transaction as that transition, so it exists exactly when the
     transition committed. A task that goes ``NEEDS_REVIEW`` and is then reviewed has two
-    events. Receivers dedupe by ``id`` (DESIGN §5 "Inbox").
+    events. Receivers dedupe by ``id`` (README "Consuming results (inbox)").
 
     Attributes:
         id: the event's id (a UUID), the same in every delivery of the event.

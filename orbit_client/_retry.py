@@ -28,7 +28,7 @@ class RetryPolicy:
     Only errors with ``retryable=True`` are retried (connection failures, outcome-unknown
     transport failures, 409 ``request_in_progress``, 429 and 5xx); everything else is
     raised at once. Retrying a submission is safe because its idempotency key does not
-    change between attempts (IETF Idempotency-Key draft, DESIGN §3).
+    change between attempts (IETF Idempotency-Key draft; README "Using the client").
 
     Args:
         max_attempts: total number of tries, the first one included; ``1`` disables

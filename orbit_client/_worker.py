@@ -26,6 +26,7 @@ import signal
 import socket
 import threading
 import time
+import traceback
 import uuid
 from collections.abc import Awaitable, Callable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
@@ -129,11 +130,36 @@ class TaskContext:
 
 
 def _error_for(exc: BaseException) -> AttemptError:
-    """How a handler's exception is reported: type, message, and whether a retry is safe."""
+    """How a handler's exception is reported: type, message, whether a retry is safe, and its
+    traceback (the end of it past ``TRACEBACK_MAX_LENGTH`` characters)."""
     if isinstance(exc, TaskCancelled):
         return AttemptError(type="cancelled", message=str(exc)[:_MESSAGE_MAX], retryable=False)
     retryable = isinstance(exc, RetryableError) or getattr(exc, "retryable", False) is True
-    return AttemptError(type=type(exc).__name__, message=str(exc)[:_MESSAGE_MAX], retryable=retryable)
+    text = AttemptError.bounded_traceback("".join(traceback.format_exception(exc)))
+    return AttemptError(
+        type=type(exc).__name__, message=str(exc)[:_MESSAGE_MAX], retryable=retryable, traceback=text
+    )
+
+
+def _unknown_handler(worker_id: str, handler: str, handlers: Mapping[str, object]) -> AttemptError:
+    """The error of a task whose handler this worker does not have; it names the ones it has."""
+    known = ", ".join(repr(name) for name in sorted(handlers)) or "none"
+    message = f"worker {worker_id} has no handler {handler!r}; its handlers: {known}"
+    return AttemptError(type="unknown_handler", message=message[:_MESSAGE_MAX], retryable=False)
+
+
+def _log_failure(
+    task: Task, attempt_id: str, generation: int, exc: BaseException, error: AttemptError
+) -> None:
+    """Every failed attempt at WARNING with its ids and traceback; a cancelled one at INFO."""
+    if error.type == "cancelled":
+        logger.info("task %s attempt %s (generation %d) stopped: cancelled", task.id, attempt_id, generation)
+        return
+    logger.warning(
+        "task %s (%s) attempt %s (generation %d) failed: %s: %s",
+        task.id, task.handler, attempt_id, generation, error.type, error.message,
+        exc_info=exc,
+    )  # fmt: skip
 
 
 def _default_worker_id() -> str:
@@ -250,7 +276,7 @@ class Worker:
 
     One lease call asks for as many tasks as there are free slots. The ``start``, ``complete``
     and ``fail`` reports made within ``report_linger`` of each other travel as one batched call
-    per kind, and the heartbeats due together as one (DESIGN §4 "Batched attempt calls"); each
+    per kind, and the heartbeats due together as one (README "Workers", "Batched attempt calls"); each
     report still gets its own outcome, so a ``lease_lost`` reaches its own task only. The start
     is always confirmed by its own report after the lease: a lease whose answer is lost leaves
     its tasks ``LEASED`` until their leases lapse, never ``RUNNING``.
@@ -446,10 +472,13 @@ class Worker:
         task, attempt = grant.task, grant.attempt
         handler = config.handlers.get(task.handler)
         if handler is None:
-            error = AttemptError(
-                type="unknown_handler",
-                message=f"worker {config.worker_id} has no handler {task.handler!r}",
-                retryable=False,
+            error = _unknown_handler(config.worker_id, task.handler, config.handlers)
+            logger.warning(
+                "task %s attempt %s (generation %d) failed: %s",
+                task.id,
+                attempt.id,
+                attempt.generation,
+                error.message,
             )
             free_slot()
             self._report(grant, lambda: reports.fail(attempt, error))
@@ -468,7 +497,7 @@ class Worker:
         except Exception as exc:
             free_slot()
             error = _error_for(exc)
-            logger.info("task %s attempt %d failed: %s", task.id, attempt.generation, error.type)
+            _log_failure(task, attempt.id, attempt.generation, exc, error)
             self._report(grant, lambda: reports.fail(attempt, error))
             return
         free_slot()
@@ -476,6 +505,13 @@ class Worker:
             self._report(grant, lambda: reports.complete(attempt, result))
         except OrbitUsageError as exc:  # the result is not JSON
             error = AttemptError(type="invalid_result", message=str(exc)[:_MESSAGE_MAX], retryable=False)
+            logger.warning(
+                "task %s attempt %s (generation %d) failed: invalid_result: %s",
+                task.id,
+                attempt.id,
+                attempt.generation,
+                error.message,
+            )
             self._report(grant, lambda: reports.fail(attempt, error))
 
     def _report(self, grant: LeaseGrant, call: Callable[[], AttemptState]) -> None:
@@ -728,10 +764,13 @@ class AsyncWorker:
         handler = config.handlers.get(task.handler)
         attempt_id = attempt.id
         if handler is None:
-            error = AttemptError(
-                type="unknown_handler",
-                message=f"worker {config.worker_id} has no handler {task.handler!r}",
-                retryable=False,
+            error = _unknown_handler(config.worker_id, task.handler, config.handlers)
+            logger.warning(
+                "task %s attempt %s (generation %d) failed: %s",
+                task.id,
+                attempt_id,
+                attempt.generation,
+                error.message,
             )
             free_slot()
             await self._report(grant, lambda: reports.fail(attempt, error))
@@ -748,7 +787,7 @@ class AsyncWorker:
         except Exception as exc:
             free_slot()
             error = _error_for(exc)
-            logger.info("task %s attempt %d failed: %s", task.id, attempt.generation, error.type)
+            _log_failure(task, attempt.id, attempt.generation, exc, error)
             await self._report(grant, lambda: reports.fail(attempt, error))
             return
         free_slot()
@@ -756,6 +795,13 @@ class AsyncWorker:
             await self._report(grant, lambda: reports.complete(attempt, result))
         except OrbitUsageError as exc:
             error = AttemptError(type="invalid_result", message=str(exc)[:_MESSAGE_MAX], retryable=False)
+            logger.warning(
+                "task %s attempt %s (generation %d) failed: invalid_result: %s",
+                task.id,
+                attempt.id,
+                attempt.generation,
+                error.message,
+            )
             await self._report(grant, lambda: reports.fail(attempt, error))
 
     async def _report(self, grant: LeaseGrant, call: Callable[[], Awaitable[AttemptState]]) -> None:

@@ -185,7 +185,8 @@ def _run(
         seen = known.get(item.key)
         if seen is not None:
             digest, task_id = seen
-            plan.append(("replayed", task_id) if digest == item.digest else store.key_reused())
+            same = store.same_request(digest, item.digest, item.submission)
+            plan.append(("replayed", task_id) if same else store.key_reused())
             continue
         queue_id = queue_ids.get(item.submission.queue)
         if queue_id is None:

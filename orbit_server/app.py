@@ -413,7 +413,7 @@ def create_app(settings: ServerSettings | None = None, *, engine: Engine | None 
     def find_submission(namespace: NamespaceName, idempotency_key: str, caller: Caller) -> Task:
         """The task an idempotency key created; 404 ``submission_not_found`` if none.
 
-        This is how a relay or an operator settles an uncertain send (DESIGN §5).
+        This is how a relay or an operator settles an uncertain send (README "Using the client").
         """
         authorize(caller, namespace, "read")
         with the_engine.begin() as conn:
@@ -471,7 +471,7 @@ def create_app(settings: ServerSettings | None = None, *, engine: Engine | None 
     async def lease_tasks(
         namespace: NamespaceName, queue: QueueName, body: LeaseRequest, caller: Caller, request: Request
     ) -> Any:
-        """Lease up to ``max_tasks`` due tasks for one worker (DESIGN §4).
+        """Lease up to ``max_tasks`` due tasks for one worker (README "Workers").
 
         Each grant carries the task and a new attempt: id, ``generation`` (fencing number),
         the secret ``lease_token`` and ``lease_expires_at`` (database clock). An empty list when
@@ -667,7 +667,7 @@ def create_app(settings: ServerSettings | None = None, *, engine: Engine | None 
     def create_subscription(
         namespace: NamespaceName, body: SubscriptionRequest, caller: Caller, response: Response
     ) -> Subscription:
-        """Create a subscription to the namespace's result events (DESIGN §4). Requires ``admin``.
+        """Create a subscription to the namespace's result events (README "Result events"). Requires ``admin``.
 
         201 when created; 200 with the existing one when the name exists with the same queues;
         409 ``subscription_exists`` when it exists with other queues; 404 ``queue_not_found``

@@ -48,6 +48,7 @@ __all__ = [
     "list_tasks",
     "queue_missing",
     "request_digest",
+    "same_request",
     "submit_task",
     "task_from_row",
     "task_gone",
@@ -332,9 +333,27 @@ def request_digest(submission: TaskSubmission) -> str:
     return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 
-def _replay(conn: Connection, principal: Principal, found: RowMapping, digest: str) -> Task:
+def same_request(stored_digest: str, digest: str, submission: TaskSubmission) -> bool:
+    """Whether a key's stored digest is that of ``submission`` (whose digest is ``digest``).
+
+    Before ``params`` defaulted to ``{}``, a submission without ``params`` stored ``null``
+    and digested as ``"params": null``. So that such a submission, replayed after the
+    upgrade, is still a replay (not ``422 idempotency_key_reused``), a submission whose
+    params are ``{}`` also matches the digest it had with ``null`` params. Computed only
+    when the digests differ: the common path costs nothing.
+    """
+    if stored_digest == digest:
+        return True
+    if submission.params != {}:
+        return False
+    return stored_digest == request_digest(submission.model_copy(update={"params": None}))
+
+
+def _replay(
+    conn: Connection, principal: Principal, found: RowMapping, digest: str, submission: TaskSubmission
+) -> Task:
     """The original task of a key seen before (``found``: its digest and task id)."""
-    if found["request_digest"] != digest:
+    if not same_request(found["request_digest"], digest, submission):
         raise key_reused()
     task = get_task(conn, principal.namespace_id, found["task_id"])
     if task is None:  # pragma: no cover - keys are written with their task and outlive no purge yet
@@ -512,7 +531,7 @@ def submit_task(
             with engine.begin() as conn:
                 found = conn.execute(_lookup(conn), lookup_params).mappings().one()
                 if found["task_id"] is not None:
-                    return _replay(conn, principal, found, digest), True
+                    return _replay(conn, principal, found, digest, submission), True
                 if found["queue_id"] is None:
                     raise queue_missing(principal, submission.queue)
                 now = as_db_time(found["now"])
@@ -543,7 +562,7 @@ def submit_task(
             with engine.begin() as conn:
                 found = conn.execute(_lookup(conn), lookup_params).mappings().one()
                 if found["task_id"] is not None:
-                    return _replay(conn, principal, found, digest), True
+                    return _replay(conn, principal, found, digest, submission), True
             raise errors.RequestInProgress(
                 "another request with this Idempotency-Key is being processed; retry shortly"
             ) from None

@@ -87,14 +87,14 @@ def _describe(exc: BaseException) -> str:
 
 
 class ResultConsumer:
-    """Applies the result events of one subscription to the business database, once each (DESIGN §5).
+    """Applies the result events of one subscription to the business database, once each (README "Consuming results (inbox)").
 
     For each leased delivery, in **one business transaction**: if the event is already in
     the inbox (same subscription and event id), nothing happens; otherwise its inbox row is
     inserted and ``handler(conn, event)`` runs on that connection, and may update business
     tables and :func:`~outbox_adapter.enqueue` follow-up outbox rows in the same
     transaction. After the commit, and only then, the delivery is acked over HTTP. No
-    transaction is ever open across an HTTP call (DESIGN §2).
+    transaction is ever open across an HTTP call.
 
     - **Duplicate delivery** (an ack lost, a consumer killed between commit and ack, two
       consumers racing after a lease expired): nothing changes; acked. Two transactions

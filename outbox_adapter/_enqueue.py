@@ -102,7 +102,7 @@ def _prepare(
     elif not isinstance(idempotency_key, str) or not is_valid_idempotency_key(idempotency_key):
         raise OutboxUsageError(
             "idempotency_key must be 1-255 printable ASCII characters without leading or trailing spaces "
-            "(DESIGN §3); nothing was written"
+            "(README, section HTTP API); nothing was written"
         )
     for label, value in (("ordering_key", ordering_key), ("business_ref", business_ref)):
         if value is not None and (not isinstance(value, str) or not 1 <= len(value) <= 255):
@@ -177,7 +177,7 @@ def enqueue(
     tables: OutboxTables | None = None,
     max_params_bytes: int = DEFAULT_MAX_PARAMS_BYTES,
 ) -> OutboxEntry:
-    """Record the intent to submit a task, in the caller's transaction (DESIGN §5, reliability model §6.1).
+    """Record the intent to submit a task, in the caller's transaction (README "Outbox").
 
     Writes one ``PENDING`` row through ``conn`` and nothing else; never commits. Commit
     the business change and the row together; a rollback leaves nothing to send. A relay

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Collection, Iterator
 from contextlib import contextmanager
 from datetime import timedelta
 from types import TracebackType
@@ -52,7 +52,7 @@ DeliveredHook = Callable[[Connection, DeliveredRow], None]
 
 
 class Outbox:
-    """The outbox (and inbox) tables of one business database, with the operator operations of DESIGN §5.
+    """The outbox (and inbox) tables of one business database, with the operator operations of README "Outbox".
 
     Give exactly one of ``engine`` and ``database_url``.
 
@@ -253,7 +253,7 @@ class Outbox:
         """Send a ``DEAD`` row again: ``DEAD`` → ``PENDING``, same key, fresh budget, due now; audited.
 
         Fix what made the server refuse it first (e.g. create the missing queue): the row's
-        data and key never change (DESIGN §5).
+        data and key never change (README "Outbox").
 
         Args:
             row_id: the row.
@@ -466,7 +466,7 @@ class Outbox:
         on_decision: Callable[[ReconcileDecision], None] | None = None,
         on_delivered: DeliveredHook | None = None,
     ) -> list[ReconcileDecision]:
-        """Settle every ``NEEDS_RECONCILE`` row by its original key (DESIGN §5).
+        """Settle every ``NEEDS_RECONCILE`` row by its original key (README "Outbox").
 
         For each row, ``GET /v1/namespaces/{ns}/submissions/{key}``:
 
@@ -637,7 +637,7 @@ class Outbox:
         """Delete ``DELIVERED`` rows delivered more than ``older_than_seconds`` ago, with their events.
 
         Deletes in batches of at most ``batch_size`` rows, one short transaction each, and
-        never touches a row in any other state (DESIGN §5 retention).
+        never touches a row in any other state (README "Outbox").
 
         Args:
             older_than_seconds: age, in seconds, measured from ``delivered_at`` to the
@@ -665,6 +665,58 @@ class Outbox:
                 on_batch(deleted)
             if deleted < batch_size:
                 return total
+
+    def purge_dead(
+        self,
+        *,
+        older_than_seconds: float,
+        actor: str,
+        reason: str,
+        row_ids: Collection[int] | None = None,
+        batch_size: int = 1000,
+        on_batch: Callable[[int], None] | None = None,
+    ) -> list[int]:
+        """Delete rows ``DEAD`` for more than ``older_than_seconds``: rows the operator decided
+        never to send (e.g. a mistyped queue). Returns the ids deleted, in order.
+
+        ``row_ids`` limits the purge to those rows (``older_than_seconds=0`` then deletes
+        exactly the ones of them that are ``DEAD``); ``None`` means every ``DEAD`` row.
+
+        A row's age is measured from its last change (``updated_at``, when it became
+        ``DEAD``) to the database's now when the purge starts. Each row deleted keeps its
+        audit trail plus one event ``DEAD`` → ``PURGED`` with ``actor`` and ``reason``, written
+        in the transaction that deletes it (``orbit-outbox show ID`` then finds no row, but
+        ``events(ID)`` still answers). Deleting a ``DEAD`` row releases the later rows of its
+        ordering key. ``batch_size`` rows per transaction; no other state is touched.
+
+        Raises:
+            OutboxUsageError: a negative age, a batch size below 1, or an empty reason.
+            OutboxDatabaseError: the database failed; committed batches stay deleted.
+        """
+        if older_than_seconds < 0 or batch_size < 1:
+            raise OutboxUsageError("older_than_seconds must be >= 0 and batch_size >= 1")
+        if not reason.strip():
+            raise OutboxUsageError("a purge of DEAD rows needs a reason, for the audit trail")
+        with self.transaction("read the database clock") as conn:
+            cutoff = db_now(conn) - timedelta(seconds=older_than_seconds)
+        purged: list[int] = []
+        while True:
+            with self.transaction("purge DEAD rows") as conn:
+                ids = q.purge_dead_batch(
+                    conn, self.tables, cutoff=cutoff, batch_size=batch_size, reason=reason, actor=actor,
+                    now=db_now(conn), row_ids=row_ids,
+                )  # fmt: skip
+            purged.extend(ids)
+            if ids:
+                log.info(
+                    "%d DEAD row(s) purged by %s: %s",
+                    len(ids), actor, ", ".join(map(str, ids)),
+                    extra={"event": "purged", "row_ids": ids, "reason": reason},
+                )  # fmt: skip
+                if on_batch is not None:
+                    on_batch(len(ids))
+            if len(ids) < batch_size:
+                return purged
 
 
 def _not_found(row_id: int) -> RowNotFoundError:

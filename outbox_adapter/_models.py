@@ -59,7 +59,7 @@ class OutboxEntry(_AsDict):
 
 @dataclass(frozen=True, kw_only=True)
 class OutboxRow(_AsDict):
-    """One outbox row as stored (DESIGN §5). Times are UTC; ``None`` means "not set".
+    """One outbox row as stored (README "Outbox"). Times are UTC; ``None`` means "not set".
 
     Attributes:
         attempts: sends counted against the budget (``+1`` per claim, given back when the
@@ -137,7 +137,7 @@ class OutboxStatus(_AsDict):
 
 @dataclass(frozen=True, kw_only=True)
 class ReconcileDecision(_AsDict):
-    """What ``reconcile`` decided for one ``NEEDS_RECONCILE`` row (DESIGN §5).
+    """What ``reconcile`` decided for one ``NEEDS_RECONCILE`` row (README "Outbox").
 
     Attributes:
         decision: ``"delivered"`` (the server has a task for the key and it is this
@@ -209,7 +209,7 @@ class RelayStats(_AsDict):
 
 @dataclass(frozen=True, kw_only=True)
 class InboxRow(_AsDict):
-    """One result event recorded in the inbox (DESIGN §5 "Inbox"). Times are UTC, from the database clock.
+    """One result event recorded in the inbox (README "Consuming results (inbox)"). Times are UTC, from the database clock.
 
     Attributes:
         event_id: the result event's id (unique per ``subscription``).

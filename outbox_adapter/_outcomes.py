@@ -42,7 +42,16 @@ from orbit_client import (
 )
 from outbox_adapter._exceptions import OutboxUsageError
 
-__all__ = ["Backoff", "Outage", "SendOutcome", "Verdict", "accepted", "classify_error", "item_outcome"]
+__all__ = [
+    "Backoff",
+    "Outage",
+    "SendOutcome",
+    "Verdict",
+    "accepted",
+    "classify_error",
+    "dead_queue_hint",
+    "item_outcome",
+]
 
 
 class Verdict(enum.Enum):
@@ -125,7 +134,7 @@ def item_outcome(result: BatchItemResult, *, namespace: str, queue: str, row_id:
             status_code=status,
             error=(
                 f"queue {queue!r} of namespace {namespace!r} does not exist for the relay's API key ({message}); "
-                f"create it (orbit-server queue create), then `orbit-outbox retry {row_id}`"
+                + dead_queue_hint(namespace, queue, row_id)
             ),
         )
     if 400 <= status < 500:
@@ -269,3 +278,13 @@ class Outage:
                 extra={"event": f"{self.name}_recovered", "failures": self.failures},
             )
             self.failures = 0
+
+
+def dead_queue_hint(namespace: str, queue: str, row_id: int) -> str:
+    """Both ways out of a row that went ``DEAD`` for an unknown queue: the queue is right
+    (create it, retry the row) or mistyped (delete the row, audited)."""
+    return (
+        f"if the queue name is right, create it (`orbit-server queue create {namespace} {queue}`) and run "
+        f"`orbit-outbox retry {row_id}`; if it is wrong, delete the row: `orbit-outbox purge --dead-older-than 0s "
+        f"--row {row_id} --reason TEXT` (audited) and enqueue the work again with the right queue"
+    )

@@ -55,6 +55,7 @@ __all__ = [
     "list_rows",
     "live_claims",
     "mark_inbox_processed",
+    "purge_dead_batch",
     "purge_delivered_batch",
     "record_dead",
     "record_delivered",
@@ -67,6 +68,8 @@ __all__ = [
     "take_rows",
 ]
 
+#: ``to_state`` of the audit event a purged ``DEAD`` row leaves behind (the row itself is deleted).
+PURGED = "PURGED"
 PENDING, DELIVERED, DEAD, NEEDS_RECONCILE = (
     OutboxState.PENDING.value,
     OutboxState.DELIVERED.value,
@@ -786,6 +789,44 @@ def purge_delivered_batch(conn: Connection, t: OutboxTables, *, cutoff: datetime
     deleted = conn.execute(sa.delete(o).where(o.c.id.in_(ids), o.c.state == DELIVERED)).rowcount
     conn.execute(sa.delete(e).where(e.c.outbox_id.in_(ids)))
     return int(deleted)
+
+
+def purge_dead_batch(
+    conn: Connection,
+    t: OutboxTables,
+    *,
+    cutoff: datetime,
+    batch_size: int,
+    reason: str,
+    actor: str,
+    now: datetime,
+    row_ids: Collection[int] | None = None,
+) -> list[int]:
+    """Delete up to ``batch_size`` rows ``DEAD`` since before ``cutoff`` (``updated_at``), only rows of
+    ``row_ids`` unless it is ``None``; return their ids.
+
+    Each deleted row keeps its audit events and gets one more, ``DEAD`` → ``PURGED`` with
+    ``reason`` and ``actor``, in the same transaction. The rows are locked when read (not on
+    SQLite: single writer) and the ``DELETE`` repeats the condition; a row that left ``DEAD``
+    in between (an operator's ``retry``) is neither deleted nor audited.
+    """
+    o = t.outbox
+    stmt = (
+        sa.select(o.c.id).where(o.c.state == DEAD, o.c.updated_at < cutoff).order_by(o.c.id).limit(batch_size)
+    )
+    if row_ids is not None:
+        stmt = stmt.where(o.c.id.in_(sorted(row_ids)))
+    if conn.dialect.name != "sqlite":
+        stmt = stmt.with_for_update()
+    ids = list(conn.scalars(stmt))
+    if not ids:
+        return []
+    deleted = conn.execute(sa.delete(o).where(o.c.id.in_(ids), o.c.state == DEAD)).rowcount
+    if deleted != len(ids):
+        left = set(conn.scalars(sa.select(o.c.id).where(o.c.id.in_(ids))))
+        ids = [i for i in ids if i not in left]
+    add_events(conn, t, [event_values(i, DEAD, PURGED, reason=reason, actor=actor, now=now) for i in ids])
+    return ids
 
 
 def ids_of(rows: Iterable[OutboxRow]) -> list[int]:

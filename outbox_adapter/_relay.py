@@ -50,6 +50,7 @@ from outbox_adapter._outcomes import (
     Verdict,
     accepted,
     classify_error,
+    dead_queue_hint,
     item_outcome,
 )
 from outbox_adapter._sending import Batch, Done, QueueCache, requests_of, route_missing
@@ -75,14 +76,14 @@ class _HookFailed(Exception):
 
 
 class Relay:
-    """Delivers outbox rows to Orbit: every committed row becomes exactly one task (DESIGN §5).
+    """Delivers outbox rows to Orbit: every committed row becomes exactly one task (README "Outbox").
 
     Any number of relays may run on one table: claims are disjoint (``SKIP LOCKED``, or
     SQLite's single writer, and in any case a conditional update whose row count is
     checked) and every recorded outcome is fenced by the row's lease token.
 
     **Batches.** Each claim leases up to ``batch_size`` due rows and sends them at once,
-    one ``POST /v1/namespaces/{ns}/tasks/batch`` per namespace (DESIGN §3), each row with
+    one ``POST /v1/namespaces/{ns}/tasks/batch`` per namespace (README "Batch acceptance"), each row with
     its own idempotency key; the outcomes of a request are recorded in one transaction
     (one conditional update per outcome class). A server without the batch route (404 /
     405) is remembered and rows are then submitted one by one.
@@ -94,7 +95,7 @@ class Relay:
     half the lease when the lease is shorter than that, the rows are released unsent
     (attempt given back, due now) and claimed again.
 
-    **Outcomes** (DESIGN §5, per row, also per item of a batch; the table is in
+    **Outcomes** (README "Outbox", per row, also per item of a batch; the table is in
     ``_outcomes``): accepted (201/200) → ``DELIVERED`` with the task id; definitely not
     accepted (connection refused, 429, 503, 409 ``request_in_progress``, and 401/403,
     which blame the relay's key) → ``PENDING`` after a backoff, ``Retry-After`` honoured;
@@ -532,8 +533,10 @@ class Relay:
                     verdict=Verdict.DEAD,
                     status_code=status,
                     error=(
-                        f"namespace {batch.namespace!r} does not exist for the relay's API key ({exc}); check the "
-                        "namespace and the key, then `orbit-outbox retry`"
+                        f"namespace {batch.namespace!r} does not exist for the relay's API key ({exc}); if the "
+                        "namespace is right, fix the key (ORBIT_API_KEY) and run `orbit-outbox retry --all-dead`; if "
+                        "it is wrong, delete the rows: `orbit-outbox purge --dead-older-than 0s --row ID --reason "
+                        "TEXT` (audited)"
                     ),
                 )
             return [outcome] * len(claims)
@@ -564,8 +567,8 @@ class Relay:
                     error=(
                         f"queue {claim.queue!r} of namespace {claim.namespace!r} does not exist for the relay's "
                         f"API key ({checked.status_code} {getattr(exc, 'code', '')}, request id "
-                        f"{getattr(exc, 'request_id', None) or '-'}); create it (orbit-server queue create), then "
-                        f"`orbit-outbox retry {claim.id}`"
+                        f"{getattr(exc, 'request_id', None) or '-'}); "
+                        + dead_queue_hint(claim.namespace, claim.queue, claim.id)
                     ),
                 )
             # The submission itself was not sent: whatever went wrong, the server did nothing.

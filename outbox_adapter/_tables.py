@@ -48,7 +48,7 @@ def _text(length: int) -> sa.types.TypeEngine[str]:
 
 
 class OutboxState(enum.StrEnum):
-    """The states of an outbox row (DESIGN §5).
+    """The states of an outbox row (README "Outbox").
 
     ``PENDING`` → ``DELIVERED`` | ``DEAD`` | ``NEEDS_RECONCILE``;
     ``NEEDS_RECONCILE`` → ``DELIVERED`` | ``PENDING`` (``reconcile``);
@@ -63,7 +63,7 @@ class OutboxState(enum.StrEnum):
 
 
 class InboxOutcome(enum.StrEnum):
-    """What became of a result event recorded in the inbox (DESIGN §5 "Inbox").
+    """What became of a result event recorded in the inbox (README "Consuming results (inbox)").
 
     ``APPLIED``: the handler ran and its changes committed with the inbox row.
     ``FAILED``: the handler kept failing until the consumer's ``max_deliveries``; the
@@ -96,11 +96,11 @@ class OutboxTables:
 
     Attributes:
         metadata: the ``MetaData`` holding the three tables.
-        outbox: one row per intended Orbit call (DESIGN §5).
+        outbox: one row per intended Orbit call (README "Outbox").
         events: one row per state change of an outbox row: ``outbox_id``, ``from_state``,
             ``to_state``, ``reason``, ``actor``, ``orbit_task_id``, ``at`` (UTC).
         inbox: one row per result event a :class:`~outbox_adapter.ResultConsumer` recorded,
-            unique on ``(subscription, event_id)`` (DESIGN §5 "Inbox"; seed 001 §4: source event
+            unique on ``(subscription, event_id)`` (README "Consuming results (inbox)"; source event
             and consumer unique): ``event_id``, ``subscription``, ``namespace``, ``task_id``,
             ``status`` (the task's terminal status in the event), ``outcome`` (an
             :class:`InboxOutcome`), ``delivery_count`` (deliveries of the event when recorded),

@@ -879,9 +879,24 @@ def resolve(
 @click.option(
     "--delivered-older-than",
     type=_Duration(),
-    required=True,
+    default=None,
     help="Delete DELIVERED rows delivered longer ago than this, e.g. 7d.",
 )
+@click.option(
+    "--dead-older-than",
+    type=_Duration(),
+    default=None,
+    help="Delete DEAD rows that went DEAD longer ago than this, e.g. 1h or 0s (needs --reason; audited).",
+)
+@click.option(
+    "--row",
+    "rows",
+    type=int,
+    multiple=True,
+    help="With --dead-older-than: only this DEAD row (repeatable), e.g. --dead-older-than 0s --row 42.",
+)
+@click.option("--reason", default=None, help="Why DEAD rows are deleted, for the audit trail.")
+@_actor_option
 @click.option(
     "--batch-size",
     type=click.IntRange(1, 100_000),
@@ -890,16 +905,49 @@ def resolve(
     help="Rows deleted per transaction.",
 )
 @_json_option
-def purge(database_url: str, table: str, delivered_older_than: float, batch_size: int, as_json: bool) -> None:
-    """Delete old DELIVERED rows and their events, in batches. Never touches another state."""
-    with _outbox(database_url, table) as outbox, _progress("purging") as advance:
-        deleted = outbox.purge_delivered(
-            older_than_seconds=delivered_older_than, batch_size=batch_size, on_batch=advance
+def purge(
+    database_url: str,
+    table: str,
+    delivered_older_than: float | None,
+    dead_older_than: float | None,
+    rows: tuple[int, ...],
+    reason: str | None,
+    actor: str | None,
+    batch_size: int,
+    as_json: bool,
+) -> None:
+    """Delete old DELIVERED rows and their events, or DEAD rows that must not be sent (each keeps its
+    audit trail plus a DEAD → PURGED event with actor and reason), in batches. Never touches another state."""
+    if delivered_older_than is None and dead_older_than is None:
+        raise click.UsageError(
+            "give --delivered-older-than AGE, --dead-older-than AGE --reason TEXT, or both"
         )
+    if dead_older_than is not None and not (reason or "").strip():
+        raise click.UsageError("--dead-older-than deletes rows that were never sent: --reason must say why")
+    if rows and dead_older_than is None:
+        raise click.UsageError(
+            "--row picks DEAD rows to delete: give --dead-older-than too (0s: whatever their age)"
+        )
+    delivered, dead = 0, []
+    with _outbox(database_url, table) as outbox, _progress("purging") as advance:
+        if delivered_older_than is not None:
+            delivered = outbox.purge_delivered(
+                older_than_seconds=delivered_older_than, batch_size=batch_size, on_batch=advance
+            )
+        if dead_older_than is not None:
+            dead = outbox.purge_dead(
+                older_than_seconds=dead_older_than, actor=_actor(actor), reason=str(reason),
+                row_ids=rows or None, batch_size=batch_size, on_batch=advance,
+            )  # fmt: skip
     if as_json:
-        _print_json({"deleted": deleted})
-    else:
-        out.print(f"deleted {deleted} delivered row(s)", highlight=False)
+        _print_json(
+            {"deleted": delivered + len(dead), **({"dead": dead} if dead_older_than is not None else {})}
+        )
+        return
+    if delivered_older_than is not None:
+        out.print(f"deleted {delivered} delivered row(s)", highlight=False)
+    if dead_older_than is not None:
+        out.print(f"deleted {len(dead)} DEAD row(s): {', '.join(map(str, dead)) or '-'}", highlight=False)
 
 
 @contextmanager

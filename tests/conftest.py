@@ -1,6 +1,6 @@
 """Shared fixtures: real databases, each test module getting its own.
 
-Servers are found as DESIGN §2 says: an explicit URL (``ORBIT_TEST_MYSQL_URL``,
+Servers are found in this order: an explicit URL (``ORBIT_TEST_MYSQL_URL``,
 ``ORBIT_TEST_POSTGRES_URL``); else a container through testcontainers when it is
 installed and a Docker engine answers (users' laptops); else the local servers at
 127.0.0.1 (these machines and CI). A test that
@@ -11,9 +11,12 @@ needs a server it cannot reach is skipped on a laptop and **fails** under
 from __future__ import annotations
 
 import atexit
+import gc
 import os
 import uuid
+import warnings
 from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import pytest
 import sqlalchemy as sa
@@ -31,18 +34,44 @@ def _unreachable(what: str, url: URL, exc: Exception) -> None:
     pytest.skip(message)
 
 
-def _container_url(kind: str) -> URL | None:
-    """Start a MySQL 8 / PostgreSQL container when testcontainers and Docker are available."""
+def _docker_answers() -> bool:
+    """Whether a Docker engine answers; the client (and its socket) is closed either way."""
+    if not os.environ.get("DOCKER_HOST") and not Path("/var/run/docker.sock").exists():
+        return False  # no engine to ask: do not even build a client
     try:
         import docker  # type: ignore[import-not-found]
+    except ImportError:
+        return False
+    with warnings.catch_warnings():
+        # A client that fails to connect leaves its socket for the garbage collector: collect it here,
+        # so that its ResourceWarning (an error under filterwarnings=error) cannot surface in a test.
+        warnings.simplefilter("ignore", ResourceWarning)
+        try:
+            client = docker.from_env()
+        except Exception:
+            gc.collect()
+            return False
+        try:
+            client.ping()
+            return True
+        except Exception:
+            return False
+        finally:
+            client.close()
+            gc.collect()
 
-        docker.from_env().ping()
+
+def _container_url(kind: str) -> URL | None:
+    """Start a MySQL 8 / PostgreSQL container when testcontainers is installed and Docker answers."""
+    if not _docker_answers():
+        return None
+    try:
         if kind == "mysql":
-            from testcontainers.mysql import MySqlContainer  # type: ignore[import-not-found]
+            from testcontainers.community.mysql import MySqlContainer  # type: ignore[import-not-found]
 
             container = MySqlContainer("mysql:8.0", dialect="pymysql")
         else:
-            from testcontainers.postgres import PostgresContainer  # type: ignore[import-not-found]
+            from testcontainers.community.postgres import PostgresContainer  # type: ignore[import-not-found]
 
             container = PostgresContainer("postgres:16", driver="psycopg")
         container.start()

@@ -8,10 +8,9 @@ from datetime import datetime
 from typing import Any
 
 import httpx
-import sqlalchemy as sa
 
 from orbit_server import execution, store
-from orbit_server.schema import task_attempts, tasks
+from orbit_server.schema import task_attempts
 from tests.servers import RunningServer
 
 #: What the worker SDK will store with a failure (issue 10, item 3); the console shows it.
@@ -91,22 +90,16 @@ class Seeder:
     def failed(self, key: str, *, queue: str | None = None, with_traceback: bool = True) -> str:
         """A task leased, started and failed (``KeyError: 'order_id'``, not retryable); its id.
 
-        The wire has no traceback field yet (issue 10, item 3): with ``with_traceback`` the
-        stored error gets one, as the worker SDK will send it.
+        With ``with_traceback`` the fail report carries :data:`TRACEBACK`, as the worker SDK sends it.
         """
         queue = queue or self.queue()
         task = self.submit(queue, params={"customer": 41}, key=key)
         grant = self._running(queue)
         assert grant["task"]["id"] == task["id"]
-        self._attempt(grant, "fail", error={"type": "KeyError", "message": "'order_id'", "retryable": False})
+        error: dict[str, Any] = {"type": "KeyError", "message": "'order_id'", "retryable": False}
         if with_traceback:
-            with self.server.engine.begin() as conn:
-                error = conn.execute(sa.select(tasks.c.error).where(tasks.c.id == task["id"])).scalar_one()
-                conn.execute(
-                    tasks.update()
-                    .where(tasks.c.id == task["id"])
-                    .values(error={**error, "traceback": TRACEBACK})
-                )
+            error["traceback"] = TRACEBACK
+        self._attempt(grant, "fail", error=error)
         return str(task["id"])
 
     def needs_review(self, queue: str | None = None) -> str:

@@ -126,6 +126,30 @@ def run_cli(*argv: str) -> str:
     return done.stdout.strip().splitlines()[-1] if done.stdout.strip() else ""
 
 
+def check_database(url: str, what: str, flag: str) -> None:
+    """Connect once; on failure exit with one line that says what to do (not a 140-line traceback)."""
+    try:
+        parsed = sa.make_url(url)
+        engine = sa.create_engine(parsed)
+    except (sa.exc.ArgumentError, ModuleNotFoundError) as exc:
+        raise SystemExit(
+            f"error: {flag} {url!r} is not a usable SQLAlchemy URL ({exc}); see --help"
+        ) from None
+    shown = parsed.render_as_string(hide_password=True)
+    try:
+        with engine.connect():
+            pass
+    except sa.exc.DBAPIError as exc:
+        hint = (
+            f"create it first (e.g. CREATE DATABASE {parsed.database}) or pass {flag} with one that exists"
+            if parsed.database and ("nknown database" in str(exc.orig) or "does not exist" in str(exc.orig))
+            else f"check that the server runs and the URL, or pass another {flag}"
+        )
+        raise SystemExit(f"error: cannot use the {what} at {shown}: {exc.orig}; {hint}") from None
+    finally:
+        engine.dispose()
+
+
 def load_orders(limit: int | None) -> list[dict[str, str]]:
     with ORDERS_CSV.open(encoding="utf-8", newline="") as f:
         rows = list(csv.DictReader(f))
@@ -158,6 +182,10 @@ def main(argv: list[str] | None = None) -> int:
     WORK_DIR.mkdir(parents=True)
     business_url = args.database_url or f"sqlite:///{WORK_DIR / 'business.db'}"
     orbit_db_url = args.orbit_database_url or f"sqlite:///{WORK_DIR / 'orbit.db'}"
+    for url, what, flag in ((business_url, "business database", "--database-url"),
+                            (orbit_db_url, "Orbit server database", "--orbit-database-url")):  # fmt: skip
+        if not url.startswith("sqlite"):
+            check_database(url, what, flag)
     orders = load_orders(args.orders)
     started = time.monotonic()
 

@@ -5,6 +5,8 @@ retry it, review a NEEDS_REVIEW task, cancel, revoke a key, see subscriptions, n
 from __future__ import annotations
 
 import json
+import threading
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -12,6 +14,7 @@ import httpx
 import pytest
 from click.testing import CliRunner
 
+from orbit_client import OrbitClient, TaskContext, Worker
 from orbit_server import store
 from orbit_server.cli import main
 from tests.conftest import DatabaseFactory
@@ -70,6 +73,35 @@ def test_find_a_failed_task_by_key_read_its_traceback_and_retry_it(
     again = cli(server, "task", "retry", failed, "--reason", "twice", code=1)
     assert "already retried" in again
     assert cli_json(server, "task", "show", successor)["retry_of_chain"] == [failed]
+
+
+def test_a_real_workers_failure_shows_its_traceback_in_task_show(server: RunningServer, seed: Seeder) -> None:
+    """Issue 10, item 3: the worker SDK sends the handler's traceback; `task show` prints it."""
+    with server.engine.begin() as conn:
+        store.create_queue(conn, "shop", "real-worker")
+
+    def charge(ctx: TaskContext) -> Any:
+        return ctx.params["order_id"]
+
+    task_id = seed.submit("real-worker", "charge", {"amount": 5}, key="order-real-worker")["id"]
+    with OrbitClient(server.base_url, api_key=server.keys["work"]) as client:
+        worker = Worker(client, "shop", "real-worker", {"charge": charge}, poll_wait_seconds=0.2,
+                        install_signal_handlers=False)  # fmt: skip
+        thread = threading.Thread(target=worker.run)
+        thread.start()
+        try:
+            deadline = time.monotonic() + 20
+            while seed.task(task_id)["status"] != "FAILED":
+                assert time.monotonic() < deadline, seed.task(task_id)
+                time.sleep(0.05)
+        finally:
+            worker.stop()
+            thread.join(30)
+    shown = cli(server, "task", "show", task_id)
+    assert "in charge" in shown and 'return ctx.params["order_id"]' in shown
+    assert "KeyError: 'order_id'" in shown
+    error = cli_json(server, "task", "show", task_id)["task"]["error"]
+    assert error["type"] == "KeyError" and error["traceback"].endswith("KeyError: 'order_id'\n")
 
 
 def test_review_and_cancel(server: RunningServer, seed: Seeder) -> None:

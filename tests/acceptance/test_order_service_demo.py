@@ -55,3 +55,23 @@ def test_demo_on_mariadb(tmp_path: Path, make_database: DatabaseFactory) -> None
     shop = make_database("mariadb").render_as_string(hide_password=False)
     orbit = make_database("mariadb").render_as_string(hide_password=False)
     assert_invariants(run_demo(tmp_path, "--database-url", shop, "--orbit-database-url", orbit))
+
+
+@pytest.mark.mariadb
+@pytest.mark.parametrize("flag", ["--database-url", "--orbit-database-url"])
+def test_a_database_that_does_not_exist_is_one_line_that_says_what_to_do(
+    tmp_path: Path, make_database: DatabaseFactory, flag: str
+) -> None:
+    """Regression (issue 10, first hour): a missing business database printed a 142-line traceback."""
+    missing = make_database("mariadb").set(database="orbit_demo_missing_db")  # a server that answers
+    done = subprocess.run(
+        [sys.executable, "-m", "examples.order_service.demo", "--orders", "1", flag,
+         missing.render_as_string(hide_password=False)],
+        cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(REPO)}, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 1 and "Traceback" not in done.stderr
+    [line] = [line for line in done.stderr.splitlines() if line.startswith("error:")]
+    assert (
+        "Unknown database 'orbit_demo_missing_db'" in line and "CREATE DATABASE orbit_demo_missing_db" in line
+    )
+    assert len(done.stderr.strip().splitlines()) == 1

@@ -209,6 +209,54 @@ def test_params_may_be_any_json_value(server: RunningServer, ns: tuple[str, dict
     assert created.json()["params"] == params
 
 
+def test_a_body_without_params_stores_an_empty_object_and_means_params_empty(
+    server: RunningServer, ns: tuple[str, dict[str, str]]
+):
+    """Regression (issue 10, first hour): a body without ``params`` stored ``null``."""
+    name, keys = ns
+    bare = {"queue": "default", "handler": "orders.ping"}
+    key = f"k-{uuid.uuid4()}"
+    with _client(server, keys["submit"]) as http:
+        created = _submit(http, name, key, bare)
+        assert created.status_code == 201, created.text
+        assert created.json()["params"] == {}
+        assert http.get(f"/v1/namespaces/{name}/tasks/{created.json()['id']}").json()["params"] == {}
+        assert _submit(http, name, key, {**bare, "params": {}}).status_code == 200  # the same submission
+        _assert_problem(_submit(http, name, key, {**bare, "params": []}), 422, "idempotency_key_reused")
+        batch = http.post(
+            f"/v1/namespaces/{name}/tasks/batch", json={"items": [{**bare, "idempotency_key": key}]}
+        )
+        assert batch.json()["items"][0]["status"] == 200
+
+
+def test_a_submission_without_params_sent_before_the_upgrade_still_replays(
+    server: RunningServer, ns: tuple[str, dict[str, str]]
+):
+    """Before the ``{}`` default, a body without params digested as ``"params": null``: its replay
+    after the upgrade (now ``{}``) is still a replay, on the single and the batch endpoint."""
+    from orbit_client import TaskSubmission
+    from orbit_server.store import request_digest
+
+    name, keys = ns
+    bare = {"queue": "default", "handler": "orders.ping"}
+    key = f"k-{uuid.uuid4()}"
+    with _client(server, keys["submit"]) as http:
+        created = _submit(http, name, key, bare)
+        assert created.status_code == 201
+        legacy = request_digest(TaskSubmission(**bare, params=None))  # what the old server stored
+        with server.engine.begin() as conn:
+            conn.execute(sa.update(submission_keys).where(submission_keys.c.task_id == created.json()["id"])
+                         .values(request_digest=legacy))  # fmt: skip
+        replayed = _submit(http, name, key, bare)
+        assert replayed.status_code == 200 and replayed.json()["id"] == created.json()["id"]
+        assert _submit(http, name, key, {**bare, "params": {}}).status_code == 200
+        batch = http.post(
+            f"/v1/namespaces/{name}/tasks/batch", json={"items": [{**bare, "idempotency_key": key}]}
+        )
+        assert batch.json()["items"][0]["status"] == 200
+        _assert_problem(_submit(http, name, key, {**bare, "params": {"a": 1}}), 422, "idempotency_key_reused")
+
+
 def test_oversized_body_is_413_and_creates_nothing(server: RunningServer, ns: tuple[str, dict[str, str]]):
     name, keys = ns
     key = f"k-{uuid.uuid4()}"

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import logging
+import re
 import threading
 import time
 import uuid
@@ -14,6 +16,7 @@ from typing import Any
 import pytest
 
 from orbit_client import (
+    TRACEBACK_MAX_LENGTH,
     AsyncOrbitClient,
     AsyncWorker,
     OrbitClient,
@@ -146,7 +149,8 @@ def test_handler_exceptions_are_reported_with_their_retryable_flag(env: Env) -> 
     broken_id = env.submit(queue, "broken")
     unknown_id = env.submit(queue, "nobody-handles-this")
     not_json_id = env.submit(queue, "not_json")
-    with env.client() as client, running(Worker(client, env.ns, queue, handlers, concurrency=2, **FAST)):
+    worker = Worker(client := env.client(), env.ns, queue, handlers, concurrency=2, worker_id="w-1", **FAST)
+    with client, running(worker):
         flaky_task = env.wait(flaky_id, "SUCCEEDED")
         declared_task = env.wait(declared_id, "FAILED")
         broken_task = env.wait(broken_id, "FAILED")
@@ -154,13 +158,66 @@ def test_handler_exceptions_are_reported_with_their_retryable_flag(env: Env) -> 
         not_json_task = env.wait(not_json_id, "FAILED")
     assert flaky_task.result == "second time lucky" and flaky_task.attempt_count == 2
     first = env.admin.list_attempts(env.ns, flaky_id)[0]
+    assert first.error is not None and first.error.pop("traceback").endswith(
+        "RetryableError: upstream timed out\n"
+    )
     assert first.error == {"type": "RetryableError", "message": "upstream timed out", "retryable": True}
     assert declared_task.attempt_count == 2 and declared_task.error["retryable"] is True  # type: ignore[index]
+    assert isinstance(broken_task.error, dict) and "in broken" in broken_task.error.pop("traceback")
     assert broken_task.error == {"type": "ValueError", "message": "bad params", "retryable": False}
     assert broken_task.attempt_count == 1
-    assert unknown_task.error["type"] == "unknown_handler"  # type: ignore[index]
+    assert unknown_task.error == {
+        "type": "unknown_handler",
+        "message": f"worker w-1 has no handler 'nobody-handles-this'; its handlers: {', '.join(map(repr, sorted(handlers)))}",
+        "retryable": False,
+    }  # no traceback: nothing ran
     assert env.admin.list_attempts(env.ns, unknown_id)[0].started_at is None
     assert not_json_task.error["type"] == "invalid_result"  # type: ignore[index]
+
+
+def test_a_failed_attempt_is_logged_at_warning_with_its_ids_and_traceback(
+    env: Env, caplog: pytest.LogCaptureFixture
+) -> None:
+    queue = env.queue()
+
+    def charge(ctx: TaskContext) -> Any:
+        return ctx.params["order_id"]
+
+    task_id = env.submit(queue, "charge", {"amount": 5})
+    caplog.set_level(logging.INFO, logger="orbit_client.worker")
+    with env.client() as client, running(Worker(client, env.ns, queue, {"charge": charge}, **FAST)):
+        task = env.wait(task_id, "FAILED")
+    assert isinstance(task.error, dict) and task.error["type"] == "KeyError"
+    assert 'return ctx.params["order_id"]' in task.error["traceback"]
+    assert task.error["traceback"].endswith("KeyError: 'order_id'\n")
+    [record] = [r for r in caplog.records if r.levelno >= logging.WARNING and task_id in r.getMessage()]
+    message = record.getMessage()
+    assert (
+        record.levelno == logging.WARNING and f"attempt {task.current_attempt_id} (generation 1)" in message
+    )
+    assert "KeyError: 'order_id'" in message and record.exc_info is not None  # the traceback goes to the log
+
+
+def test_a_long_traceback_keeps_its_end_within_the_bound(env: Env) -> None:
+    queue = env.queue()
+
+    def deep(ctx: TaskContext) -> Any:
+        def odd(n: int) -> Any:  # odd and even alternate, so Python does not fold repeated frames
+            return even(n - 1)
+
+        def even(n: int) -> Any:
+            return odd(n - 1) if n else {}["the innermost frame"]
+
+        return even(300)
+
+    task_id = env.submit(queue, "deep")
+    with env.client() as client, running(Worker(client, env.ns, queue, {"deep": deep}, **FAST)):
+        task = env.wait(task_id, "FAILED")
+    assert isinstance(task.error, dict)
+    text = task.error["traceback"]
+    assert TRACEBACK_MAX_LENGTH - 200 < len(text) <= TRACEBACK_MAX_LENGTH
+    assert re.match(r"\.\.\. \[\d+ characters cut\]\n {2}(File| {2}\S)", text)  # cut at a line start
+    assert text.endswith("KeyError: 'the innermost frame'\n")
 
 
 def test_heartbeats_keep_a_long_handler_alive(env: Env) -> None:

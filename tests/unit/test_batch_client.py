@@ -368,3 +368,17 @@ async def test_namespace_is_quoted(client: Calls, mock: respx.MockRouter) -> Non
     await client.submit_tasks("a/b", [item("k")])
 
     assert route.call_count == 1
+
+
+def test_params_left_out_are_an_empty_object_and_mean_the_same() -> None:
+    """Regression (issue 10, first hour): a body without ``params`` meant ``null``."""
+    bare = TaskSubmission.model_validate({"queue": "orders", "handler": "h"})
+    assert bare.params == {}
+    assert (
+        bare.canonical_meaning() == TaskSubmission(queue="orders", handler="h", params={}).canonical_meaning()
+    )
+    assert (
+        bare.canonical_meaning()
+        != TaskSubmission(queue="orders", handler="h", params=None).canonical_meaning()
+    )
+    assert BatchItem.model_validate({"idempotency_key": "k", "queue": "orders", "handler": "h"}).params == {}

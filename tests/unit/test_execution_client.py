@@ -10,6 +10,7 @@ import pytest
 import respx
 
 from orbit_client import (
+    TRACEBACK_MAX_LENGTH,
     AsyncOrbitClient,
     AttemptError,
     InvalidTransitionError,
@@ -23,7 +24,7 @@ from orbit_client import (
     SuccessorExistsError,
     TaskCancelled,
 )
-from orbit_client._worker import _error_for
+from orbit_client._worker import _error_for, _unknown_handler
 
 BASE = "https://orbit.test"
 ATTEMPT = "/v1/namespaces/acme/attempts/a-1"
@@ -209,7 +210,38 @@ class _Declared(Exception):
     ],
 )
 def test_handler_exceptions_are_classified(exc: BaseException, expected: AttemptError) -> None:
-    assert _error_for(exc) == expected
+    error = _error_for(exc)
+    assert error.model_copy(update={"traceback": None}) == expected
+    if expected.type == "cancelled":  # a stop on request is no failure: no traceback
+        assert error.traceback is None
+    else:
+        assert error.traceback is not None and error.traceback.endswith(f"{type(exc).__name__}: {exc}\n")
+
+
+def test_an_error_without_a_traceback_serialises_as_before() -> None:
+    error = AttemptError(type="ValueError", message="bad")
+    assert error.model_dump(mode="json") == {"type": "ValueError", "message": "bad", "retryable": False}
+    assert AttemptError(type="E", traceback="tb").model_dump()["traceback"] == "tb"
+
+
+def test_a_long_traceback_keeps_its_end_and_marks_the_cut() -> None:
+    lines = [f"  line {i}\n" for i in range(5000)]
+    text = "".join(lines) + "KeyError: 'order_id'\n"
+    bounded = AttemptError.bounded_traceback(text)
+    assert len(bounded) <= TRACEBACK_MAX_LENGTH and bounded.endswith("KeyError: 'order_id'\n")
+    marker, first, *_ = bounded.split("\n")
+    cut = int(marker.removeprefix("... [").removesuffix(" characters cut]"))
+    assert first in {line.rstrip("\n") for line in lines}  # whole lines only
+    assert cut + len(bounded) - len(marker) - 1 == len(text)  # the marker counts what is gone
+    assert AttemptError.bounded_traceback("short") == "short"
+    with pytest.raises(ValueError, match="at most 16384 characters"):
+        AttemptError(type="E", traceback="x" * (TRACEBACK_MAX_LENGTH + 1))
+
+
+def test_an_unknown_handler_names_the_handlers_the_worker_has() -> None:
+    error = _unknown_handler("w-1", "chrage", {"refund": print, "charge": print})
+    assert error.message == "worker w-1 has no handler 'chrage'; its handlers: 'charge', 'refund'"
+    assert error.type == "unknown_handler" and error.retryable is False and error.traceback is None
 
 
 def test_long_messages_are_cut() -> None:

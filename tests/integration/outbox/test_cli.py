@@ -9,7 +9,7 @@ from typing import Any
 from click.testing import CliRunner, Result
 
 from orbit_client import OrbitClient
-from outbox_adapter import OutboxTables, enqueue
+from outbox_adapter import Outbox, OutboxTables, enqueue
 from outbox_adapter.cli import main
 from tests.integration.outbox.conftest import Biz, Namespace
 from tests.outbox_support import closed_port
@@ -80,6 +80,51 @@ def test_the_cli_migrates_relays_inspects_retries_reconciles_and_purges(
 
     table_out = _run("status", *db)
     assert table_out.exit_code == 0 and "PENDING" in table_out.stdout
+
+
+def test_a_mistyped_queues_dead_row_names_both_ways_out_and_is_purged_audited(
+    biz: Biz, ns: Namespace, orbit: RunningServer
+) -> None:
+    """Regression (issue 10, first hour): the hint said only to create the mistyped queue, and a DEAD
+    row could be neither abandoned nor purged."""
+    table = f"cli_{uuid.uuid4().hex[:8]}"
+    url = biz.url.render_as_string(hide_password=False)
+    db = ["--database-url", url, "--table", table]
+    env = {"ORBIT_URL": orbit.base_url, "ORBIT_API_KEY": ns.keys["submit"]}
+    assert _run("migrate", *db).exit_code == 0
+    tables = OutboxTables(name=table)
+    with biz.engine.begin() as conn:
+        typo = enqueue(conn, namespace=ns.name, queue="defualt", handler="h", params={}, tables=tables)
+        other = enqueue(conn, namespace=ns.name, queue="missing", handler="h", params={}, tables=tables)
+    assert _json(_run("relay", *db, "--once", "--json", env=env))["dead"] == 2
+    hint = _json(_run("show", *db, str(typo.id), "--json"))["row"]["last_error"]
+    assert f"orbit-server queue create {ns.name} defualt" in hint and f"orbit-outbox retry {typo.id}" in hint
+    assert f"orbit-outbox purge --dead-older-than 0s --row {typo.id} --reason" in hint
+
+    assert _run("purge", *db).exit_code == 2  # neither age
+    assert _run("purge", *db, "--dead-older-than", "0s").exit_code == 2  # no reason
+    assert _run("purge", *db, "--row", str(typo.id), "--reason", "x").exit_code == 2  # --row needs the age
+    assert _json(_run("purge", *db, "--dead-older-than", "1h", "--reason", "typo", "--json")) == {
+        "deleted": 0,
+        "dead": [],
+    }  # both went DEAD just now
+    purged = _run("purge", *db, "--dead-older-than", "0s", "--row", str(typo.id), "--reason", "mistyped queue",
+                  "--actor", "ops:alice", "--json")  # fmt: skip
+    assert _json(purged) == {"deleted": 1, "dead": [typo.id]}
+    assert _run("show", *db, str(typo.id)).exit_code == 1  # the row is gone ...
+    outbox = Outbox(biz.engine, tables=tables)
+    last = outbox.events(typo.id)[-1]  # ... its audit trail is not
+    assert (last.from_state, last.to_state, last.actor, last.reason) == (
+        "DEAD",
+        "PURGED",
+        "ops:alice",
+        "mistyped queue",
+    )
+    assert [e.to_state for e in outbox.events(typo.id)] == ["DEAD", "PURGED"]
+    assert outbox.get(other.id).state == "DEAD"  # --row kept the purge to that row
+    plain = _run("purge", *db, "--dead-older-than", "0s", "--reason", "gone", "--delivered-older-than", "7d")
+    assert plain.exit_code == 0 and f"deleted 1 DEAD row(s): {other.id}" in plain.stdout
+    assert _json(_run("status", *db, "--json"))["counts"]["DEAD"] == 0
 
 
 def test_reconcile_exit_codes_and_unreachable_services(biz: Biz, ns: Namespace, orbit: RunningServer) -> None:

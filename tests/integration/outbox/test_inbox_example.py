@@ -8,14 +8,21 @@ import sys
 from pathlib import Path
 
 import sqlalchemy as sa
+from click.testing import CliRunner
 
 from orbit_client import OrbitClient
+from orbit_server.cli import main as server_main
 from outbox_adapter import OutboxTables
 from tests.conftest import DatabaseFactory
 from tests.integration.outbox.conftest import Biz
 from tests.servers import run_server
 
 REPO = Path(__file__).resolve().parents[3]
+README = (REPO / "README.md").read_text(encoding="utf-8")
+#: The setup block of "Running the server", which comes before the outbox example.
+README_SETUP = (
+    README.split("## Running the server", 1)[1].split("```sh\n", 1)[1].split("```", 1)[0].splitlines()
+)
 
 
 def _run(example: str, env: dict[str, str], cwd: Path) -> str:
@@ -50,8 +57,15 @@ def test_inbox_example_applies_the_result_once(
             "ORBIT_URL": orbit.base_url,
             "ORBIT_OUTBOX_DATABASE_URL": biz.url.render_as_string(False),
         }
+        # The README's order (regression, issue 10: the subscription came after the task had finished):
+        # the setup of "Running the server" creates the subscription, then the outbox example runs.
+        [command] = [line.split("#")[0].split() for line in README_SETUP if "subscription create" in line]
+        assert command[:2] == ["orbit-server", "subscription"]
+        assert README.index(" ".join(command)) < README.index("# examples/outbox_example.py")
+        url = orbit.database_url.render_as_string(hide_password=False)
+        created = CliRunner().invoke(server_main, [*command[1:], "--database-url", url])
+        assert created.exit_code == 0, created.output
         with OrbitClient(orbit.base_url, api_key=keys["admin"]) as admin:
-            admin.create_subscription("shop", "order-results", queues=["fulfilment"])
             _run(
                 "outbox_example.py", {**env, "ORBIT_API_KEY": keys["submit"]}, tmp_path
             )  # order 1 and its task

@@ -145,6 +145,8 @@ def test_rows_the_server_refuses_are_dead_without_stopping_the_batch_and_retry_a
     assert "queue 'later'" in (dead.last_error or "") and f"orbit-outbox retry {missing_queue}" in (
         dead.last_error or ""
     )
+    assert f"orbit-server queue create {ns.name} later" in (dead.last_error or "")
+    assert f"orbit-outbox purge --dead-older-than 0s --row {missing_queue}" in (dead.last_error or "")
     assert outbox.get(too_big).state == "DEAD" and outbox.get(too_big).last_status_code == 413
 
     with orbit.engine.begin() as conn:  # the fix: create the queue
