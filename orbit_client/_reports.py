@@ -167,18 +167,29 @@ class Reports:
         linger: seconds a report may wait for others to share its batched call; ``None``
             sends every report as its own single call.
         in_flight: how many tasks the worker has in flight (no more reports can be waiting).
+        starting: how many leased tasks have not had their start answered yet (no more starts
+            can be waiting); ``None`` means ``in_flight``.
     """
 
     def __init__(
-        self, client: OrbitClient, namespace: str, *, linger: float | None, in_flight: Callable[[], int]
+        self,
+        client: OrbitClient,
+        namespace: str,
+        *,
+        linger: float | None,
+        in_flight: Callable[[], int],
+        starting: Callable[[], int] | None = None,
     ) -> None:
         self._client = client
         self._ns = namespace
         self._batching = linger is not None
         linger = linger or 0.0
         enough = lambda: max(1, in_flight())  # noqa: E731
+        # Tasks still reporting their outcome send no start: the start batch goes as soon as every
+        # leased task has asked, instead of lingering for reports of another kind.
+        starts_enough = enough if starting is None else (lambda: max(1, starting()))
         self._starts = _Batcher[StartItem](
-            lambda items: client.start_attempts(namespace, items), linger=linger, enough=enough
+            lambda items: client.start_attempts(namespace, items), linger=linger, enough=starts_enough
         )
         self._completes = _Batcher[CompleteItem](
             lambda items: client.complete_attempts(namespace, items), linger=linger, enough=enough
@@ -322,15 +333,24 @@ class AsyncReports:
     """The attempt reports of an :class:`~orbit_client.AsyncWorker` (one event loop); as :class:`Reports`."""
 
     def __init__(
-        self, client: AsyncOrbitClient, namespace: str, *, linger: float | None, in_flight: Callable[[], int]
+        self,
+        client: AsyncOrbitClient,
+        namespace: str,
+        *,
+        linger: float | None,
+        in_flight: Callable[[], int],
+        starting: Callable[[], int] | None = None,
     ) -> None:
         self._client = client
         self._ns = namespace
         self._batching = linger is not None
         linger = linger or 0.0
         enough = lambda: max(1, in_flight())  # noqa: E731
+        # Tasks still reporting their outcome send no start: the start batch goes as soon as every
+        # leased task has asked, instead of lingering for reports of another kind.
+        starts_enough = enough if starting is None else (lambda: max(1, starting()))
         self._starts = _AsyncBatcher[StartItem](
-            lambda items: client.start_attempts(namespace, items), linger=linger, enough=enough
+            lambda items: client.start_attempts(namespace, items), linger=linger, enough=starts_enough
         )
         self._completes = _AsyncBatcher[CompleteItem](
             lambda items: client.complete_attempts(namespace, items), linger=linger, enough=enough

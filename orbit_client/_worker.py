@@ -323,7 +323,15 @@ class Worker:
         #: Tasks leased and not yet done (their reports included); ``_running``: handler slots taken.
         self._in_flight = 0
         self._running = 0
-        self._reports = Reports(client, namespace, linger=report_linger, in_flight=lambda: self._in_flight)
+        #: Leased tasks with a handler whose start is not answered yet (the start batch waits for them).
+        self._starting = 0
+        self._reports = Reports(
+            client,
+            namespace,
+            linger=report_linger,
+            in_flight=lambda: self._in_flight,
+            starting=lambda: self._starting,
+        )
 
     @property
     def worker_id(self) -> str:
@@ -428,6 +436,7 @@ class Worker:
             with self._lock:  # all at once: a report waits for the others of its batch (Reports)
                 self._in_flight += len(grants)
                 self._running += len(grants)
+                self._starting += sum(grant.task.handler in config.handlers for grant in grants)
             for grant in grants:
                 pool.submit(self._execute, grant)
 
@@ -488,6 +497,9 @@ class Worker:
         except OrbitError as exc:
             logger.warning("could not start task %s attempt %d: %s", task.id, attempt.generation, exc)
             return
+        finally:
+            with self._lock:
+                self._starting -= 1
         ctx = config.context(grant)
         with self._lock:
             self._active[attempt.id] = _Active(grant, ctx, time.monotonic() + config.heartbeat_interval)
@@ -631,8 +643,14 @@ class AsyncWorker:
         self._in_flight: set[asyncio.Task[None]] = set()
         self._running = 0
         self._slot_freed: asyncio.Event | None = None
+        #: Leased tasks with a handler whose start is not answered yet (the start batch waits for them).
+        self._starting = 0
         self._reports = AsyncReports(
-            client, namespace, linger=report_linger, in_flight=lambda: len(self._in_flight)
+            client,
+            namespace,
+            linger=report_linger,
+            in_flight=lambda: len(self._in_flight),
+            starting=lambda: self._starting,
         )
 
     @property
@@ -734,6 +752,7 @@ class AsyncWorker:
                 continue
             failures = 0
             self._running += len(grants)
+            self._starting += sum(grant.task.handler in config.handlers for grant in grants)
             for grant in grants:
                 task = asyncio.create_task(self._execute(grant), name=f"orbit-task-{grant.task.id}")
                 in_flight.add(task)
@@ -780,6 +799,8 @@ class AsyncWorker:
         except OrbitError as exc:
             logger.warning("could not start task %s attempt %d: %s", task.id, attempt.generation, exc)
             return
+        finally:
+            self._starting -= 1
         ctx = config.context(grant)
         self._active[attempt_id] = _Active(grant, ctx, time.monotonic() + config.heartbeat_interval)
         try:

@@ -25,6 +25,7 @@ from fastapi import FastAPI, Header, Path, Query, Request, Response
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from pydantic import TypeAdapter
 from sqlalchemy.engine import Engine
 from starlette.concurrency import run_in_threadpool
 from starlette.datastructures import Headers, MutableHeaders
@@ -74,6 +75,8 @@ __all__ = ["create_app"]
 
 log = logging.getLogger("orbit_server.app")
 
+#: The lease answer's body, serialised without a second validation (``lease_tasks``).
+_LEASE_GRANTS = TypeAdapter(list[LeaseGrant])
 _REQUEST_ID_RE = re.compile(r"[A-Za-z0-9._:-]{1,128}")
 _HTTP_CODES = {404: "not_found", 405: "method_not_allowed", 413: "payload_too_large"}
 _PROBLEMS: dict[int | str, dict[str, Any]] = {
@@ -497,7 +500,8 @@ def create_app(settings: ServerSettings | None = None, *, engine: Engine | None 
             )
             remaining = give_up - loop.time()
             if grants or remaining <= 0:
-                return grants
+                # Serialised once here, not validated again against response_model first.
+                return Response(_LEASE_GRANTS.dump_json(grants), media_type="application/json")
             await wakeup.wait(signal, min(remaining, settings.lease_poll_interval_seconds))
 
     attempt_path = "/v1/namespaces/{namespace}/attempts/{attempt_id}"

@@ -29,7 +29,7 @@ from collections.abc import Callable, Sequence
 from functools import partial
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Path, Request
+from fastapi import APIRouter, Path, Request, Response
 from sqlalchemy.engine import Connection, Engine
 
 from orbit_client import (
@@ -175,19 +175,19 @@ def attempt_batch_router(engine: Engine) -> APIRouter:
         for status in (401, 403, 404, 413, 422)
     }
 
-    def run(
-        request: Request, items: list[Item], all_at_once: AllAtOnce | None = None
-    ) -> AttemptBatchResponse:
+    def run(request: Request, items: list[Item], all_at_once: AllAtOnce | None = None) -> Response:
         try:
             outcomes = execution.transact(engine, _set_based_or_items, all_at_once, items)
         except Redo:
             outcomes = execution.transact(engine, run_items, items, savepoints=True)
-        return _answer(outcomes, request)
+        # Serialised here, once: FastAPI would validate the answer against response_model again
+        # first (the model stays declared, so the OpenAPI document is unchanged).
+        return Response(_answer(outcomes, request).model_dump_json(), media_type="application/json")
 
     @router.post(f"{path}/start", response_model=AttemptBatchResponse, responses=problems)
     def start_attempts(
         namespace: NamespaceName, body: StartBatch, caller: Caller, request: Request
-    ) -> AttemptBatchResponse:
+    ) -> Response:
         """Confirm the start of many attempts (``LEASED → RUNNING``); one result per item, in order.
 
         Each item is exactly ``POST .../attempts/{attempt_id}/start``: its result has the status
@@ -202,7 +202,7 @@ def attempt_batch_router(engine: Engine) -> APIRouter:
     @router.post(f"{path}/heartbeat", response_model=AttemptBatchResponse, responses=problems)
     def heartbeats(
         namespace: NamespaceName, body: HeartbeatBatch, caller: Caller, request: Request
-    ) -> AttemptBatchResponse:
+    ) -> Response:
         """Renew many leases; one result per item, in order (each as ``.../{attempt_id}/heartbeat``).
 
         An item's ``attempt.cancel_requested`` tells its handler to stop. Requires ``work``.
@@ -214,7 +214,7 @@ def attempt_batch_router(engine: Engine) -> APIRouter:
     @router.post(f"{path}/complete", response_model=AttemptBatchResponse, responses=problems)
     def complete_attempts(
         namespace: NamespaceName, body: CompleteBatch, caller: Caller, request: Request
-    ) -> AttemptBatchResponse:
+    ) -> Response:
         """Save many results; one result per item, in order (each as ``.../{attempt_id}/complete``).
 
         Each success writes its task's result event in this request's transaction. A refused
@@ -229,7 +229,7 @@ def attempt_batch_router(engine: Engine) -> APIRouter:
     @router.post(f"{path}/fail", response_model=AttemptBatchResponse, responses=problems)
     def fail_attempts(
         namespace: NamespaceName, body: FailBatch, caller: Caller, request: Request
-    ) -> AttemptBatchResponse:
+    ) -> Response:
         """Report many failures; one result per item, in order (each as ``.../{attempt_id}/fail``).
 
         Requires ``work``.

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import json
 import threading
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -37,6 +38,9 @@ class Sent:
     kind: str
     items: int
     grants: int = 0
+    #: When the request went out, and (leases) when its answer came back (``time.monotonic()``).
+    at: float = field(default_factory=time.monotonic)
+    answered: float = 0.0
 
 
 def kind_of(request: httpx.Request) -> str:
@@ -80,6 +84,7 @@ class Recorder:
                 for sent in reversed(self.sent):
                     if sent.kind == "lease" and sent.grants == 0:
                         sent.grants = grants
+                        sent.answered = time.monotonic()
                         break
         with self.lock:
             lose = self.faults.get(kind) == "lose"
@@ -185,6 +190,37 @@ def test_n_tasks_cost_one_lease_one_start_and_one_complete_call(env: Env) -> Non
     ]
     assert result_event_counts(env, ids) == dict.fromkeys(ids, 1)
     check_attempt_history(env.server.engine, ids)
+
+
+def test_a_start_does_not_linger_for_tasks_that_are_already_running(env: Env) -> None:
+    # Task A runs (held) while B is leased: B's start is the only start that can come, so it goes
+    # at once instead of waiting the whole linger for a report A will never make.
+    queue = env.queue()
+    a_running, release = threading.Event(), threading.Event()
+
+    def held(ctx: TaskContext) -> Any:
+        a_running.set()
+        release.wait(10)
+        return "done"
+
+    linger = 1.0
+    recorder = Recorder()
+    worker_for = lambda client: Worker(  # noqa: E731
+        client, env.ns, queue, {"held": held, "echo": echo}, concurrency=2, report_linger=linger, **FAST
+    )
+    with counted_client(env, recorder) as client, running(worker_for(client)):
+        a = env.submit(queue, "held")
+        assert a_running.wait(10)
+        b = env.submit(queue, "echo", {"n": 1})
+        env.wait(b, "SUCCEEDED")
+        release.set()
+        env.wait(a, "SUCCEEDED")
+    with recorder.lock:
+        leases = [s for s in recorder.sent if s.kind == "lease" and s.grants]
+        starts = [s for s in recorder.sent if s.kind == "start (batch)"]
+    assert [s.grants for s in leases] == [1, 1]
+    assert [s.items for s in starts] == [1, 1]
+    assert starts[1].at - leases[1].answered < linger / 2
 
 
 def test_without_report_linger_every_report_is_its_own_call(env: Env) -> None:
