@@ -574,13 +574,15 @@ class AttemptError(_Wire):
 
     @staticmethod
     def bounded_traceback(text: str, limit: int = TRACEBACK_MAX_LENGTH) -> str:
-        """``text`` if it has at most ``limit`` characters (``limit`` >= 100); else its end, from a
-        line start, after a first line ``... [N characters cut]``: at most ``limit`` characters in
-        all. The end of a traceback (innermost frames, the exception) is the informative part."""
+        """``text`` if it has at most ``limit`` characters (``limit`` >= 100); else its end after a
+        first line ``... [N characters cut]``: at most ``limit`` characters in all. The end of a
+        traceback (innermost frames, the exception) is the informative part; it starts at the first
+        whole frame (a ``  File ...`` line) in it, else at a line start."""
         if len(text) <= limit:
             return text
         tail = text[-(limit - 40) :]  # 40 leaves room for the marker line
-        newline = tail.find("\n")
+        frame = tail.find("\n  File ")
+        newline = frame if frame >= 0 else tail.find("\n")
         if 0 <= newline < len(tail) - 1:
             tail = tail[newline + 1 :]
         return f"... [{len(text) - len(tail)} characters cut]\n{tail}"

@@ -216,7 +216,8 @@ def test_a_long_traceback_keeps_its_end_within_the_bound(env: Env) -> None:
     assert isinstance(task.error, dict)
     text = task.error["traceback"]
     assert TRACEBACK_MAX_LENGTH - 200 < len(text) <= TRACEBACK_MAX_LENGTH
-    assert re.match(r"\.\.\. \[\d+ characters cut\]\n {2}(File| {2}\S)", text)  # cut at a line start
+    # Cut at a frame, whatever the lengths of the paths in it (they differ between checkouts).
+    assert re.match(r"\.\.\. \[\d+ characters cut\]\n  File ", text)
     assert text.endswith("KeyError: 'the innermost frame'\n")
 
 

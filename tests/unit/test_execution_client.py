@@ -234,6 +234,11 @@ def test_a_long_traceback_keeps_its_end_and_marks_the_cut() -> None:
     assert first in {line.rstrip("\n") for line in lines}  # whole lines only
     assert cut + len(bounded) - len(marker) - 1 == len(text)  # the marker counts what is gone
     assert AttemptError.bounded_traceback("short") == "short"
+    frames = "".join(
+        f'  File "/some/path{i % 7 * "x"}.py", line {i}\n    call()\n         ^^^^\n' for i in range(900)
+    )
+    kept = AttemptError.bounded_traceback(frames + "KeyError: 'k'\n")
+    assert kept.split("\n")[1].startswith("  File ")  # a cut starts at a whole frame, not inside one
     with pytest.raises(ValueError, match="at most 16384 characters"):
         AttemptError(type="E", traceback="x" * (TRACEBACK_MAX_LENGTH + 1))
 
