@@ -8,7 +8,9 @@ limits and pausing a queue").
 
 from __future__ import annotations
 
-from pydantic import Field, StrictInt
+from typing import Self
+
+from pydantic import Field, StrictInt, model_validator
 
 from ._models import _Wire
 
@@ -35,6 +37,12 @@ class QueueUpdate(_Wire):
     max_concurrency: StrictInt | None = Field(default=None, ge=1, le=MAX_CONCURRENCY_LIMIT)
     reason: str | None = Field(default=None, min_length=1, max_length=2000)
     actor: str | None = Field(default=None, min_length=1, max_length=255)
+
+    @model_validator(mode="after")
+    def _some_limit(self) -> Self:
+        if not self.model_fields_set & {"max_concurrency_per_key", "max_concurrency"}:
+            raise ValueError("give max_concurrency_per_key and/or max_concurrency (null removes a limit)")
+        return self
 
 
 class QueueControl(_Wire):

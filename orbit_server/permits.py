@@ -170,7 +170,7 @@ def _lock(conn: Connection, namespace_id: int, queue: str) -> tuple[int, dict[st
 
 def _change(
     conn: Connection, namespace_id: int, queue: str, event: str, actor: str, reason: str | None,
-    changes: Mapping[str, Any],
+    changes: Mapping[str, Any], on_behalf_of: str | None,
 ) -> None:  # fmt: skip
     queue_id, gate, now = _lock(conn, namespace_id, queue)
     before = {name: gate[name] for name in changes}
@@ -187,6 +187,8 @@ def _change(
     data: dict[str, Any] = {"before": before, "after": dict(changes)}
     if reason is not None:
         data["reason"] = reason
+    if on_behalf_of is not None:
+        data["on_behalf_of"] = on_behalf_of
     conn.execute(
         queue_events.insert().values(
             namespace_id=namespace_id, queue_id=queue_id, queue_name=queue, event=event,
@@ -203,24 +205,28 @@ def _answer(conn: Connection, namespace_id: int, queue: str) -> Queue:
 
 
 def set_paused(
-    conn: Connection, namespace_id: int, queue: str, *, paused: bool, actor: str, reason: str | None = None
-) -> Queue:
+    conn: Connection, namespace_id: int, queue: str, *, paused: bool, actor: str, reason: str | None = None,
+    on_behalf_of: str | None = None,
+) -> Queue:  # fmt: skip
     """Pause or resume a queue (audited as ``paused``/``resumed``); the queue as it is now.
 
     Pausing a paused queue (or resuming an open one) changes nothing and writes no audit row.
+    ``actor`` is who acts (``api_key:<id>``, ``cli:<login>``); ``on_behalf_of`` the person, if
+    given; both are audited with ``reason`` in ``queue_events``.
     The gate row is locked, so a pause waits for grants of a limited queue in progress, and
     any lease that starts after it commits grants nothing.
 
     Raises:
         errors.QueueNotFound: no such queue in the namespace (404).
     """
-    _change(conn, namespace_id, queue, "paused" if paused else "resumed", actor, reason, {"paused": paused})
+    event = "paused" if paused else "resumed"
+    _change(conn, namespace_id, queue, event, actor, reason, {"paused": paused}, on_behalf_of)
     return _answer(conn, namespace_id, queue)
 
 
 def set_limits(
     conn: Connection, namespace_id: int, queue: str, changes: Mapping[str, int | None], *, actor: str,
-    reason: str | None = None,
+    reason: str | None = None, on_behalf_of: str | None = None,
 ) -> Queue:  # fmt: skip
     """Change ``max_concurrency_per_key`` and/or ``max_concurrency`` (``None`` removes it), audited.
 
@@ -233,5 +239,5 @@ def set_limits(
     """
     allowed = {"max_concurrency_per_key", "max_concurrency"}
     _change(conn, namespace_id, queue, "limits_changed", actor, reason,
-            {k: v for k, v in changes.items() if k in allowed})  # fmt: skip
+            {k: v for k, v in changes.items() if k in allowed}, on_behalf_of)  # fmt: skip
     return _answer(conn, namespace_id, queue)
