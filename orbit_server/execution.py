@@ -422,8 +422,11 @@ def lease_tasks(
     if found.paused:
         return []  # the execution gate is shut: no new grants (invariant 12)
     due: Sequence[Mapping[Any, Any]] | None = None
+    claimed_limited = None
     if found.max_concurrency_per_key is not None or found.max_concurrency is not None:
-        due = permits.claim_limited(conn, queue_id, now, max_tasks)
+        claimed_limited = permits.claim_limited(conn, queue_id, now, max_tasks, _clock(conn))
+    if claimed_limited is not None:
+        due, now = claimed_limited
     limited = due is not None
     if due is None:
         due = (

@@ -78,20 +78,22 @@ _HELD_IN_QUEUE = (
 
 
 def claim_limited(
-    conn: Connection, queue_id: int, now: datetime, max_tasks: int
-) -> list[dict[str, Any]] | None:
+    conn: Connection, queue_id: int, now: datetime, max_tasks: int, clock: sa.ColumnElement[Any]
+) -> tuple[list[dict[str, Any]], datetime] | None:
     """The due tasks a lease of a limited queue may grant, in queue order (module docstring).
 
     Locks the queue's gate row first. Returns ``None`` when the gate, read under its lock,
-    has no limit any more (take the plain path), ``[]`` when it is paused or no task has room.
-    The rows are not locked: every limited grant holds the gate, and the caller's conditional
-    ``UPDATE`` catches a row that changed otherwise (cancel, deadline sweep).
+    has no limit any more (take the plain path), else the tasks (none when it is paused or no
+    task has room) and the database clock read after the lock was granted (``clock``, as a
+    column): the grants' ``leased_at``, so a grant is never dated before the release of the
+    permit it reuses. The rows are not locked: every limited grant holds the gate, and the
+    caller's conditional ``UPDATE`` catches a row that changed otherwise (cancel, deadline sweep).
     """
     gate = conn.execute(_LOCK_GATE, {"queue_id": queue_id}).first()
     if gate is None:
         return None
     if gate.paused:
-        return []
+        return [], now
     per_key, in_queue = gate.max_concurrency_per_key, gate.max_concurrency
     if per_key is None and in_queue is None:
         return None
@@ -106,7 +108,8 @@ def claim_limited(
     read = max_tasks if per_key is None else min(max_tasks * _OVERSAMPLE, 1000)
     rows = conn.execute(due.order_by(tasks.c.available_at, tasks.c.id).limit(read)).mappings().all()
     if not rows:
-        return []
+        return [], now
+    now = _naive(rows[0]["db_now"])
     room = max_tasks if in_queue is None else min(max_tasks, in_queue - int(rows[0]["held_in_queue"]))
     chosen: list[dict[str, Any]] = []
     taken: dict[str, int] = {}
@@ -119,9 +122,16 @@ def claim_limited(
                 continue
             taken[key] = taken.get(key, 0) + 1
         task = dict(row)
-        del task["held_by_key"], task["held_in_queue"]
+        del task["held_by_key"], task["held_in_queue"], task["db_now"]
         chosen.append(task)
-    return chosen
+    return chosen, now
+
+
+def _naive(value: Any) -> datetime:
+    if isinstance(value, str):  # SQLite
+        return datetime.fromisoformat(value)
+    assert isinstance(value, datetime)
+    return value.replace(tzinfo=None)
 
 
 def permit_rows(granted: Sequence[tuple[Mapping[Any, Any], str]], now: datetime) -> list[dict[str, Any]]:
