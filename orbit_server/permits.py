@@ -97,7 +97,9 @@ def claim_limited(
     per_key, in_queue = gate.max_concurrency_per_key, gate.max_concurrency
     if per_key is None and in_queue is None:
         return None
-    due = sa.select(tasks, _HELD_BY_KEY.label("held_by_key"), _HELD_IN_QUEUE.label("held_in_queue")).where(
+    due = sa.select(
+        tasks, _HELD_BY_KEY.label("held_by_key"), _HELD_IN_QUEUE.label("held_in_queue"), clock.label("db_now")
+    ).where(
         tasks.c.queue_id == queue_id,
         tasks.c.status == TaskStatus.WAITING.value,
         tasks.c.available_at <= now,
