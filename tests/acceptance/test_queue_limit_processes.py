@@ -8,6 +8,7 @@ attempts in flight finish (DESIGN §9; seed 001 §3, §5, invariant 12).
 
 from __future__ import annotations
 
+import itertools
 import os
 import signal
 import socket
@@ -158,10 +159,10 @@ def test_limit_one_per_key_is_never_exceeded_by_racing_servers_and_workers(
     assert sorted(intervals) == KEYS
     for customer, spans in intervals.items():
         spans.sort()
-        for (_, earlier_end), (later_start, _) in zip(spans, spans[1:], strict=False):
+        for (_, earlier_end), (later_start, _) in itertools.pairwise(spans):
             assert later_start >= earlier_end, f"two live attempts of {customer}: {spans}"
     # The limit is per key, not per queue: attempts of different keys did overlap.
     every = sorted((start, end) for spans in intervals.values() for start, end in spans)
-    assert any(later[0] < earlier[1] for earlier, later in zip(every, every[1:], strict=False))
+    assert any(later[0] < earlier[1] for earlier, later in itertools.pairwise(every))
     # Nothing was granted while the queue was paused.
     assert not [start for start, _ in every if pause_at < start < resume_at]
