@@ -72,8 +72,11 @@ _HELD_BY_KEY = (
     )
     .scalar_subquery()
 )
+#: Uncorrelated (``:queue_id``), so it is counted once per statement, not once per row.
 _HELD_IN_QUEUE = (
-    sa.select(sa.func.count()).where(concurrency_permits.c.queue_id == tasks.c.queue_id).scalar_subquery()
+    sa.select(sa.func.count())
+    .where(concurrency_permits.c.queue_id == sa.bindparam("queue_id", type_=sa.BigInteger))
+    .scalar_subquery()
 )
 
 
@@ -97,8 +100,9 @@ def claim_limited(
     per_key, in_queue = gate.max_concurrency_per_key, gate.max_concurrency
     if per_key is None and in_queue is None:
         return None
+    held_in_queue = _HELD_IN_QUEUE if in_queue is not None else sa.literal(0)
     due = sa.select(
-        tasks, _HELD_BY_KEY.label("held_by_key"), _HELD_IN_QUEUE.label("held_in_queue"), clock.label("db_now")
+        tasks, _HELD_BY_KEY.label("held_by_key"), held_in_queue.label("held_in_queue"), clock.label("db_now")
     ).where(
         tasks.c.queue_id == queue_id,
         tasks.c.status == TaskStatus.WAITING.value,
@@ -108,7 +112,11 @@ def claim_limited(
     if per_key is not None:
         due = due.where(sa.or_(tasks.c.concurrency_key.is_(None), per_key > _HELD_BY_KEY))
     read = max_tasks if per_key is None else min(max_tasks * _OVERSAMPLE, 1000)
-    rows = conn.execute(due.order_by(tasks.c.available_at, tasks.c.id).limit(read)).mappings().all()
+    rows = (
+        conn.execute(due.order_by(tasks.c.available_at, tasks.c.id).limit(read), {"queue_id": queue_id})
+        .mappings()
+        .all()
+    )
     if not rows:
         return [], now
     now = _naive(rows[0]["db_now"])
