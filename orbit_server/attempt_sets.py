@@ -17,6 +17,9 @@ with one statement per table instead of one per item:
 4. one multi-row ``INSERT`` of the task events; for completes, the result events and their
    deliveries in the same transaction (:func:`orbit_server.results.record_result_events`).
 
+A start whose queue is paused is declined (the per-item start gives its lease back), and a
+complete deletes the concurrency permits of the tasks that hold one (:mod:`orbit_server.permits`).
+
 The rows written are exactly those the per-item functions
 (:func:`orbit_server.execution.start_attempt`, :func:`~orbit_server.execution.complete_attempt`)
 write. Any other batch is declined before anything is written (``None``), and the caller runs

@@ -14,6 +14,9 @@ The rules, from §2, §3 and §5 of the reliability model (seed 001) and DESIGN 
   is a conditional ``UPDATE`` on its id, token digest and status, and its row count is checked.
   A final attempt is never rewritten; a report that comes too late is kept as evidence only.
 - Leases are judged by the database clock (:func:`orbit_server._db.db_now`).
+- A queue's execution gate and concurrency limits (:mod:`orbit_server.permits`): a paused queue
+  grants and starts nothing; a limited queue's grant takes a permit, and every transition out of
+  ``LEASED``/``RUNNING`` in :func:`apply_transition` releases it.
 - Lock order: a transaction locks the task row (``SELECT ... FOR UPDATE``) before it touches the
   task's attempts. Claims and the expiry sweep use ``SKIP LOCKED`` on MySQL/MariaDB and never
   wait for a row; SQLite has one writer at a time (``BEGIN IMMEDIATE``), so there the locking
