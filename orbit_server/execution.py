@@ -1224,7 +1224,8 @@ def retry_task(
 ) -> Task:
     """Create the one direct successor of a ``FAILED`` or ``CANCELLED`` task (manual retry, §2).
 
-    The new task copies queue, handler, params, attempt budget, retry safety and backoff, has
+    The new task copies queue, handler, params, attempt budget, retry safety, backoff and
+    ``concurrency_key``, has
     ``retry_of`` set and starts ``WAITING`` now; the old task's state never goes back. Both
     tasks get an audit event in the same transaction.
 
@@ -1268,6 +1269,7 @@ def retry_task(
                     backoff_cap_seconds=source["backoff_cap_seconds"],
                     available_at=now,
                     deadline=to_naive_utc(deadline),
+                    concurrency_key=source["concurrency_key"],
                     cancel_requested=False,
                     retry_of=task_id,
                     created_at=now,

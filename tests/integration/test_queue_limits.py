@@ -153,6 +153,8 @@ def test_one_live_attempt_per_key_and_the_permit_returns_when_the_attempt_ends(
         assert len(following) == 1 and following[0].task.concurrency_key == "a"
         current = following[0]
     assert finished == 2  # a[1], a[2] and a[3], less the cancelled one
+    # A manual retry keeps the key, so it is limited like its original.
+    assert admin.retry_task(NS, b, reason="again").concurrency_key == "b"
     with server.engine.begin() as conn:
         held = conn.execute(
             sa.select(sa.func.count())
