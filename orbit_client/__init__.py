@@ -80,6 +80,7 @@ from orbit_client._models import (
     UTCDateTime,
     is_valid_idempotency_key,
 )
+from orbit_client._queue_models import MAX_CONCURRENCY_LIMIT, QueueControl, QueueUpdate
 from orbit_client._retry import RetryPolicy
 from orbit_client._schedule_models import (
     MisfirePolicy,
@@ -96,6 +97,7 @@ from orbit_client._worker import AsyncWorker, RetryableError, TaskCancelled, Tas
 __all__ = [
     "IDEMPOTENCY_KEY_MAX_LENGTH",
     "MAX_ATTEMPT_BATCH_ITEMS",
+    "MAX_CONCURRENCY_LIMIT",
     "NAME_PATTERN",
     "TRACEBACK_MAX_LENGTH",
     "AsyncOrbitClient",
@@ -149,6 +151,8 @@ __all__ = [
     "PermissionDeniedError",
     "Problem",
     "Queue",
+    "QueueControl",
+    "QueueUpdate",
     "RateLimitedError",
     "RequestInProgressError",
     "ResultEvent",

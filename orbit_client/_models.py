@@ -216,6 +216,9 @@ class SubmitOptions(_Wire):
         backoff_cap_seconds: the longest such delay, in seconds; ``None`` means 300 s. The
             delay before retry *n* is ``d/2 + uniform(0, d/2)`` with
             ``d = min(cap, base * 2**(n-1))`` (equal jitter), added to the database clock.
+        concurrency_key: a business key (1-255 printable ASCII characters, e.g. a customer id)
+            whose live attempts the queue's ``max_concurrency_per_key`` limits (README
+            "Concurrency limits and pausing a queue"); ``None`` means the task has none.
     """
 
     max_attempts: StrictInt | None = Field(default=None, ge=1, le=1000)
@@ -224,6 +227,7 @@ class SubmitOptions(_Wire):
     retry_safe: StrictBool | None = None
     backoff_base_seconds: float | None = Field(default=None, ge=0, le=86400)
     backoff_cap_seconds: float | None = Field(default=None, ge=0, le=7 * 86400)
+    concurrency_key: str | None = Field(default=None, min_length=1, max_length=255, pattern=r"^[\x21-\x7e]+$")
 
 
 class TaskSubmission(_Wire):
@@ -289,6 +293,8 @@ class Task(_Wire):
     backoff_cap_seconds: float | None = None
     #: When the task reached ``SUCCEEDED``, ``FAILED`` or ``CANCELLED``; ``None`` before.
     finished_at: UTCDateTime | None = None
+    #: The business key the queue's ``max_concurrency_per_key`` limits; ``None`` if none.
+    concurrency_key: str | None = None
 
 
 class Queue(_Wire):
@@ -300,6 +306,14 @@ class Queue(_Wire):
     name: str
     created_at: UTCDateTime
     counts: dict[TaskStatus, int] = Field(default_factory=dict)
+    #: A paused queue grants no new leases and no starts; attempts in flight still report.
+    paused: bool = False
+    #: Live (``LEASED``/``RUNNING``) attempts allowed per ``concurrency_key``; ``None``: no limit.
+    max_concurrency_per_key: int | None = None
+    #: Live attempts allowed in the whole queue; ``None``: no limit.
+    max_concurrency: int | None = None
+    #: Bumped by every pause, resume and change of limits.
+    control_version: int = 1
 
 
 class Problem(BaseModel):

@@ -27,6 +27,7 @@ from .schema import (
     api_keys,
     event_deliveries,
     namespaces,
+    queue_gates,
     queues,
     result_events,
     submission_keys,
@@ -98,6 +99,10 @@ class QueueStats:
     needs_review: int
     succeeded_last_hour: int
     failed_last_hour: int
+    #: The queue's gate and concurrency limits (README "Concurrency limits and pausing a queue").
+    paused: bool = False
+    max_concurrency_per_key: int | None = None
+    max_concurrency: int | None = None
 
     @property
     def total(self) -> int:
@@ -140,8 +145,17 @@ def queue_stats(
     now = now or db_now(conn)
     since = now - RECENT_WINDOW
     rows = conn.execute(
-        sa.select(queues.c.id, queues.c.name, queues.c.created_at, namespaces.c.name.label("ns"))
+        sa.select(
+            queues.c.id,
+            queues.c.name,
+            queues.c.created_at,
+            namespaces.c.name.label("ns"),
+            queue_gates.c.paused,
+            queue_gates.c.max_concurrency_per_key,
+            queue_gates.c.max_concurrency,
+        )
         .join(namespaces, namespaces.c.id == queues.c.namespace_id)
+        .outerjoin(queue_gates, queue_gates.c.queue_id == queues.c.id)
         .where(_in_namespace(queues.c.namespace_id, namespace_id))
         .order_by(namespaces.c.name, queues.c.name)
     ).all()
@@ -181,6 +195,9 @@ def queue_stats(
             needs_review=counts.get(row.id, {}).get(TaskStatus.NEEDS_REVIEW.value, 0),
             succeeded_last_hour=recent.get(row.id, {}).get(TaskStatus.SUCCEEDED.value, 0),
             failed_last_hour=recent.get(row.id, {}).get(TaskStatus.FAILED.value, 0),
+            paused=bool(row.paused),
+            max_concurrency_per_key=row.max_concurrency_per_key,
+            max_concurrency=row.max_concurrency,
         )
         for row in rows
     ]

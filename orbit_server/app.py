@@ -67,6 +67,7 @@ from ._metrics import Metrics
 from .attempt_batches import attempt_batch_router
 from .batch_api import batch_router
 from .console import console_router
+from .queues_api import queues_router
 from .scheduler import run_scheduler
 from .schedules_api import schedules_router
 from .settings import ServerSettings
@@ -434,7 +435,7 @@ def create_app(settings: ServerSettings | None = None, *, engine: Engine | None 
     def get_queue(
         namespace: NamespaceName, queue: Annotated[str, Path(pattern=NAME_PATTERN)], caller: Caller
     ) -> Queue:
-        """A queue and its task count per status; 404 ``queue_not_found``."""
+        """A queue, its task count per status, its gate (``paused``) and concurrency limits; 404 ``queue_not_found``."""
         authorize(caller, namespace, "read")
         with the_engine.begin() as conn:
             found = store.get_queue(conn, namespace, caller.namespace_id, queue)
@@ -750,6 +751,7 @@ def create_app(settings: ServerSettings | None = None, *, engine: Engine | None 
         batch_router(engine=the_engine, settings=settings, metrics=metrics, on_created=wakeup.notify)
     )
     app.include_router(schedules_router(engine=the_engine))
+    app.include_router(queues_router(engine=the_engine, on_resume=wakeup.notify))
     app.include_router(
         console_router(
             engine=the_engine, settings=settings, key_cache=app.state.key_cache, on_created=wakeup.notify

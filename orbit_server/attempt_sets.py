@@ -17,6 +17,9 @@ with one statement per table instead of one per item:
 4. one multi-row ``INSERT`` of the task events; for completes, the result events and their
    deliveries in the same transaction (:func:`orbit_server.results.record_result_events`).
 
+A start whose queue is paused is declined (the per-item start gives its lease back), and a
+complete deletes the concurrency permits of the tasks that hold one (:mod:`orbit_server.permits`).
+
 The rows written are exactly those the per-item functions
 (:func:`orbit_server.execution.start_attempt`, :func:`~orbit_server.execution.complete_attempt`)
 write. Any other batch is declined before anything is written (``None``), and the caller runs
@@ -35,7 +38,7 @@ from sqlalchemy.engine import Connection
 
 from orbit_client import AttemptState, AttemptStatus, CompleteItem, StartItem, TaskStatus
 
-from . import errors, execution, results
+from . import errors, execution, permits, results
 from .schema import task_attempts, task_events, tasks
 
 __all__ = ["complete_all", "start_all"]
@@ -62,7 +65,7 @@ def _lock_tasks_statement(conn: Connection) -> sa.Executable:
     statement = _LOCK_TASKS.get(name)
     if statement is None:
         statement = _LOCK_TASKS[name] = (
-            sa.select(*_TASK_COLUMNS, execution._clock(conn).label("db_now"))
+            sa.select(*_TASK_COLUMNS, execution._clock(conn).label("db_now"), execution.gate_paused())
             .where(
                 tasks.c.id.in_(sa.select(task_attempts.c.task_id).where(task_attempts.c.id.in_(_IDS))),
                 tasks.c.namespace_id == sa.bindparam("namespace_id"),
@@ -101,9 +104,11 @@ def _read(
             or attempt["lease_token_hash"] != execution._hash_token(token)
             or task["status"] != task_status.value
             or task["current_attempt_id"] != attempt_id
+            or (task["gate_paused"] and attempt_status is AttemptStatus.LEASED)  # a start on a paused queue
         ):
             return None
         task.pop("db_now", None)
+        task.pop("gate_paused", None)
         pairs.append((task, attempt))
     return pairs, now
 
@@ -213,7 +218,10 @@ def complete_all(
     _update_attempts(
         conn, pairs, now, status=AttemptStatus.SUCCEEDED.value, result=by_attempt, finished_at=now
     )
-    _update_tasks(conn, pairs, TaskStatus.SUCCEEDED, now, result=by_task, error=None)
+    holders = [attempt["id"] for task, attempt in pairs if task["holds_permit"]]
+    if holders:  # the attempts end here: so do their concurrency permits (orbit_server.permits)
+        permits.release(conn, holders)
+    _update_tasks(conn, pairs, TaskStatus.SUCCEEDED, now, result=by_task, error=None, holds_permit=False)
     for task, attempt in pairs:
         task["result"] = found[attempt["id"]]
     results.record_result_events(conn, namespace_id, [task for task, _ in pairs], now)

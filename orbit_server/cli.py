@@ -182,12 +182,32 @@ def queue() -> None:
 @queue.command("create")
 @click.argument("namespace_name", metavar="NAMESPACE")
 @click.argument("name", metavar="QUEUE")
+@click.option(
+    "--max-concurrency-per-key",
+    type=click.IntRange(1, 1_000_000),
+    default=None,
+    help="Live attempts allowed per task concurrency_key (README: Concurrency limits). Default: no limit.",
+)
+@click.option(
+    "--max-concurrency",
+    type=click.IntRange(1, 1_000_000),
+    default=None,
+    help="Live attempts allowed in the whole queue. Default: no limit.",
+)
 @_database_url_option
-def queue_create(namespace_name: str, name: str, database_url: str) -> None:
-    """Create queue QUEUE in NAMESPACE."""
+def queue_create(
+    namespace_name: str, name: str, max_concurrency_per_key: int | None, max_concurrency: int | None,
+    database_url: str,
+) -> None:  # fmt: skip
+    """Create queue QUEUE in NAMESPACE, optionally with concurrency limits."""
     _check_name("QUEUE", name)
+    from .queue_cli import cli_actor
+
     with _engine(database_url) as engine, engine.begin() as conn:
-        store.create_queue(conn, namespace_name, name)
+        store.create_queue(
+            conn, namespace_name, name, max_concurrency_per_key=max_concurrency_per_key,
+            max_concurrency=max_concurrency, actor=cli_actor(None),
+        )  # fmt: skip
     click.echo(f"queue {name!r} created in namespace {namespace_name!r}", err=True)
 
 
@@ -228,6 +248,7 @@ def _check_name(what: str, name: str) -> None:
 # The admin commands (task, subscription, and the list/revoke commands of the groups above) live in
 # admin_cli.py; importing it registers them on `main`.
 from . import admin_cli as _admin_cli  # noqa: E402, F401
+from . import queue_cli as _queue_cli  # noqa: E402, F401 - queue show/update/pause/resume
 from .schedule_cli import schedule  # noqa: E402 - it uses the helpers above
 
 main.add_command(schedule)

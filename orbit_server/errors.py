@@ -124,8 +124,13 @@ class LeaseLost(OrbitServerError):
     #: Commit before answering: the refusal may have expired the attempt or recorded evidence.
     keep_writes = True
 
-    def __init__(self, detail: str | None = None, *, evidence_recorded: bool = False) -> None:
-        super().__init__(detail, extra={"evidence_recorded": evidence_recorded})
+    def __init__(
+        self, detail: str | None = None, *, evidence_recorded: bool = False, queue_paused: bool = False
+    ) -> None:
+        extra: dict[str, object] = {"evidence_recorded": evidence_recorded}
+        if queue_paused:  # a start refused by a paused queue, whose lease was given back
+            extra["queue_paused"] = True
+        super().__init__(detail, extra=extra)
 
 
 class InvalidTransition(OrbitServerError):

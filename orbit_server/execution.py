@@ -14,6 +14,9 @@ The rules, from §2, §3 and §5 of the reliability model (seed 001) and DESIGN 
   is a conditional ``UPDATE`` on its id, token digest and status, and its row count is checked.
   A final attempt is never rewritten; a report that comes too late is kept as evidence only.
 - Leases are judged by the database clock (:func:`orbit_server._db.db_now`).
+- A queue's execution gate and concurrency limits (:mod:`orbit_server.permits`): a paused queue
+  grants and starts nothing; a limited queue's grant takes a permit, and every transition out of
+  ``LEASED``/``RUNNING`` in :func:`apply_transition` releases it.
 - Lock order: a transaction locks the task row (``SELECT ... FOR UPDATE``) before it touches the
   task's attempts. Claims and the expiry sweep use ``SKIP LOCKED`` on MySQL/MariaDB and never
   wait for a row; SQLite has one writer at a time (``BEGIN IMMEDIATE``), so there the locking
@@ -33,7 +36,7 @@ import logging
 import random
 import secrets
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime, timedelta
 from typing import Any, Concatenate, Final, ParamSpec, TypeVar
 
@@ -52,9 +55,9 @@ from orbit_client import (
     TaskStatus,
 )
 
-from . import errors, results, store
+from . import errors, permits, results, store
 from ._db import db_now, is_lock_conflict, to_naive_utc, to_utc
-from .schema import namespaces, queues, task_attempts, task_events, tasks
+from .schema import concurrency_permits, namespaces, queue_gates, queues, task_attempts, task_events, tasks
 
 __all__ = [
     "DEFAULT_BACKOFF_BASE_SECONDS",
@@ -101,6 +104,8 @@ TRANSITIONS: Final[frozenset[tuple[TaskStatus, TaskStatus]]] = frozenset(
 )
 
 _LIVE = (AttemptStatus.LEASED.value, AttemptStatus.RUNNING.value)
+#: The task states with a live attempt.
+_LIVE_TASK = (TaskStatus.LEASED, TaskStatus.RUNNING)
 
 #: Retry backoff of a task that sets none, in seconds.
 DEFAULT_BACKOFF_BASE_SECONDS: Final = 1.0
@@ -125,6 +130,7 @@ _TASK_COLUMNS = (
     tasks.c.current_attempt_id,
     tasks.c.backoff_base_seconds,
     tasks.c.backoff_cap_seconds,
+    tasks.c.holds_permit,
 )
 
 P = ParamSpec("P")
@@ -241,6 +247,10 @@ def apply_transition(
     }
     if to.is_terminal:
         changes["finished_at"] = now
+    if task.get("holds_permit") and to not in _LIVE_TASK:
+        # The attempt ends here: so does its concurrency permit (§5 "完成 … 额度释放").
+        permits.release(conn, [task["current_attempt_id"]])
+        changes["holds_permit"] = False
     result = conn.execute(
         _UPDATE_TASK,
         {"b_id": task["id"], "b_status": current.value, "b_version": task["state_version"], **changes},
@@ -382,41 +392,62 @@ def lease_tasks(
     ``task_attempts`` row with the next ``generation``, a new 256-bit lease token and
     ``lease_expires_at = now + lease_seconds`` (database clock).
 
+    A paused queue grants nothing. A queue with a concurrency limit grants only tasks whose
+    ``concurrency_key`` (and the queue) have room, and each grant takes a permit in this
+    transaction (:mod:`orbit_server.permits`); a queue without one takes the plain path.
+
     Args:
         lease_seconds: the lease duration, in seconds.
 
     Returns:
-        The grants, oldest task first; empty when nothing is due. The lease tokens appear
+        The grants, oldest task first; empty when nothing is due (or the queue is paused). The lease tokens appear
         here and nowhere else.
 
     Raises:
         errors.QueueNotFound: no such queue in the namespace (404).
     """
     found = conn.execute(
-        sa.select(queues.c.id, namespaces.c.name, _clock(conn).label("db_now"))
-        .select_from(queues.join(namespaces, namespaces.c.id == queues.c.namespace_id))
+        sa.select(
+            queues.c.id, namespaces.c.name, _clock(conn).label("db_now"), queue_gates.c.paused,
+            queue_gates.c.max_concurrency_per_key, queue_gates.c.max_concurrency,
+        )
+        .select_from(
+            queues.join(namespaces, namespaces.c.id == queues.c.namespace_id).outerjoin(
+                queue_gates, queue_gates.c.queue_id == queues.c.id
+            )
+        )
         .where(queues.c.namespace_id == namespace_id, queues.c.name == queue)
-    ).first()
+    ).first()  # fmt: skip
     if found is None:
         raise errors.QueueNotFound(f"queue {queue!r} does not exist in this namespace")
     queue_id, namespace_name, now = found.id, found.name, _naive(found.db_now)
     _sweep(conn, now, queue_id=queue_id, limit=_SWEEP_BATCH)
-    due = (
-        conn.execute(
-            sa.select(tasks)
-            .where(
-                tasks.c.queue_id == queue_id,
-                tasks.c.status == TaskStatus.WAITING.value,
-                tasks.c.available_at <= now,
-                sa.or_(tasks.c.deadline.is_(None), tasks.c.deadline > now),
+    if found.paused:
+        return []  # the execution gate is shut: no new grants (invariant 12)
+    due: Sequence[Mapping[Any, Any]] | None = None
+    claimed_limited = None
+    if found.max_concurrency_per_key is not None or found.max_concurrency is not None:
+        claimed_limited = permits.claim_limited(conn, queue_id, now, max_tasks, _clock(conn))
+    if claimed_limited is not None:
+        due, now = claimed_limited
+    limited = due is not None
+    if due is None:
+        due = (
+            conn.execute(
+                sa.select(tasks)
+                .where(
+                    tasks.c.queue_id == queue_id,
+                    tasks.c.status == TaskStatus.WAITING.value,
+                    tasks.c.available_at <= now,
+                    sa.or_(tasks.c.deadline.is_(None), tasks.c.deadline > now),
+                )
+                .order_by(tasks.c.available_at, tasks.c.id)
+                .limit(max_tasks)
+                .with_for_update(skip_locked=True)
             )
-            .order_by(tasks.c.available_at, tasks.c.id)
-            .limit(max_tasks)
-            .with_for_update(skip_locked=True)
+            .mappings()
+            .all()
         )
-        .mappings()
-        .all()
-    )
     if not due:
         return []
     # Set-based: one conditional UPDATE of every claimed row (each at the status and version it was
@@ -438,6 +469,7 @@ def lease_tasks(
             attempt_count=tasks.c.attempt_count + 1,
             current_attempt_id=sa.case(attempt_ids, value=tasks.c.id),
             updated_at=now,
+            **({"holds_permit": True} if limited else {}),
         )
     )
     if claimed.rowcount != len(due):
@@ -480,6 +512,11 @@ def lease_tasks(
         grants.append(LeaseGrant(task=task, attempt=lease))
     conn.execute(task_events.insert(), events)
     conn.execute(task_attempts.insert(), attempts)
+    if limited:  # the permits, taken in this transaction under the gate's lock (§5 "领取 … 取得额度")
+        conn.execute(
+            concurrency_permits.insert(),
+            permits.permit_rows([(row, attempt_ids[row["id"]]) for row in due], now),
+        )
     return grants
 
 
@@ -550,8 +587,9 @@ def _sweep(conn: Connection, now: datetime, *, queue_id: int | None, limit: int)
 
 
 def _expire_attempt(
-    conn: Connection, task: dict[str, Any], attempt: Mapping[Any, Any], now: datetime
-) -> bool:
+    conn: Connection, task: dict[str, Any], attempt: Mapping[Any, Any], now: datetime,
+    *, reason: str | None = None,
+) -> bool:  # fmt: skip
     """Settle one lapsed live attempt of a locked task; ``False`` if it was renewed or finished first."""
     was = AttemptStatus(attempt["status"])
     done = conn.execute(
@@ -582,6 +620,7 @@ def _expire_attempt(
                 event="lease_expired",
                 now=now,
                 actor="sweeper",
+                reason=reason,
                 data=data,
                 values={"available_at": now},
             )
@@ -602,6 +641,7 @@ def _expire_attempt(
                 event="lease_expired",
                 now=now,
                 actor="sweeper",
+                reason=reason,
                 data=data,
                 values={"error": error},
             )
@@ -693,7 +733,12 @@ def _locked_attempt_statement(conn: Connection) -> sa.Executable:
 
         task_of_attempt = sa.select(task_attempts.c.task_id).where(task_attempts.c.id == attempt_id)
         statement = _LOCKED_ATTEMPT[name] = (
-            sa.select(*_TASK_COLUMNS, _clock(conn).label("db_now"), *(of(c) for c in _ATTEMPT_COLUMNS))
+            sa.select(
+                *_TASK_COLUMNS,
+                _clock(conn).label("db_now"),
+                gate_paused(),
+                *(of(c) for c in _ATTEMPT_COLUMNS),
+            )
             .where(
                 tasks.c.id == task_of_attempt.scalar_subquery(),
                 tasks.c.namespace_id == sa.bindparam("namespace_id"),
@@ -701,6 +746,16 @@ def _locked_attempt_statement(conn: Connection) -> sa.Executable:
             .with_for_update()
         )
     return statement
+
+
+def gate_paused() -> sa.Label[Any]:
+    """Whether the task's queue is paused, as a column of a statement over ``tasks`` (no lock)."""
+    return (
+        sa.select(queue_gates.c.paused)
+        .where(queue_gates.c.queue_id == tasks.c.queue_id)
+        .scalar_subquery()
+        .label("gate_paused")
+    )
 
 
 def _locked_attempt(
@@ -728,6 +783,7 @@ def _locked_attempt(
     if row is None:
         raise errors.AttemptNotFound(f"no attempt {attempt_id!r} in this namespace")
     task = {column.name: row[column.name] for column in _TASK_COLUMNS}
+    task["gate_paused"] = bool(row["gate_paused"])
     attempt = {column.name: row[f"attempt_{column.name}"] for column in _ATTEMPT_COLUMNS}
     return task, attempt, _naive(row["db_now"])
 
@@ -814,6 +870,8 @@ def start_attempt(conn: Connection, namespace_id: int, attempt_id: str, lease_to
         raise _lost(attempt, lapsed)
     if attempt["status"] == AttemptStatus.RUNNING.value:
         return _state(task, attempt)
+    if task["gate_paused"]:
+        raise _give_back(conn, task, attempt, now)
     expires = now + timedelta(seconds=attempt["lease_seconds"])
     _update_attempt(
         conn, attempt, now, status=AttemptStatus.RUNNING.value, started_at=now, lease_expires_at=expires
@@ -828,6 +886,27 @@ def start_attempt(conn: Connection, namespace_id: int, attempt_id: str, lease_to
         data={"attempt_id": attempt_id},
     )
     return _state(task, attempt, status=AttemptStatus.RUNNING, lease_expires_at=expires)
+
+
+def _give_back(
+    conn: Connection, task: dict[str, Any], attempt: Mapping[Any, Any], now: datetime
+) -> errors.LeaseLost:
+    """A start on a paused queue: end the leased attempt now, as a lapsed lease ends (the task
+    waits again, or fails when its budget or deadline is spent), and say so (invariant 12)."""
+    done = conn.execute(
+        task_attempts.update()
+        .where(task_attempts.c.id == attempt["id"], task_attempts.c.status == AttemptStatus.LEASED.value)
+        .values(lease_expires_at=now)
+    )
+    if done.rowcount != 1 or not _expire_attempt(
+        conn, task, {**attempt, "lease_expires_at": now}, now, reason="the queue is paused"
+    ):
+        raise errors.ConcurrentUpdate(f"attempt {attempt['id']} changed while it was being started")
+    return errors.LeaseLost(
+        "the queue is paused: this attempt may not start, its lease was given back and the task waits "
+        "until the queue is resumed; stop working on it",
+        queue_paused=True,
+    )
 
 
 def heartbeat(
@@ -1145,7 +1224,8 @@ def retry_task(
 ) -> Task:
     """Create the one direct successor of a ``FAILED`` or ``CANCELLED`` task (manual retry, §2).
 
-    The new task copies queue, handler, params, attempt budget, retry safety and backoff, has
+    The new task copies queue, handler, params, attempt budget, retry safety, backoff and
+    ``concurrency_key``, has
     ``retry_of`` set and starts ``WAITING`` now; the old task's state never goes back. Both
     tasks get an audit event in the same transaction.
 
@@ -1189,6 +1269,7 @@ def retry_task(
                     backoff_cap_seconds=source["backoff_cap_seconds"],
                     available_at=now,
                     deadline=to_naive_utc(deadline),
+                    concurrency_key=source["concurrency_key"],
                     cancel_requested=False,
                     retry_of=task_id,
                     created_at=now,

@@ -16,9 +16,12 @@ __all__ = [
     "Key",
     "Timestamp",
     "api_keys",
+    "concurrency_permits",
     "event_deliveries",
     "metadata",
     "namespaces",
+    "queue_events",
+    "queue_gates",
     "queues",
     "result_events",
     "schedule_events",
@@ -108,6 +111,11 @@ tasks = sa.Table(
     # Retry backoff of this task, in seconds; NULL means the server's default (1 s base, 300 s cap).
     sa.Column("backoff_base_seconds", sa.Float, nullable=True),
     sa.Column("backoff_cap_seconds", sa.Float, nullable=True),
+    # --- concurrency limits (revision 0005) ---
+    # The business key whose live attempts a queue's max_concurrency_per_key limits; NULL: none.
+    sa.Column("concurrency_key", Key(255), nullable=True),
+    # Whether the live attempt holds a row in concurrency_permits (released when it ends).
+    sa.Column("holds_permit", sa.Boolean, nullable=False, server_default=sa.false()),
     # Serves the lease query: one queue, due tasks in order.
     sa.Index("ix_tasks_claim", "queue_id", "status", "available_at"),
     sa.Index("ix_tasks_namespace_created", "namespace_id", "created_at"),
@@ -307,4 +315,51 @@ schedule_events = sa.Table(
     sa.Column("data", sa.JSON(none_as_null=True), nullable=True),
     sa.Column("created_at", Timestamp, nullable=False),
     sa.Index("ix_schedule_events_schedule", "schedule_id", "id"),
+)
+
+# --- queue gates and concurrency permits (revision 0005): DESIGN §9, §3/§5 and invariant 12 of seed 001 ---
+
+# A queue's execution gate: paused flag, concurrency limits and control version. Its row is also
+# the lock that serialises the grants of a queue with a limit (``SELECT ... FOR UPDATE``).
+queue_gates = sa.Table(
+    "queue_gates",
+    metadata,
+    sa.Column("queue_id", sa.BigInteger, sa.ForeignKey("queues.id"), primary_key=True, autoincrement=False),
+    sa.Column("paused", sa.Boolean, nullable=False, server_default=sa.false()),
+    # Live attempts allowed per concurrency_key, and in the whole queue; NULL means no limit.
+    sa.Column("max_concurrency_per_key", sa.Integer, nullable=True),
+    sa.Column("max_concurrency", sa.Integer, nullable=True),
+    # Bumped by every change (pause, resume, limits).
+    sa.Column("control_version", sa.Integer, nullable=False, server_default="1"),
+    sa.Column("updated_at", Timestamp, nullable=False),
+    sa.Column("updated_by", sa.String(255), nullable=True),
+)
+
+# One row per live attempt granted under a limit: its permit. Inserted by the lease transaction,
+# deleted by the transaction that ends the attempt.
+concurrency_permits = sa.Table(
+    "concurrency_permits",
+    metadata,
+    sa.Column("attempt_id", Key(36), primary_key=True),
+    sa.Column("queue_id", sa.BigInteger, nullable=False),
+    sa.Column("concurrency_key", Key(255), nullable=True),
+    sa.Column("task_id", Key(36), nullable=False),
+    sa.Column("granted_at", Timestamp, nullable=False),
+    sa.Index("ix_concurrency_permits_queue_key", "queue_id", "concurrency_key"),
+)
+
+# Audit of queue control changes: who paused, resumed or changed limits, when, before and after.
+queue_events = sa.Table(
+    "queue_events",
+    metadata,
+    sa.Column("id", BigId, primary_key=True, autoincrement=True),
+    sa.Column("namespace_id", sa.BigInteger, sa.ForeignKey("namespaces.id"), nullable=False),
+    sa.Column("queue_id", sa.BigInteger, nullable=False),
+    sa.Column("queue_name", Key(64), nullable=False),
+    sa.Column("event", sa.String(32), nullable=False),
+    sa.Column("control_version", sa.Integer, nullable=False),
+    sa.Column("actor", sa.String(255), nullable=True),
+    sa.Column("data", sa.JSON(none_as_null=True), nullable=True),
+    sa.Column("created_at", Timestamp, nullable=False),
+    sa.Index("ix_queue_events_queue", "queue_id", "id"),
 )

@@ -26,7 +26,16 @@ from orbit_client import Queue, Task, TaskPage, TaskStatus, TaskSubmission
 
 from . import errors
 from ._db import as_db_time, db_now, db_now_expression, is_lock_conflict, to_naive_utc, to_utc
-from .schema import api_keys, namespaces, queues, submission_keys, task_events, tasks
+from .schema import (
+    api_keys,
+    namespaces,
+    queue_events,
+    queue_gates,
+    queues,
+    submission_keys,
+    task_events,
+    tasks,
+)
 
 __all__ = [
     "ROLES",
@@ -103,8 +112,19 @@ def get_namespace_id(conn: Connection, name: str) -> int:
     return int(ns_id)
 
 
-def create_queue(conn: Connection, namespace: str, name: str) -> Queue:
-    """Insert a queue; raises NamespaceNotFound or NameTaken."""
+def create_queue(
+    conn: Connection,
+    namespace: str,
+    name: str,
+    *,
+    max_concurrency_per_key: int | None = None,
+    max_concurrency: int | None = None,
+    actor: str | None = None,
+) -> Queue:
+    """Insert a queue and its open gate with the given limits (``None``: no limit).
+
+    Raises NamespaceNotFound or NameTaken.
+    """
     ns_id = get_namespace_id(conn, namespace)
     exists = conn.execute(
         sa.select(queues.c.id).where(queues.c.namespace_id == ns_id, queues.c.name == name)
@@ -112,8 +132,23 @@ def create_queue(conn: Connection, namespace: str, name: str) -> Queue:
     if exists:
         raise errors.NameTaken(f"queue {name!r} already exists in namespace {namespace!r}")
     now = db_now(conn)
-    conn.execute(queues.insert().values(namespace_id=ns_id, name=name, created_at=now))
-    return Queue(namespace=namespace, name=name, created_at=to_utc(now), counts={})
+    created = conn.execute(queues.insert().values(namespace_id=ns_id, name=name, created_at=now))
+    assert created.inserted_primary_key is not None
+    queue_id = int(created.inserted_primary_key[0])
+    limits = {"max_concurrency_per_key": max_concurrency_per_key, "max_concurrency": max_concurrency}
+    conn.execute(
+        queue_gates.insert().values(
+            queue_id=queue_id, paused=False, control_version=1, updated_at=now, updated_by=actor, **limits
+        )
+    )
+    if max_concurrency_per_key is not None or max_concurrency is not None:
+        conn.execute(
+            queue_events.insert().values(
+                namespace_id=ns_id, queue_id=queue_id, queue_name=name, event="created", control_version=1,
+                actor=actor, data={"limits": limits}, created_at=now,
+            )
+        )  # fmt: skip
+    return Queue(namespace=namespace, name=name, created_at=to_utc(now), counts={}, **limits)
 
 
 def _hash_key(key: str) -> str:
@@ -195,6 +230,7 @@ def task_from_row(row: RowMapping) -> Task:
         backoff_base_seconds=row["backoff_base_seconds"],
         backoff_cap_seconds=row["backoff_cap_seconds"],
         finished_at=to_utc(row["finished_at"]),
+        concurrency_key=row.get("concurrency_key"),
     )
 
 
@@ -296,10 +332,13 @@ def find_submission(conn: Connection, namespace_id: int, idempotency_key: str) -
 def get_queue(conn: Connection, namespace: str, namespace_id: int, name: str) -> Queue | None:
     """A queue with its task count per status, or ``None``."""
     row = conn.execute(
-        sa.select(queues.c.id, queues.c.created_at).where(
-            queues.c.namespace_id == namespace_id, queues.c.name == name
+        sa.select(
+            queues.c.id, queues.c.created_at, queue_gates.c.paused, queue_gates.c.max_concurrency_per_key,
+            queue_gates.c.max_concurrency, queue_gates.c.control_version,
         )
-    ).first()
+        .select_from(queues.outerjoin(queue_gates, queue_gates.c.queue_id == queues.c.id))
+        .where(queues.c.namespace_id == namespace_id, queues.c.name == name)
+    ).first()  # fmt: skip
     if row is None:
         return None
     counts = {
@@ -310,7 +349,11 @@ def get_queue(conn: Connection, namespace: str, namespace_id: int, name: str) ->
             .group_by(tasks.c.status)
         )
     }
-    return Queue(namespace=namespace, name=name, created_at=to_utc(row.created_at), counts=counts)
+    return Queue(
+        namespace=namespace, name=name, created_at=to_utc(row.created_at), counts=counts,
+        paused=bool(row.paused), max_concurrency_per_key=row.max_concurrency_per_key,
+        max_concurrency=row.max_concurrency, control_version=row.control_version or 1,
+    )  # fmt: skip
 
 
 # ---------------------------------------------------------------- acceptance
@@ -472,6 +515,7 @@ def task_row(
         "backoff_cap_seconds": options.backoff_cap_seconds if options else None,
         "available_at": to_naive_utc(options.available_at) if options and options.available_at else now,
         "deadline": to_naive_utc(options.deadline) if options else None,
+        "concurrency_key": options.concurrency_key if options else None,
         "cancel_requested": False,
         "created_at": now,
         "updated_at": now,
