@@ -324,7 +324,7 @@ def business_transactions(report: Report, engine: sa.Engine, n: int) -> OutboxTa
     metadata.create_all(engine)
     tables = _new_outbox(engine)
     insert = orders.insert()
-    plain = with_enqueue = 0.0
+    plain = with_enqueue = keyed = 0.0
     chunk = 50
     for start in range(0, n, chunk):
         count = min(chunk, n - start)
@@ -340,11 +340,22 @@ def business_transactions(report: Report, engine: sa.Engine, n: int) -> OutboxTa
                     conn.execute(insert, {"ref": f"order-e-{i}", "amount_cents": i})
                     enqueue(conn, namespace=NS, queue=QUEUE, handler=HANDLER, params={"n": i}, tables=tables)
 
+        def with_key(start: int = start, count: int = count) -> None:  # 100 customers, one key each
+            for i in range(start, start + count):
+                with engine.begin() as conn:
+                    conn.execute(insert, {"ref": f"order-k-{i}", "amount_cents": i})
+                    enqueue(conn, namespace=NS, queue=QUEUE, handler=HANDLER, params={"n": i}, tables=tables,
+                            ordering_key=f"customer-{i % 100}")  # fmt: skip
+
         plain += _timed(without)
         with_enqueue += _timed(with_)
+        keyed += _timed(with_key)
     report.add("orbit", "business txn without enqueue (base)", n / plain, "txn/s", "INSERT order, COMMIT")
     report.add("orbit", "business txn with enqueue", n / with_enqueue, "txn/s", "INSERT order + enqueue")
     report.add("orbit", "enqueue cost (time with / without)", with_enqueue / plain, "×")
+    report.add("orbit", "business txn with enqueue + ordering key", n / keyed, "txn/s",
+               "INSERT order + key upsert + enqueue")  # fmt: skip
+    report.add("orbit", "enqueue cost with ordering key (time / without)", keyed / plain, "×")
     return tables
 
 

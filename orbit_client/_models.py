@@ -900,7 +900,12 @@ class ResultEvent(_Wire):
         error: the task's error (``FAILED``, ``NEEDS_REVIEW``, sometimes ``CANCELLED``), else ``None``.
         occurred_at: when the transition happened (UTC, database clock).
         idempotency_key: the ``Idempotency-Key`` of the submission that created the task
-            (what an outbox row knows its task by); ``None`` for a task created by a manual retry.
+            (what an outbox row knows its task by). For a task created by manual retry, the key
+            of its retry chain's first task, so the event still finds its business record;
+            ``None`` when that key has expired (the server keeps keys for its key window).
+        retry_of: for a task created by manual retry, the task it retries (its predecessor);
+            ``None`` otherwise. The first task's events and its successor's carry the same
+            ``idempotency_key``: a receiver tells them apart by ``task_id`` and ``retry_of``.
     """
 
     model_config = ConfigDict(extra="ignore", frozen=True)
@@ -915,6 +920,7 @@ class ResultEvent(_Wire):
     error: JsonValue = None
     occurred_at: UTCDateTime
     idempotency_key: str | None = None
+    retry_of: str | None = None
 
 
 class DeliveryLeaseRequest(_Wire):

@@ -43,7 +43,7 @@ from .schema import task_attempts, task_events, tasks
 
 __all__ = ["complete_all", "start_all"]
 
-_TASK_COLUMNS = (*execution._TASK_COLUMNS, tasks.c.handler)
+_TASK_COLUMNS = (*execution._TASK_COLUMNS, tasks.c.handler, tasks.c.retry_of)
 _ATTEMPT_COLUMNS = (
     task_attempts.c.id,
     task_attempts.c.task_id,

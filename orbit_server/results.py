@@ -77,6 +77,7 @@ from .schema import (
 __all__ = [
     "RESULT_STATUSES",
     "ack_delivery",
+    "chain_key",
     "create_subscription",
     "get_subscription",
     "lease_deliveries",
@@ -109,8 +110,10 @@ def record_result_event(conn: Connection, task_id: str, now: datetime) -> str:
     """Write the result event of a transition that just happened, and its deliveries.
 
     Call it in the transition's transaction, after the task row was updated (and while it is
-    locked): the event copies the row's status, result, error, handler, queue and
-    ``state_version``. Then one ``PENDING`` delivery per subscription of the namespace that
+    locked): the event copies the row's status, result, error, handler, queue, ``state_version``
+    and ``retry_of``; for a task created by manual retry it also gets the idempotency key of the
+    chain's first task (:func:`chain_key`), so a receiver finds the business record of a retried
+    task by the key it knows. Then one ``PENDING`` delivery per subscription of the namespace that
     matches the task's queue and was created at or before ``now`` (the module docstring
     explains why that is exact under concurrency).
 
@@ -130,20 +133,20 @@ def record_result_event(conn: Connection, task_id: str, now: datetime) -> str:
         result_events.insert().from_select(
             [
                 "id", "task_id", "namespace_id", "queue_id", "handler", "status", "result", "error",
-                "state_version", "occurred_at",
+                "state_version", "occurred_at", "retry_of",
             ],
             sa.select(
                 sa.literal(event_id, Key(36)), tasks.c.id, tasks.c.namespace_id, tasks.c.queue_id,
                 tasks.c.handler, tasks.c.status, tasks.c.result, tasks.c.error, tasks.c.state_version,
-                sa.literal(now, Timestamp),
+                sa.literal(now, Timestamp), tasks.c.retry_of,
             ).where(tasks.c.id == task_id),
         )
     )  # fmt: skip
     if copied.rowcount != 1:
         raise errors.ConcurrentUpdate(f"task {task_id} vanished while its result event was written")
     # Shared lock on the namespace row: serialises with create_subscription's exclusive lock.
-    namespace_id, queue_name = conn.execute(
-        sa.select(namespaces.c.id, queues.c.name)
+    namespace_id, queue_name, retry_of = conn.execute(
+        sa.select(namespaces.c.id, queues.c.name, tasks.c.retry_of)
         .select_from(
             tasks.join(namespaces, namespaces.c.id == tasks.c.namespace_id).join(
                 queues, queues.c.id == tasks.c.queue_id
@@ -152,6 +155,12 @@ def record_result_event(conn: Connection, task_id: str, now: datetime) -> str:
         .where(tasks.c.id == task_id)
         .with_for_update(read=True)
     ).one()
+    if retry_of is not None:  # a manual retry: the event carries the key of the chain's first task
+        conn.execute(
+            result_events.update()
+            .where(result_events.c.id == event_id)
+            .values(idempotency_key=chain_key(conn, namespace_id, retry_of))
+        )
     # A locking read, so it sees the newest committed subscriptions whatever the isolation level.
     matching = [
         row.id
@@ -186,7 +195,7 @@ def record_result_events(
 
     Call it in the transitions' transaction, after the task rows were updated (and while they
     are locked). ``changed`` are the task rows as written: ``id``, ``queue_id``, ``handler``,
-    ``status``, ``result``, ``error`` and ``state_version``. The rows written are exactly those
+    ``status``, ``result``, ``error``, ``state_version`` and (optional) ``retry_of``. The rows written are exactly those
     of one :func:`record_result_event` per task, in the same lock order: the events, then a
     shared lock on the namespace and the tasks' queues, then the locking read of the
     subscriptions.
@@ -202,7 +211,8 @@ def record_result_events(
             "id": str(uuid.uuid4()), "task_id": task["id"], "namespace_id": namespace_id,
             "queue_id": task["queue_id"], "handler": task["handler"], "status": task["status"],
             "result": task["result"], "error": task["error"], "state_version": task["state_version"],
-            "occurred_at": now,
+            "occurred_at": now, "retry_of": task.get("retry_of"),
+            "idempotency_key": chain_key(conn, namespace_id, task["retry_of"]) if task.get("retry_of") else None,
         }
         for task in changed
     ]  # fmt: skip
@@ -243,6 +253,33 @@ _LOCK_SUBSCRIPTIONS = (
     )
     .with_for_update(read=True)
 )
+
+
+#: Longest retry chain followed back to its first task (a chain is one manual retry per link).
+_MAX_CHAIN = 1000
+
+
+def chain_key(conn: Connection, namespace_id: int, predecessor: str) -> str | None:
+    """The ``Idempotency-Key`` of the first task of a retry chain, given a manual retry's predecessor.
+
+    Follows ``retry_of`` back from ``predecessor`` (one indexed read per link; a chain is as long
+    as the number of manual retries) to the task that has none, or that was purged, and returns
+    the key its submission was made with (submission keys outlive their tasks for the key
+    window); ``None`` when that task was not created by a submission or its key expired.
+    """
+    first = predecessor
+    for _ in range(_MAX_CHAIN):
+        earlier = conn.execute(
+            sa.select(tasks.c.retry_of).where(tasks.c.id == first, tasks.c.namespace_id == namespace_id)
+        ).scalar()
+        if earlier is None:
+            break
+        first = earlier
+    return conn.execute(
+        sa.select(submission_keys.c.idempotency_key).where(
+            submission_keys.c.task_id == first, submission_keys.c.namespace_id == namespace_id
+        )
+    ).scalar()
 
 
 # --------------------------------------------------------------- subscriptions
@@ -400,7 +437,8 @@ def lease_deliveries(
     rows = conn.execute(
         sa.select(
             d.c.id.label("delivery_id"), d.c.delivery_count, e.c.id, e.c.task_id, queues.c.name.label("queue"),
-            e.c.handler, e.c.status, e.c.result, e.c.error, e.c.occurred_at, k.c.idempotency_key,
+            e.c.handler, e.c.status, e.c.result, e.c.error, e.c.occurred_at, e.c.retry_of,
+            sa.func.coalesce(e.c.idempotency_key, k.c.idempotency_key).label("idempotency_key"),
         )
         .select_from(
             d.join(e, e.c.id == d.c.event_id)
@@ -428,6 +466,7 @@ def lease_deliveries(
                 error=row.error,
                 occurred_at=_at(row.occurred_at),
                 idempotency_key=row.idempotency_key,
+                retry_of=row.retry_of,
             ),
         )
         for row in rows

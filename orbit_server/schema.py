@@ -205,6 +205,12 @@ result_events = sa.Table(
     # The task's state_version after the transition: one event per (task, version) at most.
     sa.Column("state_version", sa.Integer, nullable=False),
     sa.Column("occurred_at", Timestamp, nullable=False),
+    # --- retry chains (revision 0006) ---
+    # The task's retry_of (a manual retry's predecessor), copied when the event is written.
+    sa.Column("retry_of", Key(36), nullable=True),
+    # For a task created by manual retry: the Idempotency-Key of its chain's first task, found when
+    # the event is written. NULL otherwise (the task's own key is read from submission_keys).
+    sa.Column("idempotency_key", Key(255), nullable=True),
     sa.UniqueConstraint("task_id", "state_version", name="uq_result_events_task_version"),
     sa.Index("ix_result_events_namespace_occurred", "namespace_id", "occurred_at"),
 )

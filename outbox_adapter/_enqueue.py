@@ -4,7 +4,9 @@ The row commits or rolls back with the business change it belongs to (DESIGN §5
 §6.1 of the reliability model): a rollback leaves nothing to send. ``enqueue`` never
 begins, commits or rolls back, and never changes how the caller's engine begins
 transactions. Everything is validated before the one ``INSERT`` (built once per tables and
-dialect; the database clock and the id come with it, no other round trip).
+dialect; the database clock and the id come with it, no other round trip). A row with an
+ordering key first upserts its key's row (``_ordering``): one more statement, and a lock
+held until the caller's transaction ends.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from orbit_client import NAME_PATTERN, SubmitOptions, TaskSubmission, is_valid_i
 from outbox_adapter._db import to_naive_utc, translate_db_error
 from outbox_adapter._exceptions import OutboxDatabaseError, OutboxUsageError, ParamsTooLargeError
 from outbox_adapter._models import OutboxEntry
+from outbox_adapter._ordering import insert_keyed_row, take_ordering_key
 from outbox_adapter._queries import insert_row
 from outbox_adapter._tables import OutboxTables
 
@@ -197,9 +200,12 @@ def enqueue(
             keys per namespace, across every database that sends to it: a key must never
             repeat for the namespace's lifetime, so build it from a UUID, not from an
             autoincrement id that a new or restored database hands out again.
-        ordering_key: rows with the same key are sent one at a time in id order: a row waits
-            while an earlier one is not ``DELIVERED`` (including ``DEAD`` and
-            ``NEEDS_RECONCILE`` rows). ``None``: no ordering.
+        ordering_key: rows with the same key are sent one at a time in the order their
+            transactions committed: a row waits while an earlier one is ``PENDING``, ``DEAD``
+            or ``NEEDS_RECONCILE`` (an ``ABANDONED`` row holds nothing back). The key's row in
+            the keys table stays locked until this transaction ends, so a concurrent enqueue
+            of the same key waits for it (README "Ordering keys"); take several keys in one
+            transaction in a fixed order. ``None``: no ordering, no lock, no extra statement.
         business_ref: free text linking the row to the business record, e.g. ``"order:42"``.
         available_at: earliest send time, timezone-aware; ``None`` means now (database clock).
         max_attempts: budget of sends whose outcome may be unknown, 1-1000; ``None`` means
@@ -236,7 +242,12 @@ def enqueue(
     t = tables or _default_tables()
     try:
         connection = conn.connection() if isinstance(conn, Session) else conn
-        result = connection.execute(*insert_row(t, values, connection.dialect.name))
+        dialect = connection.dialect.name
+        if values["ordering_key"] is None:
+            result = connection.execute(*insert_row(t, values, dialect))
+        else:  # lock the key until the caller's transaction ends: its rows in commit order
+            connection.execute(*take_ordering_key(t, values["ordering_key"], dialect))
+            result = connection.execute(*insert_keyed_row(t, values, dialect))
     except sa.exc.SQLAlchemyError as exc:
         raise _insert_failed(exc, values["idempotency_key"], t) from exc
     return _entry(_inserted_id(result.inserted_primary_key), values)
@@ -281,7 +292,12 @@ async def enqueue_async(
     t = tables or _default_tables()
     try:
         connection = await conn.connection() if isinstance(conn, AsyncSession) else conn
-        result = await connection.execute(*insert_row(t, values, connection.dialect.name))
+        dialect = connection.dialect.name
+        if values["ordering_key"] is None:
+            result = await connection.execute(*insert_row(t, values, dialect))
+        else:  # lock the key until the caller's transaction ends: its rows in commit order
+            await connection.execute(*take_ordering_key(t, values["ordering_key"], dialect))
+            result = await connection.execute(*insert_keyed_row(t, values, dialect))
     except sa.exc.SQLAlchemyError as exc:
         raise _insert_failed(exc, values["idempotency_key"], t) from exc
     return _entry(_inserted_id(result.inserted_primary_key), values)

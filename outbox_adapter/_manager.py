@@ -13,7 +13,7 @@ from collections.abc import Callable, Collection, Iterator
 from contextlib import contextmanager
 from datetime import timedelta
 from types import TracebackType
-from typing import Any, Self
+from typing import TYPE_CHECKING, Any, Self
 
 import sqlalchemy as sa
 from sqlalchemy.engine import URL, Connection, Engine
@@ -40,6 +40,9 @@ from outbox_adapter._models import (
     ReconcileDecision,
 )
 from outbox_adapter._tables import InboxOutcome, OutboxState, OutboxTables
+
+if TYPE_CHECKING:
+    from outbox_adapter._ordering import BlockedKey
 
 __all__ = ["DEFAULT_KEY_WINDOW_SECONDS", "Outbox"]
 
@@ -277,6 +280,8 @@ class Outbox:
                     "run `orbit-outbox reconcile` for NEEDS_RECONCILE rows, or settle it with "
                     f"`orbit-outbox resolve {row_id} --delivered-as TASK_ID | --abandon --reason TEXT`"
                     if row.state == q.NEEDS_RECONCILE
+                    else "an ABANDONED row is never sent: enqueue the work again, with a new key"
+                    if row.state == q.ABANDONED
                     else "there is nothing to retry"
                 )
                 raise InvalidStateError(
@@ -298,6 +303,36 @@ class Outbox:
             extra={"event": "retried", "row_id": row_id, "idempotency_key": row.idempotency_key},
         )
         return after
+
+    def abandon(self, row_id: int, *, actor: str, reason: str) -> OutboxRow:
+        """Give up a ``DEAD`` or ``NEEDS_RECONCILE`` row for good: → ``ABANDONED``, audited.
+
+        ``ABANDONED`` is terminal: the row is never sent, and it no longer holds back later
+        rows of its ordering key (README "Ordering keys"). For a ``NEEDS_RECONCILE`` row the
+        task may exist: check first (``reconcile``, ``resolve --delivered-as``).
+
+        Raises:
+            OutboxUsageError: an empty ``reason``.
+            RowNotFoundError: no such row.
+            InvalidStateError: the row is neither ``DEAD`` nor ``NEEDS_RECONCILE`` (also when
+                another process changed it meanwhile); nothing changed.
+            OutboxDatabaseError: the database failed; nothing changed.
+        """
+        from outbox_adapter._ordering import abandon_row
+
+        return abandon_row(self, row_id, actor=actor, reason=reason)
+
+    def blocked_keys(self, *, limit: int = 100) -> list[BlockedKey]:
+        """Ordering keys held back by a row that needs a person (its first unsent row is ``DEAD``
+        or ``NEEDS_RECONCILE``), by that row's id, at most ``limit``.
+
+        Raises:
+            OutboxDatabaseError: the database failed; :class:`OutboxSchemaError` if not migrated.
+        """
+        from outbox_adapter._ordering import blocked_keys
+
+        with self.transaction("list blocked ordering keys") as conn:
+            return blocked_keys(conn, self.tables, limit=limit)
 
     def retry_all_dead(
         self, *, actor: str, reason: str = "retried by an operator (--all-dead)", batch_size: int = 500
@@ -344,8 +379,9 @@ class Outbox:
 
         - ``delivered_as``: the row was delivered as that Orbit task → ``DELIVERED`` with its
           id. The task is looked up first (``client.get_task``, outside any transaction);
-        - ``abandon``: the row must not be sent → ``DEAD`` with ``last_error``
-          ``"abandoned by operator: <reason>"`` (``retry`` can still send it later, same key).
+        - ``abandon``: the row must not be sent → ``ABANDONED`` with ``last_error``
+          ``"abandoned by operator: <reason>"``: terminal, never sent, and it no longer holds
+          back later rows of its ordering key (as :meth:`abandon`).
 
         The update is conditional on the row still being ``NEEDS_RECONCILE``.
 
@@ -396,7 +432,7 @@ class Outbox:
             to_state, error = q.DELIVERED, None
             detail = f"delivered as task {task.id} (queue {task.queue!r}, handler {task.handler!r})"
         else:
-            to_state, error = q.DEAD, f"abandoned by operator: {reason}"
+            to_state, error = q.ABANDONED, f"abandoned by operator: {reason}"
             detail = "abandoned"
         with self.transaction(f"resolve row {row_id}", row_id=row_id) as conn:
             now = db_now(conn)

@@ -42,6 +42,7 @@ def _config(tables: OutboxTables) -> Config:
     cfg.attributes["outbox_table"] = tables.name
     cfg.attributes["outbox_events_table"] = tables.events_name
     cfg.attributes["inbox_table"] = tables.inbox_name
+    cfg.attributes["outbox_keys_table"] = tables.keys_name
     return cfg
 
 

@@ -69,6 +69,8 @@ class OutboxRow(_AsDict):
             relay's default.
         lease_expires_at: when the current lease ends (database clock); a ``PENDING``
             row whose lease is in the future is being sent.
+        ordering_seq: the row's place among the rows of its ``ordering_key``, in commit order
+            (README "Ordering keys"); ``None`` without a key.
     """
 
     id: int
@@ -84,6 +86,7 @@ class OutboxRow(_AsDict):
     created_at: datetime
     updated_at: datetime
     ordering_key: str | None = None
+    ordering_seq: int | None = None
     business_ref: str | None = None
     options: dict[str, Any] | None = None
     lease_owner: str | None = None

@@ -36,6 +36,7 @@ from outbox_adapter._models import InboxRow, OutboxEvent, OutboxRow, OutboxStatu
 from outbox_adapter._tables import InboxOutcome, OutboxState, OutboxTables
 
 __all__ = [
+    "UNSENT",
     "Claim",
     "Finish",
     "abandon_row",
@@ -70,14 +71,16 @@ __all__ = [
 
 #: ``to_state`` of the audit event a purged ``DEAD`` row leaves behind (the row itself is deleted).
 PURGED = "PURGED"
-PENDING, DELIVERED, DEAD, NEEDS_RECONCILE = (
+PENDING, DELIVERED, DEAD, NEEDS_RECONCILE, ABANDONED = (
     OutboxState.PENDING.value,
     OutboxState.DELIVERED.value,
     OutboxState.DEAD.value,
     OutboxState.NEEDS_RECONCILE.value,
+    OutboxState.ABANDONED.value,
 )
-#: States that hold back later rows of the same ordering key: everything not yet delivered.
-_UNSENT = (PENDING, DEAD, NEEDS_RECONCILE)
+#: States that hold back later rows of the same ordering key: everything neither delivered nor abandoned.
+UNSENT = (PENDING, DEAD, NEEDS_RECONCILE)
+_UNSENT = UNSENT
 #: Longest ``last_error`` / ``reason`` stored, in characters.
 _ERROR_MAX = 2000
 
@@ -178,7 +181,8 @@ class _ClaimStatements:
             .where(
                 earlier.c.ordering_key == o.c.ordering_key,
                 earlier.c.state.in_(_UNSENT),
-                earlier.c.id < o.c.id,
+                # Commit order of the key (README "Ordering keys"), not id order.
+                earlier.c.ordering_seq < o.c.ordering_seq,
             )
             .exists()
         )
@@ -619,6 +623,7 @@ def _row(m: RowMapping) -> OutboxRow:
         created_at=_aware(m["created_at"]),
         updated_at=_aware(m["updated_at"]),
         ordering_key=m["ordering_key"],
+        ordering_seq=m["ordering_seq"],
         business_ref=m["business_ref"],
         options=m["options"],
         lease_owner=m["lease_owner"],
@@ -757,14 +762,22 @@ def record_reconcile_mismatch(
     return result.rowcount == 1
 
 
-def abandon_row(conn: Connection, t: OutboxTables, row_id: int, *, now: datetime, error: str) -> bool:
-    """``NEEDS_RECONCILE`` → ``DEAD`` by an operator's decision, with why in ``last_error``.
-    ``False`` if no longer ``NEEDS_RECONCILE``."""
+def abandon_row(
+    conn: Connection,
+    t: OutboxTables,
+    row_id: int,
+    *,
+    now: datetime,
+    error: str,
+    from_state: str = NEEDS_RECONCILE,
+) -> bool:
+    """``from_state`` (``NEEDS_RECONCILE`` or ``DEAD``) → ``ABANDONED`` by an operator's decision, with
+    why in ``last_error``. ``False`` if no longer ``from_state``."""
     o = t.outbox
     result = conn.execute(
         sa.update(o)
-        .where(o.c.id == row_id, o.c.state == NEEDS_RECONCILE)
-        .values(state=DEAD, last_error=_clip(error), updated_at=now)
+        .where(o.c.id == row_id, o.c.state == from_state)
+        .values(state=ABANDONED, last_error=_clip(error), updated_at=now)
     )
     return result.rowcount == 1
 

@@ -65,14 +65,12 @@ log = logging.getLogger("outbox_adapter.relay")
 DEFAULT_MAX_ATTEMPTS = 5
 
 
+#: The savepoint each ``on_delivered`` call runs under (``_Relay._hooks_under``).
+_HOOK_SAVEPOINT = "orbit_outbox_hook"
+
+
 class _LeaseLost(Exception):
     """A set-based record came up short: roll back, then record only the rows still ours."""
-
-
-class _HookFailed(Exception):
-    def __init__(self, row_id: int, cause: Exception) -> None:
-        super().__init__(str(cause))
-        self.row_id, self.cause = row_id, cause
 
 
 class Relay:
@@ -151,10 +149,12 @@ class Relay:
         owner: the lease owner written on claimed rows; ``None`` means
             ``"<host>:<pid>:<random>"``.
         on_delivered: called inside the transaction that records a ``DELIVERED`` row, once
-            per row (reliability model §6.1: store the acceptance and the link to the
-            business record together), e.g. to write the task id on the order. If it
-            raises, that row is not recorded (the others of its batch are): its lease
-            expires and it is resent (the server replays).
+            per row, before the row is marked (reliability model §6.1: store the acceptance
+            and the link to the business record together), e.g. to write the task id on the
+            order. Each call runs under a savepoint: if it raises (a database error such as
+            ``IntegrityError`` included, or it leaves the transaction unusable), its writes are
+            rolled back and only that row is not recorded (the others of its batch are): its
+            lease expires and it is resent (the server replays).
         install_signal_handlers: make SIGTERM and SIGINT call :meth:`stop` while
             :meth:`run` runs (main thread only). Default ``False``.
 
@@ -644,17 +644,19 @@ class Relay:
     def _record_batch(self, done: Done, stats: RelayStats) -> None:
         """Record the outcomes of one batch in one transaction: one conditional update per outcome
         class, fenced on ``(id, lease_token)`` with a live lease, row counts checked; audit events in
-        one insert; ``on_delivered`` per delivered row in the same transaction.
+        one insert; ``on_delivered`` per delivered row in the same transaction, under a savepoint.
 
         When a count comes up short (a lease was lost), the transaction is rolled back and done
-        again for the rows one ``SELECT`` finds still ours. When ``on_delivered`` raises, it is
-        done again without that row, which is left to its lease.
+        again for the rows one ``SELECT`` finds still ours. When ``on_delivered`` raises for a row
+        (any exception, a database error included), its savepoint is rolled back and only that row
+        is left out: it stays leased until its lease expires and is then resent (the server replays).
         """
         batch = done.batch
         pairs = list(zip(batch.claims, done.outcomes, strict=True))
         live: set[int] | None = None
         skipped: dict[int, Exception] = {}
-        for _ in range(len(pairs) + 3):
+        for _ in range(3):
+            skipped = {}
             try:
                 written = self._record_once(pairs, batch.token, live, skipped)
             except _LeaseLost:
@@ -665,11 +667,8 @@ class Relay:
                     ) from None
                 live = set()  # find them in the next transaction
                 continue
-            except _HookFailed as failed:
-                skipped[failed.row_id] = failed.cause
-                continue
             break
-        else:  # pragma: no cover - each round removes a row or finds the live ones
+        else:  # pragma: no cover - the second round records only rows found live under their lock
             raise OutboxDatabaseError("cannot record send outcomes: no stable set of rows", retryable=True)
         for claim, outcome in pairs:  # after the commit: logs say what is true
             if claim.id in skipped:
@@ -690,46 +689,79 @@ class Relay:
         live: set[int] | None,
         skipped: dict[int, Exception],
     ) -> dict[int, str]:
-        """One recording transaction; returns what was written per row id."""
+        """One recording transaction; returns what was written per row id (rows whose hook failed
+        are added to ``skipped`` and not written)."""
         t = self.outbox.tables
         actor = f"relay:{self.owner}"
         with self.outbox.transaction("record send outcomes") as conn:
             now = db_now(conn)
             if live is not None:
                 live |= q.live_claims(conn, t, [c.id for c, _ in pairs], token=token, now=now)
-            finishes: list[q.Finish] = []
-            events: list[dict[str, Any]] = []
-            kinds: dict[int, str] = {}
+            planned: list[tuple[q.Claim, str, q.Finish, dict[str, Any] | None]] = []
             delivered: list[tuple[q.Claim, SendOutcome]] = []
             for claim, outcome in pairs:
-                if claim.id in skipped or (live is not None and claim.id not in live):
+                if live is not None and claim.id not in live:
                     continue
                 kind, finish, event = self._plan(claim, outcome, now, actor)
-                finishes.append(finish)
-                kinds[claim.id] = kind
-                if event is not None:
-                    events.append(event)
+                planned.append((claim, kind, finish, event))
                 if kind == "delivered":
                     assert outcome is not None
                     delivered.append((claim, outcome))
+            if self.on_delivered is not None and delivered:
+                skipped.update(self._run_hooks(conn, delivered))
+            finishes = [finish for claim, _, finish, _ in planned if claim.id not in skipped]
             if finishes and not q.finish_claims(conn, t, finishes, token=token, now=now):
                 raise _LeaseLost
-            if self.on_delivered is not None:
-                for claim, outcome in delivered:
-                    assert outcome.task_id is not None
-                    row = DeliveredRow(
-                        row_id=claim.id,
-                        idempotency_key=claim.idempotency_key,
-                        business_ref=claim.business_ref,
-                        orbit_task_id=outcome.task_id,
-                        replayed=outcome.replayed,
-                    )
-                    try:
-                        self.on_delivered(conn, row)
-                    except Exception as exc:
-                        raise _HookFailed(claim.id, exc) from exc
+            events = [
+                event for claim, _, _, event in planned if event is not None and claim.id not in skipped
+            ]
             q.add_events(conn, t, events)
-        return kinds
+        return {claim.id: kind for claim, kind, _, _ in planned if claim.id not in skipped}
+
+    def _run_hooks(
+        self, conn: Connection, delivered: list[tuple[q.Claim, SendOutcome]]
+    ) -> dict[int, Exception]:
+        """Call ``on_delivered`` for each delivered row, inside the recording transaction and before
+        the rows are marked; returns the rows whose hook failed, with the exception.
+
+        All hooks first run under one savepoint (two statements per batch). If one raises, or
+        leaves the transaction unusable (a database error it caught itself: PostgreSQL then
+        refuses the savepoint's release), that savepoint is rolled back and each hook runs again
+        under a savepoint of its own, so only the failing rows are left out. A failure to roll
+        back to a savepoint (the database ended the whole transaction, e.g. a deadlock on
+        MySQL/MariaDB) propagates: the batch is recorded again later.
+        """
+        assert self.on_delivered is not None
+        rows = [
+            (claim, DeliveredRow(row_id=claim.id, idempotency_key=claim.idempotency_key,
+                                 business_ref=claim.business_ref, orbit_task_id=outcome.task_id or "",
+                                 replayed=outcome.replayed))
+            for claim, outcome in delivered
+        ]  # fmt: skip
+        if self._hooks_under(conn, [row for _, row in rows]) is None:
+            return {}
+        failed: dict[int, Exception] = {}
+        for claim, row in rows:
+            exc = self._hooks_under(conn, [row])
+            if exc is not None:
+                failed[claim.id] = exc
+        return failed
+
+    def _hooks_under(self, conn: Connection, rows: list[DeliveredRow]) -> Exception | None:
+        """Run ``on_delivered`` for ``rows`` under one savepoint; on failure roll back to it and
+        return the exception. Plain ``SAVEPOINT`` statements: SQLAlchemy's nested transaction does
+        not roll back after a failed ``RELEASE`` (PostgreSQL, when the hook caught a database error)."""
+        assert self.on_delivered is not None
+        conn.exec_driver_sql(f"SAVEPOINT {_HOOK_SAVEPOINT}")
+        try:
+            for row in rows:
+                self.on_delivered(conn, row)
+            conn.exec_driver_sql(f"RELEASE SAVEPOINT {_HOOK_SAVEPOINT}")
+        except Exception as exc:
+            conn.exec_driver_sql(f"ROLLBACK TO SAVEPOINT {_HOOK_SAVEPOINT}")
+            conn.exec_driver_sql(f"RELEASE SAVEPOINT {_HOOK_SAVEPOINT}")
+            return exc
+        return None
 
     def _plan(
         self, claim: q.Claim, outcome: SendOutcome | None, now: datetime, actor: str

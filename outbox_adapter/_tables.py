@@ -52,7 +52,9 @@ class OutboxState(enum.StrEnum):
 
     ``PENDING`` → ``DELIVERED`` | ``DEAD`` | ``NEEDS_RECONCILE``;
     ``NEEDS_RECONCILE`` → ``DELIVERED`` | ``PENDING`` (``reconcile``);
-    ``DEAD`` → ``PENDING`` only through an operator's ``retry``, keeping the key.
+    ``DEAD`` → ``PENDING`` only through an operator's ``retry``, keeping the key;
+    ``DEAD`` | ``NEEDS_RECONCILE`` → ``ABANDONED`` by an operator (``abandon``, ``resolve --abandon``):
+    never to be sent, terminal, and no longer holding back later rows of its ordering key.
     A row being sent is ``PENDING`` with a live lease.
     """
 
@@ -60,6 +62,7 @@ class OutboxState(enum.StrEnum):
     DELIVERED = "DELIVERED"
     DEAD = "DEAD"
     NEEDS_RECONCILE = "NEEDS_RECONCILE"
+    ABANDONED = "ABANDONED"
 
 
 class InboxOutcome(enum.StrEnum):
@@ -93,9 +96,10 @@ class OutboxTables:
         events_name: the audit table's name; ``None`` means ``f"{name}_events"``.
         inbox_name: the inbox table's name; ``None`` means ``default_inbox_name(name)``
             (``orbit_inbox`` for the default outbox name).
+        keys_name: the ordering keys' table's name; ``None`` means ``f"{name}_keys"``.
 
     Attributes:
-        metadata: the ``MetaData`` holding the three tables.
+        metadata: the ``MetaData`` holding the four tables.
         outbox: one row per intended Orbit call (README "Outbox").
         events: one row per state change of an outbox row: ``outbox_id``, ``from_state``,
             ``to_state``, ``reason``, ``actor``, ``orbit_task_id``, ``at`` (UTC).
@@ -106,6 +110,10 @@ class OutboxTables:
             :class:`InboxOutcome`), ``delivery_count`` (deliveries of the event when recorded),
             ``error`` and ``event`` (the event as JSON; ``FAILED`` rows only), ``received_at``
             and ``processed_at`` (UTC, database clock).
+        keys: one row per ordering key ever enqueued: ``ordering_key`` and ``last_seq``, the
+            ``ordering_seq`` of its newest row. ``enqueue`` locks it (an upsert) in the caller's
+            transaction, so enqueues of one key are serialised and its rows are numbered in
+            commit order (README "Ordering keys").
 
     Raises:
         OutboxUsageError: a name is not 1-48 letters, digits or ``_`` starting with a
@@ -119,27 +127,36 @@ class OutboxTables:
         name: str = DEFAULT_TABLE_NAME,
         events_name: str | None = None,
         inbox_name: str | None = None,
+        keys_name: str | None = None,
     ) -> None:
         events_name = events_name or f"{name}_events"
         inbox_name = inbox_name or (default_inbox_name(name) if isinstance(name, str) else name)
-        for label, value in (("name", name), ("events_name", events_name), ("inbox_name", inbox_name)):
+        keys_name = keys_name or f"{name}_keys"
+        named = (
+            ("name", name),
+            ("events_name", events_name),
+            ("inbox_name", inbox_name),
+            ("keys_name", keys_name),
+        )
+        for label, value in named:
             if not isinstance(value, str) or not _NAME_RE.fullmatch(value):
                 raise OutboxUsageError(
                     f"{label} {value!r} is not a usable table name: use 1-48 letters, digits or _, "
                     "starting with a letter or _"
                 )
         self.metadata = metadata if metadata is not None else sa.MetaData()
-        if len({name, events_name, inbox_name}) < 3:
+        if len({name, events_name, inbox_name, keys_name}) < 4:
             raise OutboxUsageError(
-                f"the outbox, events and inbox tables need three different names, not {name!r}, "
-                f"{events_name!r} and {inbox_name!r}"
+                f"the outbox, events, inbox and keys tables need four different names, not {name!r}, "
+                f"{events_name!r}, {inbox_name!r} and {keys_name!r}"
             )
-        for value in (name, events_name, inbox_name):
+        for value in (name, events_name, inbox_name, keys_name):
             if value in self.metadata.tables:
                 raise OutboxUsageError(f"table {value!r} is already defined on this MetaData")
         self.name = name
         self.events_name = events_name
         self.inbox_name = inbox_name
+        self.keys_name = keys_name
         self.outbox = sa.Table(
             name,
             self.metadata,
@@ -170,11 +187,13 @@ class OutboxTables:
             sa.Column("created_at", _Timestamp, nullable=False),
             sa.Column("updated_at", _Timestamp, nullable=False),
             sa.Column("delivered_at", _Timestamp, nullable=True),
+            # The row's place in its ordering key, in commit order (from the keys table); NULL without a key.
+            sa.Column("ordering_seq", sa.BigInteger, nullable=True),
             sa.UniqueConstraint("idempotency_key", name=f"uq_{name}_idempotency_key"),
             # The claim: state = PENDING AND available_at <= now ORDER BY available_at, id.
             sa.Index(f"ix_{name}_claim", "state", "available_at", "id"),
             # "Is an earlier row with my ordering key still unsent?"
-            sa.Index(f"ix_{name}_ordering", "ordering_key", "state", "id"),
+            sa.Index(f"ix_{name}_ordering", "ordering_key", "state", "ordering_seq"),
             # purge: state = DELIVERED AND delivered_at < cutoff.
             sa.Index(f"ix_{name}_delivered", "state", "delivered_at"),
             sa.Index(f"ix_{name}_business_ref", "business_ref"),
@@ -213,5 +232,15 @@ class OutboxTables:
             sa.Index(f"ix_{inbox_name}_outcome", "outcome", "id"),
         )
 
+        self.keys = sa.Table(
+            keys_name,
+            self.metadata,
+            sa.Column("ordering_key", _text(255), primary_key=True),
+            sa.Column("last_seq", sa.BigInteger, nullable=False),
+        )
+
     def __repr__(self) -> str:
-        return f"OutboxTables(name={self.name!r}, events_name={self.events_name!r}, inbox_name={self.inbox_name!r})"
+        return (
+            f"OutboxTables(name={self.name!r}, events_name={self.events_name!r}, inbox_name={self.inbox_name!r}, "
+            f"keys_name={self.keys_name!r})"
+        )

@@ -595,11 +595,13 @@ def consume(
 @_database_options
 @_json_option
 def status(database_url: str, table: str, as_json: bool) -> None:
-    """Rows per state, leased rows, the oldest pending row's age (s) and the next due time (UTC)."""
+    """Rows per state, leased rows, the oldest pending row's age (s), the next due time (UTC), and the
+    ordering keys blocked by a DEAD or NEEDS_RECONCILE row (with that row)."""
     with _outbox(database_url, table) as outbox:
         summary = outbox.status()
+        blocked = outbox.blocked_keys()
     if as_json:
-        _print_json(summary.to_dict())
+        _print_json({**summary.to_dict(), "blocked_keys": [key.to_dict() for key in blocked]})
         return
     grid = Table(title=escape(f"outbox {table}"), title_justify="left", show_header=True)
     grid.add_column("state")
@@ -612,6 +614,14 @@ def status(database_url: str, table: str, as_json: bool) -> None:
     out.print(f"oldest pending: {f'{age:.1f} s' if age is not None else '-'}", highlight=False)
     due = summary.next_due_at
     out.print(f"next due: {due.isoformat().replace('+00:00', 'Z') if due else '-'}", highlight=False)
+    if blocked:
+        from outbox_adapter.cli_keys import blocked_keys_table, way_out
+
+        out.print(blocked_keys_table(blocked))
+        for key in blocked:
+            out.print(escape(way_out(key)), highlight=False)
+    else:
+        out.print("blocked ordering keys: none", highlight=False)
 
 
 @main.command(name="list")
@@ -818,7 +828,7 @@ def _reconcile_summary(decisions: list[ReconcileDecision], *, dry_run: bool) -> 
 @click.option(
     "--abandon",
     is_flag=True,
-    help="Give the row up: NEEDS_RECONCILE → DEAD (`retry` could still send it later, same key).",
+    help="Give the row up: NEEDS_RECONCILE → ABANDONED (never sent; releases its ordering key).",
 )
 @click.option("--reason", required=True, help="Why, for the audit trail.")
 @_actor_option
@@ -837,7 +847,7 @@ def resolve(
     as_json: bool,
 ) -> None:
     """Settle a NEEDS_RECONCILE row that reconcile left to a person (key of a different submission, or
-    older than the key window): --delivered-as TASK_ID → DELIVERED, or --abandon → DEAD. Audited."""
+    older than the key window): --delivered-as TASK_ID → DELIVERED, or --abandon → ABANDONED. Audited."""
     if (delivered_as is None) == (not abandon):
         raise click.UsageError("give --delivered-as TASK_ID or --abandon (not both)")
     if not reason.strip():
@@ -871,7 +881,7 @@ def resolve(
     elif row.state == OutboxState.DELIVERED:
         out.print(escape(f"row {row.id} resolved: DELIVERED as task {row.orbit_task_id}"), highlight=False)
     else:
-        out.print(escape(f"row {row.id} resolved: DEAD ({row.last_error})"), highlight=False)
+        out.print(escape(f"row {row.id} resolved: {row.state} ({row.last_error})"), highlight=False)
 
 
 @main.command()
@@ -966,3 +976,7 @@ def _progress(what: str) -> Iterator[Callable[[int], None]]:
 
 if __name__ == "__main__":  # python -m outbox_adapter.cli
     main()
+
+
+# Commands kept in modules of their own register themselves on ``main`` when imported.
+from outbox_adapter import cli_keys as _cli_keys  # noqa: E402, F401

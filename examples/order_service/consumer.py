@@ -37,7 +37,13 @@ def apply_result(conn: sa.Connection, event: ResultEvent) -> None:
     ``SUCCEEDED`` → ``COMPLETED`` with the reservation, payment and receipt ids;
     ``FAILED`` / ``CANCELLED`` → ``FAILED`` with the reason; ``NEEDS_REVIEW`` →
     ``NEEDS_REVIEW`` (a later review outcome arrives as another event). The update
-    is conditional: an order already final is left alone.
+    is conditional: an order already final is left alone, and so is an order already
+    linked to another task.
+
+    A task created by manual retry (``event.retry_of`` set) carries the fulfilment key of
+    its chain's first task: its outcome replaces its predecessor's, so an order ``FAILED``
+    by the predecessor becomes ``COMPLETED`` when the retry succeeds. A late event of the
+    predecessor never overwrites the successor's outcome.
 
     Raises:
         UnknownOrder: no order has the event's fulfilment key.
@@ -47,6 +53,17 @@ def apply_result(conn: sa.Connection, event: ResultEvent) -> None:
     key_match = business_orders.c.fulfilment_key == event.idempotency_key
     if conn.scalar(sa.select(business_orders.c.id).where(key_match)) is None:
         raise UnknownOrder(f"no order with fulfilment key {event.idempotency_key!r} (event {event.id})")
+    orders = business_orders.c
+    open_states = orders.status.in_(("PENDING", "NEEDS_REVIEW"))
+    # This task's own outcome, or the first outcome of the order (no task linked yet).
+    mine = sa.and_(open_states, sa.or_(orders.task_id.is_(None), orders.task_id == event.task_id))
+    if event.retry_of is not None:  # a manual retry replaces its predecessor's outcome, FAILED included
+        mine = sa.or_(
+            mine,
+            sa.and_(
+                orders.task_id == event.retry_of, orders.status.in_(("PENDING", "NEEDS_REVIEW", "FAILED"))
+            ),
+        )
     values: dict[str, Any] = {"task_id": event.task_id, "updated_at": sa.func.current_timestamp()}
     if event.status is TaskStatus.SUCCEEDED:
         result = event.result if isinstance(event.result, dict) else {}
@@ -55,6 +72,7 @@ def apply_result(conn: sa.Connection, event: ResultEvent) -> None:
             reservation_id=result.get("reservation_id"),
             payment_id=result.get("payment_id"),
             receipt_id=result.get("receipt_id"),
+            failure_reason=None,
         )
     elif event.status in (TaskStatus.FAILED, TaskStatus.CANCELLED):
         values.update(status="FAILED", failure_reason=f"{event.status.value.lower()}: {_reason(event.error)}")
@@ -64,8 +82,4 @@ def apply_result(conn: sa.Connection, event: ResultEvent) -> None:
         )
     else:
         return
-    conn.execute(
-        business_orders.update()
-        .where(key_match, business_orders.c.status.in_(("PENDING", "NEEDS_REVIEW")))
-        .values(values)
-    )
+    conn.execute(business_orders.update().where(key_match, mine).values(values))

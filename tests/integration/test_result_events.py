@@ -510,3 +510,33 @@ def test_every_result_transition_recorded_has_exactly_one_event(rserver: Running
         ).all()
     assert moves and len(events) == len(set(events))
     assert set(events) == moves
+
+
+def test_a_retried_tasks_events_carry_retry_of_and_the_key_of_the_chains_first_task(api: Api) -> None:
+    """Regression (issue 9): a manual retry's result event had ``idempotency_key: null`` and no
+    ``retry_of``, so a receiver could not find its business record. The chain root's key rides along,
+    through the single transition (cancel, complete) and the batched complete."""
+    queue = api.queue()
+    assert subscribe(api, "chain").status_code == 201
+    key = f"order-{uuid.uuid4()}:fulfil"
+    r = api.http["submit"].post(f"/v1/namespaces/{api.ns}/tasks", json={"queue": queue, "handler": "h",
+                                "params": {"order": 1}}, headers={"Idempotency-Key": key})  # fmt: skip
+    assert r.status_code == 201, r.text
+    first = r.json()["id"]
+    assert api.admin(first, "cancel", reason="test").status_code == 200
+    second = api.admin(first, "retry", reason="again").json()["id"]
+    assert api.admin(second, "cancel", reason="test").status_code == 200  # single path: apply_transition
+    third = api.admin(second, "retry", reason="and again").json()["id"]
+    grant = api.lease_one(queue)
+    assert grant["task"]["id"] == third
+    api.ok(grant, "start")
+    attempt = grant["attempt"]
+    response = api.http["work"].post(f"/v1/namespaces/{api.ns}/attempts/complete", json={"items": [
+        {"attempt_id": attempt["id"], "lease_token": attempt["lease_token"], "result": {"ok": True}}]})  # fmt: skip
+    assert response.status_code == 200 and response.json()["items"][0]["status"] == 200, response.text
+    events = [d["event"] for d in lease(api, "chain")]
+    assert [(e["task_id"], e["status"], e["retry_of"], e["idempotency_key"]) for e in events] == [
+        (first, "CANCELLED", None, key),
+        (second, "CANCELLED", first, key),
+        (third, "SUCCEEDED", second, key),
+    ]

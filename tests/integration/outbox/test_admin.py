@@ -63,7 +63,7 @@ def test_purge_deletes_only_old_delivered_rows_in_batches(biz: Biz, tables: Outb
 def test_status_counts_rows_and_reports_ages_from_the_database_clock(biz: Biz, tables: OutboxTables) -> None:
     outbox = Outbox(biz.engine, tables=tables)
     empty = outbox.status()
-    assert empty.counts == {"PENDING": 0, "DELIVERED": 0, "DEAD": 0, "NEEDS_RECONCILE": 0}
+    assert empty.counts == {"PENDING": 0, "DELIVERED": 0, "DEAD": 0, "NEEDS_RECONCILE": 0, "ABANDONED": 0}
     assert empty.oldest_pending_age_seconds is None and empty.next_due_at is None
     ids = _rows(biz, tables, 3)
     with biz.engine.begin() as conn:
@@ -80,15 +80,21 @@ def test_status_counts_rows_and_reports_ages_from_the_database_clock(biz: Biz, t
 
 def test_the_alembic_history_creates_exactly_the_tables(biz: Biz, tables: OutboxTables) -> None:
     with biz.engine.connect() as conn:
-        ours = {tables.name, tables.events_name, tables.inbox_name}  # other tests' tables share the database
+        ours = {
+            tables.name,
+            tables.events_name,
+            tables.inbox_name,
+            tables.keys_name,
+        }  # others' tables share it
         context = MigrationContext.configure(
             conn, opts={"include_name": lambda name, kind, _parent: kind != "table" or name in ours}
         )
         diffs = compare_metadata(context, tables.metadata)
         names = set(sa.inspect(conn).get_table_names())
     assert diffs == []
-    assert {tables.name, tables.events_name, tables.inbox_name, f"{tables.name}_alembic_version"} <= names
-    assert Outbox(biz.engine, tables=tables).migrate() == head_revision() == "outbox_0002"  # idempotent
+    assert {tables.name, tables.events_name, tables.inbox_name, tables.keys_name,
+            f"{tables.name}_alembic_version"} <= names  # fmt: skip
+    assert Outbox(biz.engine, tables=tables).migrate() == head_revision() == "outbox_0003"  # idempotent
 
 
 def test_the_claim_is_served_by_its_index_without_a_filesort(biz: Biz, tables: OutboxTables) -> None:

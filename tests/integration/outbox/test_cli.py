@@ -47,7 +47,7 @@ def test_the_cli_migrates_relays_inspects_retries_reconciles_and_purges(
     assert (stats["delivered"], stats["dead"]) == (1, 1)
 
     status = _json(_run("status", *db, "--json"))
-    assert status["counts"] == {"PENDING": 0, "DELIVERED": 1, "DEAD": 1, "NEEDS_RECONCILE": 0}
+    assert status["counts"] == {"PENDING": 0, "DELIVERED": 1, "DEAD": 1, "NEEDS_RECONCILE": 0, "ABANDONED": 0}
     assert status["oldest_pending_age_seconds"] is None
 
     listed = _json(_run("list", *db, "--state", "DEAD", "--json"))
@@ -219,8 +219,8 @@ def test_resolve_settles_rows_reconcile_leaves_for_a_person(
     )
     assert abandoned.exit_code == 0 and "abandoned by operator: order [cancelled]" in abandoned.stdout
     again = _run("resolve", *db, str(second.id), "--abandon", "--reason", "again")
-    assert again.exit_code == 1 and f"row {second.id} is DEAD, not NEEDS_RECONCILE" in again.stderr
-    for row, actor, to_state in ((first, "ops:alice", "DELIVERED"), (second, "ops:bob", "DEAD")):
+    assert again.exit_code == 1 and f"row {second.id} is ABANDONED, not NEEDS_RECONCILE" in again.stderr
+    for row, actor, to_state in ((first, "ops:alice", "DELIVERED"), (second, "ops:bob", "ABANDONED")):
         event = _json(_run("show", *db, str(row.id), "--json"))["events"][-1]
         assert (event["from_state"], event["to_state"], event["actor"]) == (
             "NEEDS_RECONCILE",

@@ -21,7 +21,8 @@ def test_public_names_show_the_package() -> None:
     assert outbox_adapter.ResultConsumer.__module__ == "outbox_adapter"
     assert outbox_adapter.OutboxError.__module__ == "outbox_adapter"
     assert repr(outbox_adapter.OutboxTables()) == (
-        "OutboxTables(name='orbit_outbox', events_name='orbit_outbox_events', inbox_name='orbit_inbox')"
+        "OutboxTables(name='orbit_outbox', events_name='orbit_outbox_events', inbox_name='orbit_inbox', "
+        "keys_name='orbit_outbox_keys')"
     )
     assert outbox_adapter.OutboxTables(name="shop_outbox").inbox_name == "shop_inbox"
     assert outbox_adapter.OutboxTables(name="ob_1").inbox_name == "ob_1_inbox"

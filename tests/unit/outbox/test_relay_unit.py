@@ -356,9 +356,9 @@ def test_resolve_settles_a_row_left_for_a_person_audited_and_conditional(engine:
     assert "found it" in event.reason
 
     row = outbox.resolve(abandoned, abandon=True, actor="ops:bob", reason="order was cancelled")
-    assert (row.state, row.last_error) == ("DEAD", "abandoned by operator: order was cancelled")
+    assert (row.state, row.last_error) == ("ABANDONED", "abandoned by operator: order was cancelled")
     [event] = outbox.events(abandoned)
-    assert (event.to_state, event.actor) == ("DEAD", "ops:bob") and "order was cancelled" in event.reason
+    assert (event.to_state, event.actor) == ("ABANDONED", "ops:bob") and "order was cancelled" in event.reason
 
     with pytest.raises(OutboxRowError, match=f"no task 'nope'.*row {unknown} stays NEEDS_RECONCILE"):
         outbox.resolve(unknown, delivered_as="nope", client=client, actor="t", reason="r")
@@ -367,8 +367,10 @@ def test_resolve_settles_a_row_left_for_a_person_audited_and_conditional(engine:
     ) as wrong:
         outbox.resolve(delivered, abandon=True, actor="t", reason="r")  # a second decision changes nothing
     assert (wrong.value.row_id, wrong.value.state) == (delivered, "DELIVERED")
-    with pytest.raises(InvalidStateError, match=f"orbit-outbox retry {abandoned}"):
+    with pytest.raises(InvalidStateError, match=f"row {abandoned} is ABANDONED.*nothing to resolve"):
         outbox.resolve(abandoned, delivered_as="t-9", client=client, actor="t", reason="r")
+    with pytest.raises(InvalidStateError, match="ABANDONED row is never sent"):
+        outbox.retry(abandoned, actor="t")
     with pytest.raises(RowNotFoundError):
         outbox.resolve(999, abandon=True, actor="t", reason="r")
     for bad in ({}, {"abandon": True, "delivered_as": "t-9", "client": client}, {"delivered_as": "t-9"}):
