@@ -76,6 +76,7 @@ from orbit_client._models import (
 )
 from orbit_client._retry import RetryPolicy, _CallRetries
 from orbit_client._schedule_models import Schedule, ScheduleCreate, ScheduleOccurrence, ScheduleUpdate
+from orbit_client._settings_models import ServerInfo
 from orbit_client._version import __version__
 
 __all__ = ["AsyncOrbitClient", "OrbitClient"]
@@ -773,6 +774,15 @@ class OrbitClient(_BaseClient):
             raise
         return self._parse_model(Task, response)
 
+    def get_settings(self) -> ServerInfo:
+        """The server's published settings, e.g. its key window (``GET /v1/settings``, any valid API key).
+
+        Raises:
+            NotFoundError: an older server without the route (it purges no keys: no key window).
+            OrbitError: as for every call.
+        """
+        return self._parse_model(ServerInfo, self._request("GET", "/v1/settings"))
+
     def get_queue(self, namespace: str, queue: str) -> Queue:
         """Fetch a queue and its task counts per state (``GET /v1/namespaces/{ns}/queues/{queue}``).
 
@@ -1338,6 +1348,10 @@ class AsyncOrbitClient(_BaseClient):
                 return None
             raise
         return self._parse_model(Task, response)
+
+    async def get_settings(self) -> ServerInfo:
+        """Async twin of :meth:`OrbitClient.get_settings`."""
+        return self._parse_model(ServerInfo, await self._request("GET", "/v1/settings"))
 
     async def get_queue(self, namespace: str, queue: str) -> Queue:
         """Async twin of :meth:`OrbitClient.get_queue`."""

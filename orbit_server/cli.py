@@ -228,6 +228,9 @@ def _check_name(what: str, name: str) -> None:
 # The admin commands (task, subscription, and the list/revoke commands of the groups above) live in
 # admin_cli.py; importing it registers them on `main`.
 from . import admin_cli as _admin_cli  # noqa: E402, F401
+from .retention_cli import purge, retention_group  # noqa: E402 - it uses the helpers above
 from .schedule_cli import schedule  # noqa: E402 - it uses the helpers above
 
 main.add_command(schedule)
+main.add_command(retention_group)
+main.add_command(purge)
