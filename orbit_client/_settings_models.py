@@ -8,7 +8,7 @@ __all__ = ["ServerInfo"]
 
 
 class ServerInfo(BaseModel):
-    """The settings of an Orbit server that clients and relays depend on (README "Retention").
+    """The settings of an Orbit server that clients and relays depend on (README "Retention and the key window").
 
     Attributes:
         submission_key_ttl_seconds: the key window: how long, at least, the server remembers

@@ -352,7 +352,7 @@ def create_app(settings: ServerSettings | None = None, *, engine: Engine | None 
 
     @app.get("/v1/settings", response_model=ServerInfo, tags=["operations"], responses=_PROBLEMS)
     def published_settings(caller: Caller) -> ServerInfo:
-        """The settings clients and relays depend on, e.g. the key window (README "Retention").
+        """The settings clients and relays depend on, e.g. the key window (README "Retention and the key window").
 
         Any valid API key may read it, whatever its role.
         """

@@ -79,7 +79,7 @@ class TaskNotFound(OrbitServerError):
 
 
 class TaskPurged(OrbitServerError):
-    """410: the key is remembered, but the task it created was purged (README "Retention")."""
+    """410: the key is remembered, but the task it created was purged (README "Retention and the key window")."""
 
     status, code, title = 410, "task_purged", "The task this key created was purged"
 

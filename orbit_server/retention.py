@@ -350,24 +350,23 @@ def inventory(conn: Connection, tasks_before: datetime | None) -> Inventory:
 # ------------------------------------------------------------------ purge
 
 
-def _walk(limit: int) -> sa.Select[Any]:
-    after_f = sa.bindparam("after_f", type_=tasks.c.finished_at.type)
-    after_id = sa.bindparam("after_id", type_=tasks.c.id.type)
-    return (
-        sa.select(tasks.c.id, tasks.c.finished_at)
-        .where(
-            _ELIGIBLE,
-            sa.or_(
-                sa.bindparam("first", type_=sa.Boolean),
-                sa.and_(
-                    tasks.c.finished_at >= after_f,
-                    sa.or_(tasks.c.finished_at > after_f, tasks.c.id > after_id),
-                ),
-            ),
-        )
-        .order_by(tasks.c.finished_at, tasks.c.id)
-        .limit(limit)
+def _walk(limit: int, *, first: bool) -> sa.Select[Any]:
+    """The next ``limit`` eligible tasks of one terminal status by ``(finished_at, id)``: from the
+    start (``first``) or after ``(after_f, after_id)``. One equality and one range on
+    ``ix_tasks_finished (status, finished_at, id)``, read in index order: no sort, and the
+    ``LIMIT`` stops the scan."""
+    query = sa.select(tasks.c.id, tasks.c.finished_at).where(
+        tasks.c.status == sa.bindparam("status", type_=tasks.c.status.type),
+        tasks.c.finished_at < _cutoff,
+        ~_unacked_of(tasks.c.id),
     )
+    if not first:
+        after_f = sa.bindparam("after_f", type_=tasks.c.finished_at.type)
+        after_id = sa.bindparam("after_id", type_=tasks.c.id.type)
+        query = query.where(
+            tasks.c.finished_at >= after_f, sa.or_(tasks.c.finished_at > after_f, tasks.c.id > after_id)
+        )
+    return query.order_by(tasks.c.finished_at, tasks.c.id).limit(limit)
 
 
 # The walk saw these tasks eligible; a terminal task's deliveries only ever go from PENDING to ACKED,
@@ -525,16 +524,28 @@ def purge(
         if cutoff is not None:
             with engine.begin() as conn:
                 chains = _chains(conn, cutoff)
-            walk = _walk(batch_size)
-            position: dict[str, Any] = {"first": True, "after_f": cutoff, "after_id": ""}
-            while True:
-                with engine.begin() as conn:
-                    rows = conn.execute(walk, {"cutoff": cutoff, **position}).all()
-                if not rows:
-                    break
-                position = {"first": False, "after_f": rows[-1].finished_at, "after_id": rows[-1].id}
-                ids = [row.id for row in rows]
-                step(lambda conn, ids=ids: _purge_task_batch(conn, cutoff, ids, chains))  # type: ignore[misc]
+            walk, walk_on = _walk(batch_size, first=True), _walk(batch_size, first=False)
+            for terminal in _TERMINAL:
+                # The walk's select runs in the batch's own transaction; its position moves on only
+                # once the batch committed (a retried batch walks from the same place).
+                position: dict[str, Any] = {}
+                seen: list[Any] = []
+
+                def batch(
+                    conn: Connection,
+                    status: str = terminal,
+                    position: dict[str, Any] = position,
+                    seen: list[Any] = seen,
+                ) -> PurgeCounts:
+                    params = {"cutoff": cutoff, "status": status, **position}
+                    seen[:] = conn.execute(walk_on if position else walk, params).all()
+                    return _purge_task_batch(conn, cutoff, [row.id for row in seen], chains)
+
+                while True:
+                    step(batch)
+                    if len(seen) < batch_size:
+                        break
+                    position.update(after_f=seen[-1].finished_at, after_id=seen[-1].id)
             while True:
                 done = step(lambda conn: _purge_skipped(conn, cutoff, batch_size))
                 if done.schedule_occurrences < batch_size:

@@ -1,4 +1,4 @@
-"""``orbit-server retention inventory | runs`` and ``orbit-server purge`` (README "Retention").
+"""``orbit-server retention inventory | runs`` and ``orbit-server purge`` (README "Retention and the key window").
 
 The SQL and the rules are in :mod:`orbit_server.retention`; these commands parse the cut-off,
 print rich tables on a terminal (tab-separated lines when piped, JSON with ``--json``) and show
@@ -64,7 +64,7 @@ def _print_inventory(found: retention.Inventory, *, title: str) -> None:
 
 @click.group("retention")
 def retention_group() -> None:
-    """See what a purge would delete, and the audit of past purges (README "Retention")."""
+    """See what a purge would delete, and the audit of past purges (README "Retention and the key window")."""
 
 
 @retention_group.command("inventory")
@@ -150,7 +150,7 @@ def purge(
     database_url: str,
 ) -> None:
     """Delete terminal tasks finished before a cut-off with their attempts, events and fully acked
-    result events, and with --keys expired submission keys; in batches, audited (README "Retention").
+    result events, and with --keys expired submission keys; in batches, audited (README "Retention and the key window").
 
     Tasks with a result event not yet acked, and retry chains with a task that must stay, are kept.
     Run `orbit-server retention runs` to see past purges.

@@ -114,8 +114,8 @@ tasks = sa.Table(
     sa.Index("ix_tasks_namespace_created", "namespace_id", "created_at"),
     # Serves the sweep of waiting tasks whose deadline has passed.
     sa.Index("ix_tasks_status_deadline", "status", "deadline"),
-    # Serves retention (0007): finished tasks oldest first, walked by (finished_at, id).
-    sa.Index("ix_tasks_finished", "finished_at", "id"),
+    # Serves retention (0007): finished tasks of one status oldest first, walked by (finished_at, id).
+    sa.Index("ix_tasks_finished", "status", "finished_at", "id"),
 )
 
 submission_keys = sa.Table(

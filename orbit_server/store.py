@@ -435,7 +435,7 @@ def key_reused() -> errors.IdempotencyKeyReused:
 
 
 def task_gone(task_id: str) -> errors.TaskPurged:
-    """The 410 for a key whose task was purged (the key outlives it: README "Retention")."""
+    """The 410 for a key whose task was purged (the key outlives it: README "Retention and the key window")."""
     return errors.TaskPurged(
         f"this Idempotency-Key created task {task_id}, which has finished and was purged; nothing new was "
         "created",

@@ -489,7 +489,7 @@ class Relay:
         """Send ``batch`` as one request; outside any transaction. One outcome per claim.
 
         A row older than the server's key window (less a margin) is first settled by its key
-        (README "Retention"); only the rest, and an old row never claimed before, are sent.
+        (README "Retention and the key window"); only the rest, and an old row never claimed before, are sent.
         """
         aged = self._key_window.aged(batch)
         if aged:

@@ -129,13 +129,13 @@ def _margin(window: float) -> float:
     return min(3600.0, window / 10)
 
 
-#: Rows younger than this are inside any key window the server may have (README "Retention").
+#: Rows younger than this are inside any key window the server may have (README "Retention and the key window").
 ALWAYS_FRESH = FALLBACK_KEY_WINDOW - _margin(FALLBACK_KEY_WINDOW)
 
 
 class KeyWindow:
     """The server's key window (``GET /v1/settings``), read only once a row is old enough to need
-    it and then kept ``refresh`` seconds (README "Retention").
+    it and then kept ``refresh`` seconds (README "Retention and the key window").
 
     A row older than the window minus a margin may have a key the server has forgotten; the relay
     settles such a row by its key before sending it (:meth:`settle`).
@@ -223,7 +223,7 @@ class KeyWindow:
                 f"the row is older than the server's key window less a margin ({days}) and the server knows "
                 "no task for its key: the key may have been purged after the task was created, so a resend "
                 "could create a second task; find out what happened and settle it with `orbit-outbox resolve` "
-                '(README "Retention")'
+                '(README "Retention and the key window")'
             ),
         )
 

@@ -21,7 +21,7 @@ BigId = sa.BigInteger().with_variant(sa.Integer(), "sqlite")
 
 
 def upgrade() -> None:
-    op.create_index("ix_tasks_finished", "tasks", ["finished_at", "id"])
+    op.create_index("ix_tasks_finished", "tasks", ["status", "finished_at", "id"])
     op.create_index("ix_submission_keys_expires", "submission_keys", ["expires_at"])
     op.create_index("ix_event_deliveries_event", "event_deliveries", ["event_id", "state"])
     op.create_index("ix_schedule_occurrences_task", "schedule_occurrences", ["task_id"])

@@ -1,13 +1,14 @@
-"""The key window end to end (README "Retention"): the server publishes it, purges keys only after
+"""The key window end to end (README "Retention and the key window"): the server publishes it, purges keys only after
 it, and a relay never sends a row older than it without first settling the row by its key."""
 
 from __future__ import annotations
 
 from datetime import timedelta
 
+import pytest
 import sqlalchemy as sa
 
-from orbit_client import OrbitClient
+from orbit_client import OrbitAPIError, OrbitClient
 from orbit_server import retention
 from orbit_server._db import db_now as server_now
 from orbit_server.schema import submission_keys
@@ -77,6 +78,14 @@ def test_a_row_older_than_the_key_window_is_settled_by_its_key_and_never_makes_a
     forgotten_key = outbox.get(forgotten).idempotency_key
     assert submission_count(orbit, forgotten_key) == 0
     assert submission_count(orbit, outbox.get(purged).idempotency_key) == 1  # kept until its own expiry
+    with OrbitClient(
+        orbit.base_url, api_key=ns.keys["submit"]
+    ) as client:  # its task is gone: 410, nothing new
+        with pytest.raises(OrbitAPIError) as refused:
+            client.submit_task(
+                ns.name, "default", "h", {"n": 3}, idempotency_key=outbox.get(purged).idempotency_key
+            )
+        assert (refused.value.status_code, refused.value.code) == (410, "task_purged")
 
     # A row just as old that was never claimed before was never sent: it is sent as usual.
     never_sent = _enqueue(biz, tables, ns, 4)
