@@ -763,6 +763,8 @@ class OrbitClient(_BaseClient):
         Raises:
             OrbitUsageError: malformed key; nothing was sent.
             NotFoundError: any other 404, e.g. an unknown namespace.
+            OrbitAPIError: 410 ``task_purged``: the key is remembered but its finished task was
+                purged; ``error.problem.task_id`` names it (README "Retention and the key window").
             OrbitError: as for every call.
         """
         path = self._submission_path(namespace, idempotency_key)

@@ -43,7 +43,15 @@ def _numbers(conn: Connection) -> str:
             "SELECT n FROM c"
         )
         return "seq"
-    return f"seq_1_to_{N}"  # MariaDB's Sequence engine
+    if getattr(conn.dialect, "is_mariadb", False):
+        return f"seq_1_to_{N}"  # MariaDB's Sequence engine
+    conn.exec_driver_sql(f"SET SESSION cte_max_recursion_depth = {N + 1}")  # MySQL 8 (a container)
+    conn.exec_driver_sql("CREATE TEMPORARY TABLE seq (seq INT PRIMARY KEY)")
+    conn.exec_driver_sql(
+        f"INSERT INTO seq WITH RECURSIVE c(n) AS (SELECT 1 UNION ALL SELECT n + 1 FROM c WHERE n < {N}) "
+        "SELECT n FROM c"
+    )
+    return "seq"
 
 
 def _seed(engine: Engine) -> dict[str, int]:
