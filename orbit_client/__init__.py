@@ -91,6 +91,7 @@ from orbit_client._schedule_models import (
     ScheduleOccurrence,
     ScheduleUpdate,
 )
+from orbit_client._settings_models import ServerInfo
 from orbit_client._version import __version__
 from orbit_client._worker import AsyncWorker, RetryableError, TaskCancelled, TaskContext, Worker
 
@@ -165,6 +166,7 @@ __all__ = [
     "ScheduleOccurrence",
     "ScheduleUpdate",
     "ServerError",
+    "ServerInfo",
     "ServiceUnavailableError",
     "StartBatch",
     "StartItem",

@@ -77,6 +77,7 @@ from orbit_client._models import (
 from orbit_client._queue_control import AsyncQueueControlMixin, QueueControlMixin
 from orbit_client._retry import RetryPolicy, _CallRetries
 from orbit_client._schedule_models import Schedule, ScheduleCreate, ScheduleOccurrence, ScheduleUpdate
+from orbit_client._settings_models import ServerInfo
 from orbit_client._version import __version__
 
 __all__ = ["AsyncOrbitClient", "OrbitClient"]
@@ -763,6 +764,8 @@ class OrbitClient(_BaseClient, QueueControlMixin):
         Raises:
             OrbitUsageError: malformed key; nothing was sent.
             NotFoundError: any other 404, e.g. an unknown namespace.
+            OrbitAPIError: 410 ``task_purged``: the key is remembered but its finished task was
+                purged; ``error.problem.task_id`` names it (README "Retention and the key window").
             OrbitError: as for every call.
         """
         path = self._submission_path(namespace, idempotency_key)
@@ -773,6 +776,15 @@ class OrbitClient(_BaseClient, QueueControlMixin):
                 return None
             raise
         return self._parse_model(Task, response)
+
+    def get_settings(self) -> ServerInfo:
+        """The server's published settings, e.g. its key window (``GET /v1/settings``, any valid API key).
+
+        Raises:
+            NotFoundError: an older server without the route (it purges no keys: no key window).
+            OrbitError: as for every call.
+        """
+        return self._parse_model(ServerInfo, self._request("GET", "/v1/settings"))
 
     def get_queue(self, namespace: str, queue: str) -> Queue:
         """Fetch a queue and its task counts per state (``GET /v1/namespaces/{ns}/queues/{queue}``).
@@ -1339,6 +1351,10 @@ class AsyncOrbitClient(_BaseClient, AsyncQueueControlMixin):
                 return None
             raise
         return self._parse_model(Task, response)
+
+    async def get_settings(self) -> ServerInfo:
+        """Async twin of :meth:`OrbitClient.get_settings`."""
+        return self._parse_model(ServerInfo, await self._request("GET", "/v1/settings"))
 
     async def get_queue(self, namespace: str, queue: str) -> Queue:
         """Async twin of :meth:`OrbitClient.get_queue`."""

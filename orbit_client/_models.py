@@ -415,7 +415,8 @@ class BatchItemResult(BaseModel):
             task; ``200`` a replay of an earlier submission with the same key and request
             (``replayed`` is ``True``); ``400`` a missing or malformed idempotency key
             (``idempotency_key_missing``/``idempotency_key_invalid``); ``404``
-            ``queue_not_found``; ``409`` ``request_in_progress`` (another request with the
+            ``queue_not_found``; ``410`` ``task_purged`` (the key's task was purged; the
+            problem's ``task_id`` names it); ``409`` ``request_in_progress`` (another request with the
             key had not committed; retry the item with the same key); ``422``
             ``idempotency_key_reused`` or ``validation_error`` (the item is not a valid
             submission; ``error.errors`` says where).

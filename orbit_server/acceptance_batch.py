@@ -234,7 +234,7 @@ def _run(
     for step in plan:
         if not isinstance(step, tuple):
             answers.append(step)
-        elif (task := found.get(step[1])) is None:  # pragma: no cover - keys outlive no purge yet
+        elif (task := found.get(step[1])) is None:  # purged: its key is kept until it expires
             answers.append(store.task_gone(step[1]))
         else:
             answers.append(Accepted("created" if step[0] == "created" else "replayed", task))

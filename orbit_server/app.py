@@ -50,6 +50,7 @@ from orbit_client import (
     Queue,
     RetryRequest,
     ReviewRequest,
+    ServerInfo,
     Subscription,
     SubscriptionRequest,
     Task,
@@ -236,6 +237,11 @@ def create_app(settings: ServerSettings | None = None, *, engine: Engine | None 
         ping_idle_seconds=settings.db_ping_idle_seconds,
     )
     key_ttl = timedelta(seconds=settings.submission_key_ttl_seconds)
+    server_info = ServerInfo(
+        submission_key_ttl_seconds=settings.submission_key_ttl_seconds,
+        max_batch_items=settings.max_batch_items,
+        max_body_bytes=settings.max_body_bytes,
+    )
     wakeup = Wakeup()
 
     def sweep_all() -> int:
@@ -345,6 +351,14 @@ def create_app(settings: ServerSettings | None = None, *, engine: Engine | None 
                                     "the server cannot reach its database", _request_id(request))  # fmt: skip
         return {"status": "ok"}
 
+    @app.get("/v1/settings", response_model=ServerInfo, tags=["operations"], responses=_PROBLEMS)
+    def published_settings(caller: Caller) -> ServerInfo:
+        """The settings clients and relays depend on, e.g. the key window (README "Retention and the key window").
+
+        Any valid API key may read it, whatever its role.
+        """
+        return server_info
+
     @app.post(
         "/v1/namespaces/{namespace}/tasks",
         status_code=201,
@@ -354,6 +368,7 @@ def create_app(settings: ServerSettings | None = None, *, engine: Engine | None 
             **_PROBLEMS,
             200: {"model": Task, "description": "Replay of an earlier submission"},
             409: _PROBLEMS[400],
+            410: _PROBLEMS[400],
             413: _PROBLEMS[400],
         },
     )
@@ -412,10 +427,12 @@ def create_app(settings: ServerSettings | None = None, *, engine: Engine | None 
         "/v1/namespaces/{namespace}/submissions/{idempotency_key:path}",
         response_model=Task,
         tags=["tasks"],
-        responses=_PROBLEMS,
+        responses={**_PROBLEMS, 410: _PROBLEMS[400]},
     )
     def find_submission(namespace: NamespaceName, idempotency_key: str, caller: Caller) -> Task:
         """The task an idempotency key created; 404 ``submission_not_found`` if none.
+
+        410 ``task_purged`` (with ``task_id``) when the key is remembered but its task was purged.
 
         This is how a relay or an operator settles an uncertain send (README "Using the client").
         """

@@ -249,6 +249,9 @@ def _check_name(what: str, name: str) -> None:
 # admin_cli.py; importing it registers them on `main`.
 from . import admin_cli as _admin_cli  # noqa: E402, F401
 from . import queue_cli as _queue_cli  # noqa: E402, F401 - queue show/update/pause/resume
+from .retention_cli import purge, retention_group  # noqa: E402 - it uses the helpers above
 from .schedule_cli import schedule  # noqa: E402 - it uses the helpers above
 
 main.add_command(schedule)
+main.add_command(retention_group)
+main.add_command(purge)

@@ -26,6 +26,7 @@ __all__ = [
     "SubscriptionNotFound",
     "SuccessorExists",
     "TaskNotFound",
+    "TaskPurged",
     "Unauthenticated",
 ]
 
@@ -75,6 +76,15 @@ class QueueNotFound(OrbitServerError):
 
 class TaskNotFound(OrbitServerError):
     status, code, title = 404, "task_not_found", "Task not found"
+
+
+class TaskPurged(OrbitServerError):
+    """410: the key is remembered, but the task it created was purged (README "Retention and the key window")."""
+
+    status, code, title = 410, "task_purged", "The task this key created was purged"
+
+    def __init__(self, detail: str, *, task_id: str) -> None:
+        super().__init__(detail, extra={"task_id": task_id})
 
 
 class SubmissionNotFound(OrbitServerError):

@@ -20,6 +20,7 @@ __all__ = [
     "event_deliveries",
     "metadata",
     "namespaces",
+    "purge_runs",
     "queue_events",
     "queue_gates",
     "queues",
@@ -121,6 +122,8 @@ tasks = sa.Table(
     sa.Index("ix_tasks_namespace_created", "namespace_id", "created_at"),
     # Serves the sweep of waiting tasks whose deadline has passed.
     sa.Index("ix_tasks_status_deadline", "status", "deadline"),
+    # Serves retention (0007): finished tasks of one status oldest first, walked by (finished_at, id).
+    sa.Index("ix_tasks_finished", "status", "finished_at", "id"),
 )
 
 submission_keys = sa.Table(
@@ -138,6 +141,8 @@ submission_keys = sa.Table(
     sa.UniqueConstraint("namespace_id", "idempotency_key", name="uq_submission_keys_namespace_key"),
     # Result events carry the key that created their task (0003).
     sa.Index("ix_submission_keys_task", "task_id"),
+    # Serves the purge of expired keys (0007).
+    sa.Index("ix_submission_keys_expires", "expires_at"),
 )
 
 task_events = sa.Table(
@@ -247,6 +252,8 @@ event_deliveries = sa.Table(
     sa.UniqueConstraint("subscription_id", "event_id", name="uq_event_deliveries_subscription_event"),
     # Serves the lease query: one subscription's pending deliveries, oldest first.
     sa.Index("ix_event_deliveries_claim", "subscription_id", "state", "id"),
+    # Serves retention (0007): an event's deliveries, to protect unacked ones and purge acked ones.
+    sa.Index("ix_event_deliveries_event", "event_id", "state"),
 )
 
 # --- schedules (revision 0004): DESIGN §9 "Schedules", §4/§5 "调度触发" of seed 001 ---
@@ -304,6 +311,8 @@ schedule_occurrences = sa.Table(
     sa.Column("misfired", sa.Boolean, nullable=False),
     sa.Column("created_at", Timestamp, nullable=False),
     sa.UniqueConstraint("schedule_id", "scheduled_at", name="uq_schedule_occurrences_schedule_time"),
+    # Serves retention (0007): the occurrences of purged tasks.
+    sa.Index("ix_schedule_occurrences_task", "task_id"),
 )
 
 # Audit of schedule changes: who did what (create, update, pause, resume, delete), when.
@@ -368,4 +377,27 @@ queue_events = sa.Table(
     sa.Column("data", sa.JSON(none_as_null=True), nullable=True),
     sa.Column("created_at", Timestamp, nullable=False),
     sa.Index("ix_queue_events_queue", "queue_id", "id"),
+)
+
+# --- retention (revision 0007): DESIGN §9 "Retention", §7 of seed 001 ---
+
+# Audit of purge runs: who purged what up to which cut-off, written in every batch's transaction.
+purge_runs = sa.Table(
+    "purge_runs",
+    metadata,
+    sa.Column("id", BigId, primary_key=True, autoincrement=True),
+    sa.Column("actor", sa.String(255), nullable=False),
+    # Tasks finished before this time (UTC) were purged; NULL when the run purged keys only.
+    sa.Column("tasks_before", Timestamp, nullable=True),
+    # Submission keys that expired before this time (database clock at the start) were purged; NULL: none.
+    sa.Column("keys_before", Timestamp, nullable=True),
+    sa.Column("batch_size", sa.Integer, nullable=False),
+    # running, finished, failed (a run that died leaves running with the counts of its committed batches).
+    sa.Column("status", sa.String(16), nullable=False),
+    # What was deleted so far: {"tasks": n, "task_attempts": n, ...}; exact, same transaction as the deletes.
+    sa.Column("counts", sa.JSON(none_as_null=True), nullable=False),
+    sa.Column("error", sa.Text, nullable=True),
+    sa.Column("started_at", Timestamp, nullable=False),
+    sa.Column("finished_at", Timestamp, nullable=True),
+    sa.Index("ix_purge_runs_started", "started_at"),
 )

@@ -313,7 +313,11 @@ def list_tasks(
 
 
 def find_submission(conn: Connection, namespace_id: int, idempotency_key: str) -> Task | None:
-    """The task an idempotency key created in a namespace, or ``None`` (DESIGN §3)."""
+    """The task an idempotency key created in a namespace, or ``None`` (DESIGN §3).
+
+    Raises:
+        errors.TaskPurged: the key is remembered but its task was purged (410, with ``task_id``).
+    """
     row = (
         conn.execute(
             _task_select()
@@ -326,7 +330,17 @@ def find_submission(conn: Connection, namespace_id: int, idempotency_key: str) -
         .mappings()
         .first()
     )
-    return task_from_row(row) if row else None
+    if row is not None:
+        return task_from_row(row)
+    purged = conn.execute(
+        sa.select(submission_keys.c.task_id).where(
+            submission_keys.c.namespace_id == namespace_id,
+            submission_keys.c.idempotency_key == idempotency_key,
+        )
+    ).scalar()
+    if purged is not None:
+        raise task_gone(purged)
+    return None
 
 
 def get_queue(conn: Connection, namespace: str, namespace_id: int, name: str) -> Queue | None:
@@ -399,7 +413,7 @@ def _replay(
     if not same_request(found["request_digest"], digest, submission):
         raise key_reused()
     task = get_task(conn, principal.namespace_id, found["task_id"])
-    if task is None:  # pragma: no cover - keys are written with their task and outlive no purge yet
+    if task is None:  # the task was purged; its key is kept until it expires
         raise task_gone(found["task_id"])
     return task
 
@@ -463,9 +477,13 @@ def key_reused() -> errors.IdempotencyKeyReused:
     )
 
 
-def task_gone(task_id: str) -> errors.TaskNotFound:
-    """The 404 for a key whose task no longer exists."""
-    return errors.TaskNotFound(f"the task {task_id} created by this key no longer exists")
+def task_gone(task_id: str) -> errors.TaskPurged:
+    """The 410 for a key whose task was purged (the key outlives it: README "Retention and the key window")."""
+    return errors.TaskPurged(
+        f"this Idempotency-Key created task {task_id}, which has finished and was purged; nothing new was "
+        "created",
+        task_id=task_id,
+    )
 
 
 def queue_missing(principal: Principal, queue: str) -> errors.QueueNotFound:

@@ -114,6 +114,8 @@ class Claim:
     claimed_at: datetime | None = None
     options: dict[str, Any] | None = field(default=None, repr=False)
     params: Any = field(default=None, repr=False)
+    #: When the row was enqueued (database clock): the relay's key-window check compares it.
+    created_at: datetime | None = None
 
 
 # --- enqueue -----------------------------------------------------------------------------------------
@@ -357,6 +359,7 @@ def take_rows(
             claimed_at=now,
             options=row["options"],
             params=row["params"],
+            created_at=_as_datetime(row["created_at"]),
         )
         for row in wanted
         if row["id"] in taken_ids

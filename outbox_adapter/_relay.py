@@ -20,6 +20,7 @@ recording of others.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import queue
@@ -53,7 +54,7 @@ from outbox_adapter._outcomes import (
     dead_queue_hint,
     item_outcome,
 )
-from outbox_adapter._sending import Batch, Done, QueueCache, requests_of, route_missing
+from outbox_adapter._sending import Batch, Done, KeyWindow, QueueCache, requests_of, route_missing
 from outbox_adapter._settings import OutboxSettings
 from outbox_adapter._tables import OutboxTables
 
@@ -228,6 +229,7 @@ class Relay:
                 extra={"event": "lease_short"},
             )
         self._queues = QueueCache(client, queue_cache_ttl)
+        self._key_window = KeyWindow(client)
         self._faults = Faults.from_env()
         self._events: queue.SimpleQueue[Done | None] = queue.SimpleQueue()
         self._stopping = threading.Event()
@@ -484,7 +486,22 @@ class Relay:
         self._events.put(Done(batch, outcomes))
 
     def _send_batch(self, batch: Batch) -> list[SendOutcome | None]:
-        """Send ``batch`` as one request; outside any transaction. One outcome per claim."""
+        """Send ``batch`` as one request; outside any transaction. One outcome per claim.
+
+        A row older than the server's key window (less a margin) is first settled by its key
+        (README "Retention and the key window"); only the rest, and an old row never claimed before, are sent.
+        """
+        aged = self._key_window.aged(batch)
+        if aged:
+            limit = self._key_window.limit()
+            settled = {c.id: self._key_window.settle(c, limit) for c in batch.claims if c.id in aged}
+            send = [c for c in batch.claims if settled.get(c.id) is None]
+            sent = self._send_unaged(dataclasses.replace(batch, claims=send)) if send else []
+            by_id = dict(zip([c.id for c in send], sent, strict=True))
+            return [settled[c.id] if settled.get(c.id) is not None else by_id[c.id] for c in batch.claims]
+        return self._send_unaged(batch)
+
+    def _send_unaged(self, batch: Batch) -> list[SendOutcome | None]:
         claims = batch.claims
         if self._faults is not None:
             self._faults.before_send(claims[0].id)

@@ -10,15 +10,17 @@ import time
 from dataclasses import dataclass
 from datetime import datetime
 
-from orbit_client import OrbitClient, OrbitError
+from orbit_client import OrbitAPIError, OrbitClient, OrbitError
 from outbox_adapter import _queries as q
-from outbox_adapter._outcomes import SendOutcome
+from outbox_adapter._outcomes import SendOutcome, Verdict
 
 __all__ = [
+    "FALLBACK_KEY_WINDOW",
     "MAX_BATCH_BYTES",
     "MAX_BATCH_ITEMS",
     "Batch",
     "Done",
+    "KeyWindow",
     "QueueCache",
     "requests_of",
     "route_missing",
@@ -114,3 +116,122 @@ def route_missing(exc: BaseException) -> bool:
     status = getattr(exc, "status_code", None)
     code = getattr(exc, "code", None)
     return status == 405 or (status == 404 and code in (None, "", "not_found"))
+
+
+#: The key window assumed while the server's cannot be read: the smallest the server allows
+#: (``ORBIT_SUBMISSION_KEY_TTL_SECONDS`` >= 3600), so the assumption is never too long.
+FALLBACK_KEY_WINDOW = 3600.0
+
+
+def _margin(window: float) -> float:
+    """Safety margin under a key window, in seconds: clock skew between the business database and the
+    server's, and the time a key is accepted after its row was enqueued."""
+    return min(3600.0, window / 10)
+
+
+#: Rows younger than this are inside any key window the server may have (README "Retention and the key window").
+ALWAYS_FRESH = FALLBACK_KEY_WINDOW - _margin(FALLBACK_KEY_WINDOW)
+
+
+class KeyWindow:
+    """The server's key window (``GET /v1/settings``), read only once a row is old enough to need
+    it and then kept ``refresh`` seconds (README "Retention and the key window").
+
+    A row older than the window minus a margin may have a key the server has forgotten; the relay
+    settles such a row by its key before sending it (:meth:`settle`).
+    """
+
+    def __init__(self, client: OrbitClient, refresh: float = 300.0) -> None:
+        self._client = client
+        self._refresh = refresh
+        self._lock = threading.Lock()
+        self._limit: tuple[float, float | None] | None = None  # (valid until, limit)
+
+    def limit(self) -> float | None:
+        """Seconds a row may age before it is settled by key first; ``None`` for a server without
+        ``/v1/settings`` (an older server, which never purges keys)."""
+        now = time.monotonic()
+        with self._lock:
+            if self._limit is not None and self._limit[0] > now:
+                return self._limit[1]
+        keep = self._refresh
+        limit: float | None
+        try:
+            window = float(self._client.get_settings().submission_key_ttl_seconds)
+            limit = window - _margin(window)
+        except OrbitError as exc:
+            if getattr(exc, "status_code", None) == 404 and getattr(exc, "code", None) in (
+                None,
+                "",
+                "not_found",
+            ):
+                limit = None
+            else:  # unreadable for now: assume the shortest window, ask again soon
+                limit, keep = ALWAYS_FRESH, min(keep, 30.0)
+        with self._lock:
+            self._limit = (now + keep, limit)
+        return limit
+
+    def aged(self, batch: Batch) -> set[int]:
+        """Ids of the claims of ``batch`` older than the key window minus its margin (by the database
+        clock of the claim: both times are the business database's)."""
+        ages = {
+            c.id: (batch.claimed_at - c.created_at).total_seconds()
+            for c in batch.claims
+            if c.created_at is not None
+        }
+        if not any(age > ALWAYS_FRESH for age in ages.values()):
+            return set()  # the common case: no settings request at all
+        limit = self.limit()
+        return set() if limit is None else {row_id for row_id, age in ages.items() if age > limit}
+
+    def settle(self, claim: q.Claim, limit: float | None) -> SendOutcome | None:
+        """Settle an aged claim by its key: the outcome to record, or ``None`` to send it after all
+        (the server has no task for the key and the row was never claimed before, so never sent).
+
+        Found with this row's queue, handler and params (or purged after it ran) → ``DELIVERED``;
+        not found after an earlier claim → ``NEEDS_RECONCILE`` (the server may have forgotten the
+        key: a resend could create a second task); a failed lookup → retried later, nothing sent.
+        """
+        try:
+            task = self._client.find_submission(claim.namespace, claim.idempotency_key)
+        except OrbitAPIError as exc:
+            purged = (
+                exc.problem.model_extra.get("task_id") if exc.problem and exc.problem.model_extra else None
+            )
+            if exc.code == "task_purged" and isinstance(purged, str):
+                return SendOutcome(verdict=Verdict.DELIVERED, task_id=purged, replayed=True, status_code=410)
+            return self._not_settled(exc)
+        except OrbitError as exc:
+            return self._not_settled(exc)
+        if task is not None:
+            if (task.queue, task.handler, task.params) == (claim.queue, claim.handler, claim.params):
+                return SendOutcome(verdict=Verdict.DELIVERED, task_id=task.id, replayed=True, status_code=200)
+            return SendOutcome(
+                verdict=Verdict.RECONCILE,
+                status_code=200,
+                error=f"the key names task {task.id}, which is another submission; settle the row with "
+                '`orbit-outbox resolve` (README "Outbox")',
+            )
+        if claim.send_count <= 1:
+            return None
+        days = f"{limit / 86400:.1f} days" if limit is not None else "the key window"
+        return SendOutcome(
+            verdict=Verdict.RECONCILE,
+            status_code=404,
+            error=(
+                f"the row is older than the server's key window less a margin ({days}) and the server knows "
+                "no task for its key: the key may have been purged after the task was created, so a resend "
+                "could create a second task; find out what happened and settle it with `orbit-outbox resolve` "
+                '(README "Retention and the key window")'
+            ),
+        )
+
+    @staticmethod
+    def _not_settled(exc: OrbitError) -> SendOutcome:
+        return SendOutcome(
+            verdict=Verdict.NOT_SENT,
+            status_code=getattr(exc, "status_code", None),
+            error=f"the row is older than the key window; settling it by its key failed, nothing was sent: {exc}",
+            retry_after=getattr(exc, "retry_after", None),
+        )

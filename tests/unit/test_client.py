@@ -743,3 +743,16 @@ async def test_async_client_with_no_wait_policy(
 
     assert result.replayed is False
     assert route.call_count == 2
+
+
+async def test_get_settings_reads_the_key_window(client: Calls, mock: respx.MockRouter) -> None:
+    body = {"submission_key_ttl_seconds": 604800, "max_batch_items": 500, "max_body_bytes": 262144, "new": 1}
+    mock.get("/v1/settings").mock(return_value=httpx.Response(200, json=body))
+
+    info = await client.get_settings()
+
+    assert (info.submission_key_ttl_seconds, info.max_batch_items, info.max_body_bytes) == (
+        604800,
+        500,
+        262144,
+    )

@@ -1,0 +1,28 @@
+"""What a server publishes about itself for clients and relays (``GET /v1/settings``)."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field
+
+__all__ = ["ServerInfo"]
+
+
+class ServerInfo(BaseModel):
+    """The settings of an Orbit server that clients and relays depend on (README "Retention and the key window").
+
+    Attributes:
+        submission_key_ttl_seconds: the key window: how long, at least, the server remembers
+            an idempotency key after accepting it, in seconds (``ORBIT_SUBMISSION_KEY_TTL_SECONDS``).
+            A resend with the same key within the window replays the original task; after it,
+            once ``orbit-server purge --keys`` has run, the key may be forgotten and a resend
+            would create a new task. Relays never send a row older than this without first
+            settling it by its key.
+        max_batch_items: most items one ``POST .../tasks/batch`` takes.
+        max_body_bytes: largest request body accepted, in bytes.
+    """
+
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+    submission_key_ttl_seconds: int = Field(ge=1)
+    max_batch_items: int = Field(ge=1)
+    max_body_bytes: int = Field(ge=1)
