@@ -31,6 +31,8 @@ from orbit_client._exceptions import (
 )
 from orbit_client._models import (
     IDEMPOTENCY_KEY_MAX_LENGTH,
+    JSON_MAX_DEPTH,
+    JSON_MAX_INTEGER_DIGITS,
     MAX_ATTEMPT_BATCH_ITEMS,
     NAME_PATTERN,
     TRACEBACK_MAX_LENGTH,
@@ -78,6 +80,7 @@ from orbit_client._models import (
     TaskStatus,
     TaskSubmission,
     UTCDateTime,
+    check_json_data,
     is_valid_idempotency_key,
 )
 from orbit_client._retry import RetryPolicy
@@ -95,6 +98,8 @@ from orbit_client._worker import AsyncWorker, RetryableError, TaskCancelled, Tas
 
 __all__ = [
     "IDEMPOTENCY_KEY_MAX_LENGTH",
+    "JSON_MAX_DEPTH",
+    "JSON_MAX_INTEGER_DIGITS",
     "MAX_ATTEMPT_BATCH_ITEMS",
     "NAME_PATTERN",
     "TRACEBACK_MAX_LENGTH",
@@ -180,6 +185,7 @@ __all__ = [
     "UnprocessableEntityError",
     "Worker",
     "__version__",
+    "check_json_data",
     "is_valid_idempotency_key",
 ]
 

@@ -21,7 +21,13 @@ from pydantic import ValidationError
 from sqlalchemy.engine import Connection
 from sqlalchemy.orm import Session
 
-from orbit_client import NAME_PATTERN, SubmitOptions, TaskSubmission, is_valid_idempotency_key
+from orbit_client import (
+    NAME_PATTERN,
+    SubmitOptions,
+    TaskSubmission,
+    check_json_data,
+    is_valid_idempotency_key,
+)
 from outbox_adapter._db import to_naive_utc, translate_db_error
 from outbox_adapter._exceptions import OutboxDatabaseError, OutboxUsageError, ParamsTooLargeError
 from outbox_adapter._models import OutboxEntry
@@ -68,6 +74,15 @@ def _prepare(
             f"namespace {namespace!r} is not a valid name (a letter or digit, then up to 63 letters, digits, "
             "'.', '_' or '-'); nothing was written"
         )
+    try:
+        # The server's own rules (orbit_client.check_json_data), so that a row the relay could never
+        # deliver, or a database could not hold the same way, is refused here, on every database.
+        check_json_data(params)
+    except ValueError as exc:
+        raise OutboxUsageError(
+            f"params cannot be stored and sent unchanged: {exc}; nothing was written "
+            '(README "HTTP API", JSON data)'
+        ) from None
     try:
         encoded = json.dumps(params, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
     except (TypeError, ValueError) as exc:
