@@ -321,11 +321,14 @@ _IDEMPOTENCY_KEY_SCHEMA = {
 }
 
 
-def _require_idempotency_key_in_openapi(app: FastAPI) -> None:
-    """Mark ``Idempotency-Key`` required in the OpenAPI document, with its pattern.
+def _finish_openapi(app: FastAPI) -> None:
+    """Mark ``Idempotency-Key`` required in the OpenAPI document, with its pattern; document the
+    problem answers every operation with a body may give.
 
-    The route takes it as optional so that a missing or malformed key is answered with the
-    documented ``400 idempotency_key_missing``/``idempotency_key_invalid``, not a 422.
+    The route takes the key as optional so that a missing or malformed key is answered with the
+    documented ``400 idempotency_key_missing``/``idempotency_key_invalid``, not a 422. A body may
+    be refused before any route runs: ``400`` unreadable (``invalid_utf8``, ``integer_too_long``,
+    ``nesting_too_deep``), ``408 request_timeout``, ``413 payload_too_large``, ``422``.
     """
     build = app.openapi
 
@@ -333,8 +336,15 @@ def _require_idempotency_key_in_openapi(app: FastAPI) -> None:
         if app.openapi_schema is not None:
             return app.openapi_schema
         schema = build()
+        problem = {
+            "description": "A problem (RFC 9457)",
+            "content": {"application/problem+json": {"schema": {"$ref": "#/components/schemas/Problem"}}},
+        }
         for operations in schema.get("paths", {}).values():
             for operation in operations.values():
+                if "requestBody" in operation:
+                    for status in ("400", "408", "413", "422"):
+                        operation["responses"].setdefault(status, problem)
                 for parameter in operation.get("parameters", []):
                     if parameter.get("in") == "header" and parameter.get("name") == "Idempotency-Key":
                         parameter["required"] = True
@@ -892,7 +902,7 @@ def create_app(settings: ServerSettings | None = None, *, engine: Engine | None 
             engine=the_engine, settings=settings, key_cache=app.state.key_cache, on_created=wakeup.notify
         )
     )
-    _require_idempotency_key_in_openapi(app)
+    _finish_openapi(app)
     app.add_middleware(
         RequestContextMiddleware,
         max_body_bytes=settings.max_body_bytes,
