@@ -41,7 +41,9 @@ from tests.servers import RunningServer
 #: Cases per operation, over the four kinds (positive/negative x real/generated ids); more on demand
 #: with ``ORBIT_FUZZ_CASES=2000``.
 CASES_PER_OPERATION = int(os.environ.get("ORBIT_FUZZ_CASES", "200"))
-KINDS = [(mode, real) for mode in (GenerationMode.POSITIVE, GenerationMode.NEGATIVE) for real in (True, False)]
+KINDS = [
+    (mode, real) for mode in (GenerationMode.POSITIVE, GenerationMode.NEGATIVE) for real in (True, False)
+]
 
 
 def _real_objects(server: RunningServer) -> tuple[dict[str, str], str]:
@@ -55,11 +57,15 @@ def _real_objects(server: RunningServer) -> tuple[dict[str, str], str]:
         timeout=30,
     ) as http:
         key = "fuzz-key-1"
-        first = http.post("/tasks", json={"queue": "default", "handler": "h"}, headers={"Idempotency-Key": key})
+        first = http.post(
+            "/tasks", json={"queue": "default", "handler": "h"}, headers={"Idempotency-Key": key}
+        )
         grant = http.post("/queues/default/leases", json={"worker_id": "fuzz"}).json()[0]
         attempt = grant["attempt"]
         http.post(f"/attempts/{attempt['id']}/start", json={"lease_token": attempt["lease_token"]})
-        http.post("/tasks", json={"queue": "default", "handler": "h"}, headers={"Idempotency-Key": "fuzz-key-2"})
+        http.post(
+            "/tasks", json={"queue": "default", "handler": "h"}, headers={"Idempotency-Key": "fuzz-key-2"}
+        )
         assert http.post("/subscriptions", json={"name": "fuzz"}).status_code == 201
         schedule = {"name": "fuzz", "queue": "default", "handler": "h", "interval_seconds": 3600}
         assert http.post("/schedules", json=schedule).status_code == 201
@@ -77,7 +83,12 @@ def _real_objects(server: RunningServer) -> tuple[dict[str, str], str]:
 def test_every_operation_answers_within_its_schema(server: RunningServer) -> None:
     ids, admin = _real_objects(server)
     schema = schemathesis.openapi.from_url(f"{server.base_url}/openapi.json")
-    checks = [not_a_server_error, status_code_conformance, content_type_conformance, response_schema_conformance]
+    checks = [
+        not_a_server_error,
+        status_code_conformance,
+        content_type_conformance,
+        response_schema_conformance,
+    ]
     counts: Counter[str] = Counter()
     statuses: Counter[int] = Counter()
     failures: list[str] = []
@@ -105,13 +116,18 @@ def test_every_operation_answers_within_its_schema(server: RunningServer) -> Non
                 body = case.body
                 if isinstance(body, dict) and isinstance(body.get("wait_seconds"), int | float):
                     body["wait_seconds"] = 0  # a long poll answers after up to 60 s: not what this tests
-                response = case.call(headers={"Authorization": f"Bearer {admin}"}, session=session, timeout=30)
-                counts[operation.label] += 1
+                response = case.call(
+                    headers={"Authorization": f"Bearer {admin}"}, session=session, timeout=30
+                )
+                counts[case.operation.label] += 1
                 statuses[response.status_code] += 1
                 problems = []
                 try:
                     case.validate_response(response, checks=checks)
-                except (Exception, BaseExceptionGroup) as exc:  # every failed check, with the case to replay it
+                except (
+                    Exception,
+                    BaseExceptionGroup,
+                ) as exc:  # every failed check, with the case to replay it
                     problems.append(f"{type(exc).__name__}: {str(exc)[:600]}")
                 headers = {name.lower(): values for name, values in response.headers.items()}
                 if not headers.get("x-request-id"):
@@ -120,7 +136,9 @@ def test_every_operation_answers_within_its_schema(server: RunningServer) -> Non
                 if response.status_code >= 400 and content_type != "application/problem+json":
                     problems.append(f"an error as {content_type!r}")
                 if problems:
-                    failures.append(f"{operation.label} {case.as_curl_command()}\n  " + "\n  ".join(problems))
+                    failures.append(
+                        f"{case.operation.label} {case.as_curl_command()}\n  " + "\n  ".join(problems)
+                    )
 
             try:
                 run()
