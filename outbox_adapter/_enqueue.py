@@ -204,7 +204,9 @@ def enqueue(
         queue: the queue's name; it must exist on the server when the relay sends
             (otherwise the row ends ``DEAD``).
         handler: the handler name workers dispatch on, e.g. ``"orders.fulfil"``.
-        params: JSON data for the task (no NaN or infinities), at most ``max_params_bytes``.
+        params: JSON data for the task, at most ``max_params_bytes``, within the server's limits
+            (:func:`orbit_client.check_json_data`: finite numbers, integers of at most 4300 digits,
+            valid Unicode, at most 30 levels of nesting), checked here the same way on every database.
         idempotency_key: 1-255 printable ASCII characters; ``None`` means a new UUID4. Fixed
             for the row's life: every send, retry and reconcile uses it. A business key
             (e.g. ``f"order-{order.uuid}-fulfil"``) makes a second ``enqueue`` for the same
@@ -229,7 +231,8 @@ def enqueue(
 
     Raises:
         ParamsTooLargeError: the params are too large; nothing was written.
-        OutboxUsageError: any other invalid argument; nothing was written.
+        OutboxUsageError: any other invalid argument, e.g. params the server cannot hold (the message
+            names the limit); nothing was written.
         OutboxDatabaseError: the insert failed, e.g. the key already exists in the outbox (the
             message says so; ``sqlalchemy.exc.IntegrityError`` is its ``__cause__``) or the table is missing
             (:class:`OutboxSchemaError`). The caller's transaction is then unusable on
