@@ -40,7 +40,7 @@ from tests.servers import RunningServer
 
 #: Cases per operation, over the four kinds (positive/negative x real/generated ids); more on demand
 #: with ``ORBIT_FUZZ_CASES=2000``.
-CASES_PER_OPERATION = int(os.environ.get("ORBIT_FUZZ_CASES", "200"))
+CASES_PER_OPERATION = int(os.environ.get("ORBIT_FUZZ_CASES", "40"))
 KINDS = [
     (mode, real) for mode in (GenerationMode.POSITIVE, GenerationMode.NEGATIVE) for real in (True, False)
 ]
