@@ -31,6 +31,8 @@ from orbit_client._exceptions import (
 )
 from orbit_client._models import (
     IDEMPOTENCY_KEY_MAX_LENGTH,
+    JSON_MAX_DEPTH,
+    JSON_MAX_INTEGER_DIGITS,
     MAX_ATTEMPT_BATCH_ITEMS,
     NAME_PATTERN,
     TRACEBACK_MAX_LENGTH,
@@ -78,6 +80,7 @@ from orbit_client._models import (
     TaskStatus,
     TaskSubmission,
     UTCDateTime,
+    check_json_data,
     is_valid_idempotency_key,
 )
 from orbit_client._queue_models import MAX_CONCURRENCY_LIMIT, QueueControl, QueueUpdate
@@ -97,6 +100,8 @@ from orbit_client._worker import AsyncWorker, RetryableError, TaskCancelled, Tas
 
 __all__ = [
     "IDEMPOTENCY_KEY_MAX_LENGTH",
+    "JSON_MAX_DEPTH",
+    "JSON_MAX_INTEGER_DIGITS",
     "MAX_ATTEMPT_BATCH_ITEMS",
     "MAX_CONCURRENCY_LIMIT",
     "NAME_PATTERN",
@@ -186,6 +191,7 @@ __all__ = [
     "UnprocessableEntityError",
     "Worker",
     "__version__",
+    "check_json_data",
     "is_valid_idempotency_key",
 ]
 

@@ -19,12 +19,14 @@ from typing import Annotated, Any, Literal
 from pydantic import (
     AfterValidator,
     BaseModel,
+    BeforeValidator,
     ConfigDict,
     Field,
     JsonValue,
     PlainSerializer,
     SerializerFunctionWrapHandler,
     StrictBool,
+    StrictFloat,
     StrictInt,
     model_serializer,
     model_validator,
@@ -33,6 +35,7 @@ from pydantic import (
 __all__ = [
     "IDEMPOTENCY_KEY_MAX_LENGTH",
     "JSON_MAX_DEPTH",
+    "JSON_MAX_INTEGER_DIGITS",
     "MAX_ATTEMPT_BATCH_ITEMS",
     "NAME_PATTERN",
     "TRACEBACK_MAX_LENGTH",
@@ -82,6 +85,7 @@ __all__ = [
     "TaskSubmission",
     "UTCDateTime",
     "canonical_json",
+    "check_json_data",
     "is_valid_idempotency_key",
 ]
 
@@ -114,31 +118,44 @@ def _to_utc(value: datetime) -> datetime:
 
 #: Deepest nesting of arrays and objects accepted in JSON data (MySQL/MariaDB refuse deeper documents).
 JSON_MAX_DEPTH = 30
+#: Most digits of an integer in JSON data: Python's limit for converting integers to and from text
+#: (``sys.get_int_max_str_digits()`` default), so every server process can read and write it back.
+JSON_MAX_INTEGER_DIGITS = 4300
+_INTEGER_LIMIT = 10**JSON_MAX_INTEGER_DIGITS
+_INTEGER_LIMIT_BITS = _INTEGER_LIMIT.bit_length() - 1
 
 
-def _check_json_data(value: Any) -> Any:
-    """Refuse what JSON or the databases cannot hold faithfully (raises ValueError).
+def check_json_data(value: Any) -> Any:
+    """Return ``value`` if it is JSON data that Orbit stores and returns unchanged; else raise ValueError.
 
-    NaN and infinities (also ``1e400``, which parses as infinity) are not JSON numbers
-    (RFC 8259 §6); lone surrogates are not UTF-8 (RFC 8259 §8.1); nesting deeper than
-    :data:`JSON_MAX_DEPTH` is refused by MySQL/MariaDB's JSON type.
+    The rules, the same on the client, the outbox (``enqueue``) and the server, on every database:
+    strings are valid Unicode (a lone surrogate is not UTF-8, RFC 8259 §8.1); numbers are finite
+    (NaN and infinities, also ``1e400``, which parses as infinity, are not JSON numbers, RFC 8259 §6);
+    integers have at most :data:`JSON_MAX_INTEGER_DIGITS` digits; arrays and objects nest at most
+    :data:`JSON_MAX_DEPTH` levels (MySQL/MariaDB's JSON type refuses deeper documents). The
+    message names the rule and its limit.
     """
     stack: list[tuple[Any, int]] = [(value, 0)]
     while stack:
         item, depth = stack.pop()
-        if isinstance(item, float) and not math.isfinite(item):
-            raise ValueError("NaN and infinite numbers are not JSON")
         if isinstance(item, str):
             _check_utf8(item)
         elif isinstance(item, dict | list):
             if depth >= JSON_MAX_DEPTH:
-                raise ValueError(f"JSON nested deeper than {JSON_MAX_DEPTH} levels")
+                raise ValueError(f"JSON nested deeper than {JSON_MAX_DEPTH} levels (the limit)")
             if isinstance(item, dict):
                 for key in item:
                     _check_utf8(key)
                 stack.extend((v, depth + 1) for v in item.values())
             else:
                 stack.extend((v, depth + 1) for v in item)
+        elif isinstance(item, float):
+            if not math.isfinite(item):
+                raise ValueError("NaN and infinite numbers are not JSON")
+        elif (
+            isinstance(item, int) and item.bit_length() >= _INTEGER_LIMIT_BITS and abs(item) >= _INTEGER_LIMIT
+        ):
+            raise ValueError(f"an integer has more than {JSON_MAX_INTEGER_DIGITS} digits (the limit)")
     return value
 
 
@@ -150,7 +167,7 @@ def _check_utf8(text: str) -> None:
 
 
 #: Any JSON value that survives storage unchanged: finite numbers, valid Unicode, bounded depth.
-JsonData = Annotated[JsonValue, AfterValidator(_check_json_data)]
+JsonData = Annotated[JsonValue, AfterValidator(check_json_data)]
 
 
 def canonical_json(value: Any) -> Any:
@@ -171,9 +188,23 @@ def _format_utc(value: datetime) -> str:
     return value.astimezone(UTC).isoformat(timespec="microseconds").replace("+00:00", "Z")
 
 
-#: A timezone-aware datetime, normalised to UTC, serialised as RFC 3339 with ``Z``.
+#: RFC 3339 date-time (``2026-01-01T00:00:00Z``, ``...T00:00:00.5+02:00``); an offset is checked later.
+_RFC3339 = re.compile(r"\d{4}-\d{2}-\d{2}[Tt]\d{2}:\d{2}:\d{2}(\.\d{1,6})?([Zz]|[+-]\d{2}:\d{2})?")
+
+
+def _time_text(value: Any) -> Any:
+    """Let only RFC 3339 strings (and datetimes) through: never a number, which pydantic would take
+    as seconds since 1970 (``deadline: 0.0`` was 1970-01-01), nor a date alone."""
+    if isinstance(value, datetime) or (isinstance(value, str) and _RFC3339.fullmatch(value)):
+        return value
+    raise ValueError("a time is an RFC 3339 string with an offset, e.g. 2026-01-01T00:00:00Z")
+
+
+#: A timezone-aware datetime, normalised to UTC, serialised as RFC 3339 with ``Z``. On input only an
+#: RFC 3339 string (JSON) or a datetime (Python) is accepted, as the OpenAPI document says.
 UTCDateTime = Annotated[
     datetime,
+    BeforeValidator(_time_text),
     AfterValidator(_to_utc),
     PlainSerializer(_format_utc, return_type=str, when_used="json"),
 ]
@@ -225,8 +256,8 @@ class SubmitOptions(_Wire):
     available_at: UTCDateTime | None = None
     deadline: UTCDateTime | None = None
     retry_safe: StrictBool | None = None
-    backoff_base_seconds: float | None = Field(default=None, ge=0, le=86400)
-    backoff_cap_seconds: float | None = Field(default=None, ge=0, le=7 * 86400)
+    backoff_base_seconds: StrictFloat | None = Field(default=None, ge=0, le=86400)
+    backoff_cap_seconds: StrictFloat | None = Field(default=None, ge=0, le=7 * 86400)
     concurrency_key: str | None = Field(default=None, min_length=1, max_length=255, pattern=r"^[\x21-\x7e]+$")
 
 
@@ -472,7 +503,7 @@ class AttemptStatus(enum.StrEnum):
 
 
 #: A lease duration in seconds: at least 0.1 s, at most one hour.
-LeaseSeconds = Annotated[float, Field(ge=0.1, le=3600)]
+LeaseSeconds = Annotated[StrictFloat, Field(ge=0.1, le=3600)]
 
 
 class LeaseRequest(_Wire):
@@ -488,9 +519,9 @@ class LeaseRequest(_Wire):
     """
 
     worker_id: str = Field(min_length=1, max_length=255)
-    max_tasks: int = Field(default=1, ge=1, le=100)
+    max_tasks: StrictInt = Field(default=1, ge=1, le=100)
     lease_seconds: LeaseSeconds = 30.0
-    wait_seconds: float = Field(default=0.0, ge=0, le=60)
+    wait_seconds: StrictFloat = Field(default=0.0, ge=0, le=60)
 
 
 class AttemptLease(_Wire):
@@ -577,7 +608,7 @@ class AttemptError(_Wire):
 
     type: str = Field(min_length=1, max_length=255)
     message: str = Field(default="", max_length=10_000)
-    retryable: bool = False
+    retryable: StrictBool = False
     traceback: str | None = Field(default=None, max_length=TRACEBACK_MAX_LENGTH)
 
     @model_serializer(mode="wrap")
@@ -933,7 +964,7 @@ class DeliveryLeaseRequest(_Wire):
             a delivery not acked by then is handed out again. Default 30.
     """
 
-    max: int = Field(default=10, ge=1, le=500)
+    max: StrictInt = Field(default=10, ge=1, le=500)
     lease_seconds: LeaseSeconds = 30.0
 
 

@@ -8,7 +8,16 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
-__all__ = ["Metrics"]
+__all__ = ["Metrics", "method_label"]
+
+#: The methods that keep their own label value (RFC 9110 §9); any other token a client sends is
+#: counted as ``OTHER``, so made-up methods cannot grow the page without bound.
+_KNOWN_METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS", "CONNECT", "TRACE"})
+
+
+def method_label(method: str) -> str:
+    """The ``method`` label value of a request: the method if standard, else ``OTHER``."""
+    return method if method in _KNOWN_METHODS else "OTHER"
 
 
 class Metrics:
@@ -18,7 +27,7 @@ class Metrics:
         self.registry = CollectorRegistry()
         self.request_seconds = Histogram(
             "orbit_http_request_duration_seconds",
-            "Time to answer an HTTP request, in seconds, by route template, method and status.",
+            "Time to answer an HTTP request, in seconds, by route template, method (OTHER for a non-standard one) and status.",
             ["route", "method", "status"],
             registry=self.registry,
         )

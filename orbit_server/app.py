@@ -33,6 +33,9 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from orbit_client import (
+    IDEMPOTENCY_KEY_MAX_LENGTH,
+    JSON_MAX_DEPTH,
+    JSON_MAX_INTEGER_DIGITS,
     NAME_PATTERN,
     Attempt,
     AttemptState,
@@ -64,7 +67,7 @@ from orbit_client import (
 from . import errors, execution, results, store
 from ._auth import Caller, KeyCache, authorize
 from ._db import create_engine
-from ._metrics import Metrics
+from ._metrics import Metrics, method_label
 from .attempt_batches import attempt_batch_router
 from .batch_api import batch_router
 from .console import console_router
@@ -76,6 +79,8 @@ from .settings import ServerSettings
 __all__ = ["create_app"]
 
 log = logging.getLogger("orbit_server.app")
+#: One line per request when ``ORBIT_ACCESS_LOG`` is on (README "Running the server").
+access_log = logging.getLogger("orbit_server.access")
 
 #: The lease answer's body, serialised without a second validation (``lease_tasks``).
 _LEASE_GRANTS = TypeAdapter(list[LeaseGrant])
@@ -148,6 +153,41 @@ class _BodyTooLarge(StarletteHTTPException):
     code = "payload_too_large"
 
 
+class _BodyTimeout(StarletteHTTPException):
+    """The body did not arrive within ``ORBIT_BODY_TIMEOUT_SECONDS``; the connection is closed after the 408."""
+
+    code = "request_timeout"
+
+
+#: Why FastAPI could not parse a JSON body (its 400 carries the parser's exception as ``__cause__``).
+def _unreadable_body(cause: BaseException | None) -> tuple[str, str] | None:
+    if isinstance(cause, UnicodeDecodeError):
+        return "invalid_utf8", "the body is not valid UTF-8 (RFC 8259 §8.1)"
+    if isinstance(cause, RecursionError):
+        return "nesting_too_deep", (
+            f"the body nests arrays and objects too deeply to parse; JSON data may nest at most "
+            f"{JSON_MAX_DEPTH} levels"
+        )
+    if isinstance(cause, ValueError) and "integer string conversion" in str(cause):
+        return "integer_too_long", (
+            f"an integer in the body has more than {JSON_MAX_INTEGER_DIGITS} digits, the most JSON data may have"
+        )
+    return None
+
+
+#: Query parameters the access log never shows (README "Running the server").
+_SECRET_QUERY = re.compile(r"(?<![^&])(cursor)=[^&]*")
+#: Path segments the access log never shows: idempotency keys.
+_SECRET_PATH = re.compile(r"(/submissions/).+")
+
+
+def _redacted_target(path: str, query: bytes) -> str:
+    target = _SECRET_PATH.sub(r"\1<redacted>", path)
+    if query:
+        target += "?" + _SECRET_QUERY.sub(r"\1=<redacted>", query.decode("latin-1"))
+    return target
+
+
 class RequestContextMiddleware:
     """Request ids, the body size limit, and the last-resort 500, as plain ASGI.
 
@@ -155,10 +195,22 @@ class RequestContextMiddleware:
     and an ``X-Request-Id`` (taken from the request when well-formed, else new).
     """
 
-    def __init__(self, app: ASGIApp, *, max_body_bytes: int, metrics: Metrics) -> None:
+    def __init__(
+        self,
+        app: ASGIApp,
+        *,
+        max_body_bytes: int,
+        metrics: Metrics,
+        body_timeout_seconds: float = 30.0,
+        access_log: bool = False,
+        redact: bool = True,
+    ) -> None:
         self.app = app
         self.max_body_bytes = max_body_bytes
         self.metrics = metrics
+        self.body_timeout = body_timeout_seconds
+        self.access_log = access_log
+        self.redact = redact
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -170,17 +222,25 @@ class RequestContextMiddleware:
             request_id = uuid.uuid4().hex
         scope.setdefault("state", {})["request_id"] = request_id
         started = False
+        status = 0
         began = time.perf_counter()
+        method = scope["method"]
+        head = method == "HEAD"
+        if head:  # answered as the GET it asks about, without the body (RFC 9110 §9.3.2)
+            scope = {**scope, "method": "GET"}
 
         async def send_with_id(message: Message) -> None:
-            nonlocal started
+            nonlocal started, status
             if message["type"] == "http.response.start":
                 started = True
+                status = message["status"]
                 MutableHeaders(scope=message)["X-Request-Id"] = request_id
                 route = getattr(scope.get("route"), "path", "unmatched")
-                self.metrics.request_seconds.labels(route, scope["method"], str(message["status"])).observe(
+                self.metrics.request_seconds.labels(route, method_label(method), str(status)).observe(
                     time.perf_counter() - began
                 )
+            elif head and message["type"] == "http.response.body":
+                message = {**message, "body": b""}
             await send(message)
 
         limit = self.max_body_bytes
@@ -193,14 +253,30 @@ class RequestContextMiddleware:
             await response(scope, receive, send_with_id)
             return
         received = 0
+        body_done = False
+        loop = asyncio.get_running_loop()
+        body_deadline = loop.time() + self.body_timeout
 
         async def receive_counted() -> Message:
-            nonlocal received
-            message = await receive()
+            nonlocal received, body_done
+            if body_done:
+                return await receive()
+            try:
+                async with asyncio.timeout_at(body_deadline):
+                    message = await receive()
+            except TimeoutError:
+                raise _BodyTimeout(
+                    408,
+                    f"the body did not arrive within {self.body_timeout:g} s (ORBIT_BODY_TIMEOUT_SECONDS)",
+                    headers={"Connection": "close"},
+                ) from None
             if message["type"] == "http.request":
                 received += len(message.get("body", b""))
                 if received > limit:
                     raise _BodyTooLarge(413, f"the body exceeds the limit of {limit} bytes")
+                body_done = not message.get("more_body", False)
+            else:
+                body_done = True
             return message
 
         try:
@@ -214,6 +290,74 @@ class RequestContextMiddleware:
                 f"an unexpected error occurred; quote request id {request_id} when reporting it", request_id,
             )  # fmt: skip
             await response(scope, receive, send_with_id)
+        finally:
+            if self.access_log:
+                self._log_access(scope, method, status, began, request_id)
+
+    def _log_access(self, scope: Scope, method: str, status: int, began: float, request_id: str) -> None:
+        path, query = scope.get("path", ""), scope.get("query_string", b"")
+        target = (
+            _redacted_target(path, query)
+            if self.redact
+            else path + ("?" + query.decode("latin-1") if query else "")
+        )
+        client = scope.get("client")
+        access_log.info(
+            '%s - "%s %s HTTP/%s" %d %.1fms request_id=%s',
+            f"{client[0]}:{client[1]}" if client else "-",
+            method,
+            target,
+            scope.get("http_version", "1.1"),
+            status,
+            (time.perf_counter() - began) * 1000,
+            request_id,
+        )
+
+
+#: The ``Idempotency-Key`` rule of :func:`orbit_client.is_valid_idempotency_key` as a JSON Schema pattern.
+_IDEMPOTENCY_KEY_SCHEMA = {
+    "type": "string",
+    "minLength": 1,
+    "maxLength": IDEMPOTENCY_KEY_MAX_LENGTH,
+    "pattern": r"^[\x21-\x7e]([\x20-\x7e]*[\x21-\x7e])?$",
+}
+
+
+def _finish_openapi(app: FastAPI) -> None:
+    """Mark ``Idempotency-Key`` required in the OpenAPI document, with its pattern; document the
+    problem answers every operation with a body may give.
+
+    The route takes the key as optional so that a missing or malformed key is answered with the
+    documented ``400 idempotency_key_missing``/``idempotency_key_invalid``, not a 422. A body may
+    be refused before any route runs: ``400`` unreadable (``invalid_utf8``, ``integer_too_long``,
+    ``nesting_too_deep``), ``408 request_timeout``, ``413 payload_too_large``, ``422``.
+    """
+    build = app.openapi
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema is not None:
+            return app.openapi_schema
+        schema = build()
+        problem = {
+            "description": "A problem (RFC 9457)",
+            "content": {"application/problem+json": {"schema": {"$ref": "#/components/schemas/Problem"}}},
+        }
+        for operations in schema.get("paths", {}).values():
+            for operation in operations.values():
+                if "requestBody" in operation:
+                    for status in ("400", "408", "413", "422"):
+                        operation["responses"].setdefault(status, problem)
+                for parameter in operation.get("parameters", []):
+                    if parameter.get("in") == "header" and parameter.get("name") == "Idempotency-Key":
+                        parameter["required"] = True
+                        parameter["schema"] = dict(_IDEMPOTENCY_KEY_SCHEMA, title="Idempotency-Key")
+                        parameter["description"] = (
+                            "1-255 printable ASCII characters, no leading or trailing space; unique per "
+                            'task (README "HTTP API").'
+                        )
+        return schema
+
+    app.openapi = openapi  # type: ignore[method-assign]
 
 
 def _request_id(request: Request) -> str | None:
@@ -326,7 +470,10 @@ def create_app(settings: ServerSettings | None = None, *, engine: Engine | None 
     @app.exception_handler(StarletteHTTPException)
     async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
         code = getattr(exc, "code", None) or _HTTP_CODES.get(exc.status_code, f"http_{exc.status_code}")
-        response = problem_response(exc.status_code, code, code.replace("_", " ").capitalize(), str(exc.detail),
+        detail = str(exc.detail)
+        if exc.status_code == 400 and (unreadable := _unreadable_body(exc.__cause__)) is not None:
+            code, detail = unreadable
+        response = problem_response(exc.status_code, code, code.replace("_", " ").capitalize(), detail,
                                     _request_id(request))  # fmt: skip
         if exc.headers:
             response.headers.update(exc.headers)
@@ -774,5 +921,13 @@ def create_app(settings: ServerSettings | None = None, *, engine: Engine | None 
             engine=the_engine, settings=settings, key_cache=app.state.key_cache, on_created=wakeup.notify
         )
     )
-    app.add_middleware(RequestContextMiddleware, max_body_bytes=settings.max_body_bytes, metrics=metrics)
+    _finish_openapi(app)
+    app.add_middleware(
+        RequestContextMiddleware,
+        max_body_bytes=settings.max_body_bytes,
+        metrics=metrics,
+        body_timeout_seconds=settings.body_timeout_seconds,
+        access_log=settings.access_log,
+        redact=settings.access_log_redact,
+    )
     return app

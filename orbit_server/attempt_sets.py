@@ -38,7 +38,7 @@ from sqlalchemy.engine import Connection
 
 from orbit_client import AttemptState, AttemptStatus, CompleteItem, StartItem, TaskStatus
 
-from . import errors, execution, permits, results
+from . import _ids, errors, execution, permits, results
 from .schema import task_attempts, task_events, tasks
 
 __all__ = ["complete_all", "start_all"]
@@ -80,8 +80,8 @@ def _read(
     task_status: TaskStatus, tokens: list[str],
 ) -> tuple[list[tuple[dict[str, Any], dict[str, Any]]], datetime] | None:  # fmt: skip
     """Lock and read the batch; ``(task, attempt)`` per item and the clock, or ``None`` to decline."""
-    if len(set(attempt_ids)) != len(attempt_ids):
-        return None
+    if len(set(attempt_ids)) != len(attempt_ids) or not all(map(_ids.can_exist, attempt_ids)):
+        return None  # item by item: a repeated id sees the first item's effect; a bad id is a 404
     locked = conn.execute(
         _lock_tasks_statement(conn), {"attempt_ids": attempt_ids, "namespace_id": namespace_id}
     ).mappings().all()  # fmt: skip

@@ -125,6 +125,7 @@ def serve(database_url: str, host: str, port: int, max_body_bytes: int, workers:
     """Serve the HTTP API. A SQLite database is migrated at start; others need `migrate`."""
     import uvicorn
 
+    from ._http import uvicorn_options
     from .app import create_app
 
     settings = ServerSettings(database_url=database_url, host=host, port=port, max_body_bytes=max_body_bytes)
@@ -138,7 +139,9 @@ def serve(database_url: str, host: str, port: int, max_body_bytes: int, workers:
         sys.exit(1)
     log_level = logging.getLevelName(logging.getLogger().level).lower()
     if workers == 1:
-        uvicorn.run(create_app(settings), host=host, port=port, log_level=log_level)
+        uvicorn.run(
+            create_app(settings), host=host, port=port, log_level=log_level, **uvicorn_options(settings)
+        )
         return
     # Each worker process builds its own app (and engine) from ORBIT_* variables: pass the flags on.
     os.environ.update(
@@ -146,7 +149,8 @@ def serve(database_url: str, host: str, port: int, max_body_bytes: int, workers:
         ORBIT_MAX_BODY_BYTES=str(max_body_bytes),
     )  # fmt: skip
     uvicorn.run("orbit_server.app:create_app", factory=True, workers=workers, host=host, port=port,
-                log_level=log_level)  # fmt: skip
+                log_level=log_level, http="orbit_server._http:HeaderTimeoutProtocol",
+                access_log=False)  # fmt: skip
 
 
 @main.command()
@@ -219,7 +223,12 @@ def api_key() -> None:
 @api_key.command("create")
 @click.argument("namespace_name", metavar="NAMESPACE")
 @click.option("--role", required=True, type=click.Choice(list(store.ROLES)), help="What the key may do.")
-@click.option("--label", default=None, help="A note to recognise the key by.")
+@click.option(
+    "--label",
+    default=None,
+    callback=lambda _ctx, _param, value: _check_label(value),
+    help=f"A note to recognise the key by (at most {store.API_KEY_LABEL_MAX_LENGTH} characters).",
+)
 @_database_url_option
 def api_key_create(namespace_name: str, role: str, label: str | None, database_url: str) -> None:
     """Create an API key for NAMESPACE; the key is the last line of stdout.
@@ -232,6 +241,16 @@ def api_key_create(namespace_name: str, role: str, label: str | None, database_u
         f"{role} key created for namespace {namespace_name!r}; store it now, it is not shown again", err=True
     )
     click.echo(key)
+
+
+def _check_label(label: str | None) -> str | None:
+    if label is not None and len(label) > store.API_KEY_LABEL_MAX_LENGTH:
+        raise click.BadParameter(
+            f"the label has {len(label)} characters; the limit is {store.API_KEY_LABEL_MAX_LENGTH}: "
+            "shorten it (nothing was written)",
+            param_hint="'--label'",
+        )
+    return label
 
 
 def _check_name(what: str, name: str) -> None:

@@ -55,7 +55,7 @@ from orbit_client import (
     TaskStatus,
 )
 
-from . import errors, permits, results, store
+from . import _ids, errors, permits, results, store
 from ._db import db_now, is_lock_conflict, to_naive_utc, to_utc
 from .schema import concurrency_permits, namespaces, queue_gates, queues, task_attempts, task_events, tasks
 
@@ -323,6 +323,8 @@ def _naive(value: Any) -> datetime:
 
 
 def _lock_task_in(conn: Connection, namespace_id: int, task_id: str) -> dict[str, Any]:
+    if not _ids.can_exist(task_id):  # never a row; MariaDB would not even compare it
+        raise errors.TaskNotFound(f"no task {task_id!r} in this namespace")
     task = _lock_task(conn, task_id)
     if task is None or task["namespace_id"] != namespace_id:
         raise errors.TaskNotFound(f"no task {task_id!r} in this namespace")
@@ -773,6 +775,8 @@ def _locked_attempt(
     Raises:
         errors.AttemptNotFound: no such attempt in the namespace (404).
     """
+    if not _ids.can_exist(attempt_id):  # never a row; MariaDB would not even compare it
+        raise errors.AttemptNotFound(f"no attempt {attempt_id!r} in this namespace")
     row = (
         conn.execute(
             _locked_attempt_statement(conn), {"attempt_id": attempt_id, "namespace_id": namespace_id}
@@ -1312,6 +1316,8 @@ def retry_task(
 
 
 def _check_task(conn: Connection, namespace_id: int, task_id: str) -> None:
+    if not _ids.can_exist(task_id):
+        raise errors.TaskNotFound(f"no task {task_id!r} in this namespace")
     found = conn.execute(
         sa.select(tasks.c.id).where(tasks.c.id == task_id, tasks.c.namespace_id == namespace_id)
     ).first()

@@ -46,7 +46,9 @@ def schedules_router(*, engine: Engine) -> APIRouter:
         namespace: NamespaceName,
         caller: Caller,
         limit: Annotated[int, Query(ge=1, le=1000)] = 100,
-        after: Annotated[str | None, Query(description="Only schedules named after this (paging).")] = None,
+        after: Annotated[
+            str | None, Query(pattern=NAME_PATTERN, description="Only schedules named after this (paging).")
+        ] = None,
     ) -> list[Schedule]:
         """The namespace's schedules, by name."""
         authorize(caller, namespace, "read")

@@ -8,11 +8,15 @@ accent-sensitive) collation for keys and names on MySQL/MariaDB.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 import sqlalchemy as sa
 from sqlalchemy.dialects import mysql
 
 __all__ = [
     "BigId",
+    "Json",
     "Key",
     "Timestamp",
     "api_keys",
@@ -41,6 +45,47 @@ metadata = sa.MetaData()
 Timestamp = sa.DateTime().with_variant(mysql.DATETIME(fsp=6), "mysql", "mariadb")
 #: Auto-increment ids: BIGINT, except SQLite where only INTEGER PRIMARY KEY auto-increments.
 BigId = sa.BigInteger().with_variant(sa.Integer(), "sqlite")
+
+
+class _SQLiteLosslessJSON(sa.types.TypeDecorator[Any]):
+    """SQLite's JSON, except that a top-level number is stored as a BLOB of its JSON text.
+
+    SQLite gives a column declared ``JSON`` NUMERIC affinity: the text of a top-level number
+    is converted on insert, so ``18446744073709551616`` came back as a float, ``-0.0`` and
+    ``1.0`` as integers and ``10**400`` as ``null``. A BLOB is never converted, and it is read
+    back with the same JSON rules as every other value, so what is read is what was written,
+    as on MySQL/MariaDB (README "HTTP API"). Rows written before keep what SQLite made of
+    them. The column's DDL stays ``JSON``: nothing to migrate.
+    """
+
+    impl = sa.JSON
+    cache_ok = True
+
+    def bind_processor(self, dialect: sa.Dialect) -> Callable[[Any], Any] | None:
+        base = self.impl_instance.bind_processor(dialect)
+
+        def process(value: Any) -> Any:
+            text = base(value) if base is not None else value
+            if isinstance(value, int | float) and not isinstance(value, bool) and isinstance(text, str):
+                return text.encode("utf-8")
+            return text
+
+        return process
+
+    def result_processor(self, dialect: sa.Dialect, coltype: object) -> Callable[[Any], Any] | None:
+        base = self.impl_instance.result_processor(dialect, coltype)
+
+        def process(value: Any) -> Any:
+            if isinstance(value, bytes):
+                value = value.decode("utf-8")
+            return base(value) if base is not None else value
+
+        return process
+
+
+def Json() -> sa.types.TypeEngine[Any]:  # capitalised: it reads like a type
+    """A JSON column (``NULL`` for ``None``) that gives back exactly the JSON value stored in it."""
+    return sa.JSON(none_as_null=True).with_variant(_SQLiteLosslessJSON(none_as_null=True), "sqlite")
 
 
 def Key(length: int) -> sa.types.TypeEngine[str]:  # capitalised: it reads like a type
@@ -89,7 +134,7 @@ tasks = sa.Table(
     sa.Column("namespace_id", sa.BigInteger, sa.ForeignKey("namespaces.id"), nullable=False),
     sa.Column("queue_id", sa.BigInteger, sa.ForeignKey("queues.id"), nullable=False),
     sa.Column("handler", sa.String(255), nullable=False),
-    sa.Column("params", sa.JSON(none_as_null=True), nullable=True),
+    sa.Column("params", Json(), nullable=True),
     sa.Column("status", sa.String(16), nullable=False),
     sa.Column("state_version", sa.Integer, nullable=False),
     sa.Column("attempt_count", sa.Integer, nullable=False, server_default="0"),
@@ -98,8 +143,8 @@ tasks = sa.Table(
     sa.Column("available_at", Timestamp, nullable=False),
     sa.Column("deadline", Timestamp, nullable=True),
     sa.Column("cancel_requested", sa.Boolean, nullable=False, server_default=sa.false()),
-    sa.Column("result", sa.JSON(none_as_null=True), nullable=True),
-    sa.Column("error", sa.JSON(none_as_null=True), nullable=True),
+    sa.Column("result", Json(), nullable=True),
+    sa.Column("error", Json(), nullable=True),
     # At most one direct successor per task (manual retry): enforced by the unique index.
     sa.Column("retry_of", Key(36), nullable=True, unique=True),
     sa.Column("created_at", Timestamp, nullable=False),
@@ -156,7 +201,7 @@ task_events = sa.Table(
     sa.Column("to_status", sa.String(16), nullable=True),
     sa.Column("actor", sa.String(255), nullable=True),
     sa.Column("reason", sa.Text, nullable=True),
-    sa.Column("data", sa.JSON(none_as_null=True), nullable=True),
+    sa.Column("data", Json(), nullable=True),
     sa.Column("created_at", Timestamp, nullable=False),
     sa.Index("ix_task_events_task", "task_id", "id"),
 )
@@ -182,10 +227,10 @@ task_attempts = sa.Table(
     sa.Column("heartbeat_at", Timestamp, nullable=True),
     sa.Column("lease_expires_at", Timestamp, nullable=False),
     sa.Column("finished_at", Timestamp, nullable=True),
-    sa.Column("result", sa.JSON(none_as_null=True), nullable=True),
-    sa.Column("error", sa.JSON(none_as_null=True), nullable=True),
+    sa.Column("result", Json(), nullable=True),
+    sa.Column("error", Json(), nullable=True),
     # The first complete/fail body that arrived after the attempt lost its lease: evidence only.
-    sa.Column("late_report", sa.JSON(none_as_null=True), nullable=True),
+    sa.Column("late_report", Json(), nullable=True),
     sa.Column("late_reported_at", Timestamp, nullable=True),
     sa.UniqueConstraint("task_id", "generation", name="uq_task_attempts_task_generation"),
     # Serves the expiry sweep: live attempts by expiry.
@@ -205,8 +250,8 @@ result_events = sa.Table(
     sa.Column("handler", sa.String(255), nullable=False),
     # SUCCEEDED, FAILED, CANCELLED or NEEDS_REVIEW: the state the transition reached.
     sa.Column("status", sa.String(16), nullable=False),
-    sa.Column("result", sa.JSON(none_as_null=True), nullable=True),
-    sa.Column("error", sa.JSON(none_as_null=True), nullable=True),
+    sa.Column("result", Json(), nullable=True),
+    sa.Column("error", Json(), nullable=True),
     # The task's state_version after the transition: one event per (task, version) at most.
     sa.Column("state_version", sa.Integer, nullable=False),
     sa.Column("occurred_at", Timestamp, nullable=False),
@@ -227,7 +272,7 @@ subscriptions = sa.Table(
     sa.Column("namespace_id", sa.BigInteger, sa.ForeignKey("namespaces.id"), nullable=False),
     sa.Column("name", Key(64), nullable=False),
     # Sorted queue names whose events it receives; NULL means every queue of the namespace.
-    sa.Column("queues", sa.JSON(none_as_null=True), nullable=True),
+    sa.Column("queues", Json(), nullable=True),
     # It receives exactly the events with occurred_at >= created_at (both database clock).
     sa.Column("created_at", Timestamp, nullable=False),
     sa.UniqueConstraint("namespace_id", "name", name="uq_subscriptions_namespace_name"),
@@ -267,9 +312,9 @@ schedules = sa.Table(
     sa.Column("name", Key(64), nullable=False),
     sa.Column("queue_id", sa.BigInteger, sa.ForeignKey("queues.id"), nullable=False),
     sa.Column("handler", sa.String(255), nullable=False),
-    sa.Column("params", sa.JSON(none_as_null=True), nullable=True),
+    sa.Column("params", Json(), nullable=True),
     # The SubmitOptions of every task it creates (JSON object), or NULL.
-    sa.Column("options", sa.JSON(none_as_null=True), nullable=True),
+    sa.Column("options", Json(), nullable=True),
     # Exactly one of cron (evaluated in timezone) and interval_seconds (UTC, from start_at).
     sa.Column("cron", sa.String(255), nullable=True),
     sa.Column("interval_seconds", sa.Integer, nullable=True),
@@ -327,7 +372,7 @@ schedule_events = sa.Table(
     sa.Column("event", sa.String(32), nullable=False),
     sa.Column("version", sa.Integer, nullable=False),
     sa.Column("actor", sa.String(255), nullable=True),
-    sa.Column("data", sa.JSON(none_as_null=True), nullable=True),
+    sa.Column("data", Json(), nullable=True),
     sa.Column("created_at", Timestamp, nullable=False),
     sa.Index("ix_schedule_events_schedule", "schedule_id", "id"),
 )

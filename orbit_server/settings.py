@@ -83,6 +83,38 @@ class ServerSettings(BaseSettings):
         ),
     )
     log_level: str = Field(default="info", description="Log level: debug, info, warning, error.")
+    header_timeout_seconds: float = Field(
+        default=10.0,
+        gt=0,
+        description=(
+            "Longest time a client may take to send a request's line and headers, in seconds, counted "
+            "from the connection or from the request's first byte; then the connection is closed (408). "
+            "Bounds slow-header (slow-loris) clients; a proxy in front should bound it too (README)."
+        ),
+    )
+    body_timeout_seconds: float = Field(
+        default=30.0,
+        gt=0,
+        description=(
+            "Longest time a client may take to send a request's body once its headers are in, in seconds; "
+            "then the server answers 408 request_timeout and closes the connection (a Content-Length "
+            "larger than what is sent)."
+        ),
+    )
+    access_log: bool = Field(
+        default=True,
+        description=(
+            "Write one log line per request (logger orbit_server.access, level INFO): client, method, "
+            "path, status, milliseconds, request id."
+        ),
+    )
+    access_log_redact: bool = Field(
+        default=True,
+        description=(
+            "In the access log, replace idempotency keys (in .../submissions/{key} paths) and page "
+            "cursors (the cursor query parameter) with <redacted>; false logs paths as sent."
+        ),
+    )
     scheduler_interval_seconds: float = Field(
         default=1.0,
         ge=0,

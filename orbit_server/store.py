@@ -22,9 +22,9 @@ from typing import Any, cast
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine, RowMapping
 
-from orbit_client import Queue, Task, TaskPage, TaskStatus, TaskSubmission
+from orbit_client import Queue, Task, TaskPage, TaskStatus, TaskSubmission, is_valid_idempotency_key
 
-from . import errors
+from . import _ids, errors
 from ._db import as_db_time, db_now, db_now_expression, is_lock_conflict, to_naive_utc, to_utc
 from .schema import (
     api_keys,
@@ -38,6 +38,7 @@ from .schema import (
 )
 
 __all__ = [
+    "API_KEY_LABEL_MAX_LENGTH",
     "ROLES",
     "Principal",
     "accepted_event_row",
@@ -155,13 +156,23 @@ def _hash_key(key: str) -> str:
     return hashlib.sha256(key.encode("utf-8")).hexdigest()
 
 
+#: Longest API key label, in characters (the ``api_keys.label`` column).
+API_KEY_LABEL_MAX_LENGTH = 255
+
+
 def create_api_key(conn: Connection, namespace: str, role: str, label: str | None = None) -> str:
     """Create an API key and return it in clear; only its SHA-256 is stored.
 
     The key looks like ``orbit_<43 url-safe characters>`` (256 random bits).
+
+    Raises:
+        ValueError: an unknown role, or a label longer than :data:`API_KEY_LABEL_MAX_LENGTH`
+            characters (refused on every database, before anything is written).
     """
     if role not in ROLES:
         raise ValueError(f"role must be one of {', '.join(ROLES)}")
+    if label is not None and len(label) > API_KEY_LABEL_MAX_LENGTH:
+        raise ValueError(f"a label has at most {API_KEY_LABEL_MAX_LENGTH} characters, not {len(label)}")
     ns_id = get_namespace_id(conn, namespace)
     key = "orbit_" + secrets.token_urlsafe(32)
     conn.execute(
@@ -236,6 +247,8 @@ def task_from_row(row: RowMapping) -> Task:
 
 def get_task(conn: Connection, namespace_id: int, task_id: str) -> Task | None:
     """The task ``task_id`` of one namespace, or ``None``."""
+    if not _ids.can_exist(task_id):  # never a row; MariaDB would not even compare it
+        return None
     row = (
         conn.execute(_task_select().where(tasks.c.id == task_id, tasks.c.namespace_id == namespace_id))
         .mappings()
@@ -246,6 +259,7 @@ def get_task(conn: Connection, namespace_id: int, task_id: str) -> Task | None:
 
 def get_tasks(conn: Connection, namespace_id: int, task_ids: Sequence[str]) -> list[Task]:
     """The tasks ``task_ids`` of one namespace, in the order given (missing ones left out)."""
+    task_ids = [task_id for task_id in task_ids if _ids.can_exist(task_id)]
     if not task_ids:
         return []
     rows = conn.execute(
@@ -270,7 +284,9 @@ def decode_cursor(cursor: str) -> tuple[datetime, str]:
     try:
         raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4))
         created_at, task_id = json.loads(raw)
-        return datetime.fromisoformat(created_at), str(task_id)
+        if not isinstance(task_id, str) or not _ids.can_exist(task_id):
+            raise ValueError("not a task id")
+        return datetime.fromisoformat(created_at), task_id
     except (binascii.Error, ValueError, TypeError, UnicodeDecodeError) as exc:
         raise errors.InvalidCursor("pass back the cursor of an earlier page unchanged") from exc
 
@@ -318,6 +334,8 @@ def find_submission(conn: Connection, namespace_id: int, idempotency_key: str) -
     Raises:
         errors.TaskPurged: the key is remembered but its task was purged (410, with ``task_id``).
     """
+    if not is_valid_idempotency_key(idempotency_key):  # no such key was ever accepted
+        return None
     row = (
         conn.execute(
             _task_select()

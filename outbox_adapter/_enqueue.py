@@ -23,7 +23,13 @@ from pydantic import ValidationError
 from sqlalchemy.engine import Connection
 from sqlalchemy.orm import Session
 
-from orbit_client import NAME_PATTERN, SubmitOptions, TaskSubmission, is_valid_idempotency_key
+from orbit_client import (
+    NAME_PATTERN,
+    SubmitOptions,
+    TaskSubmission,
+    check_json_data,
+    is_valid_idempotency_key,
+)
 from outbox_adapter._db import to_naive_utc, translate_db_error
 from outbox_adapter._exceptions import OutboxDatabaseError, OutboxUsageError, ParamsTooLargeError
 from outbox_adapter._models import OutboxEntry
@@ -71,6 +77,15 @@ def _prepare(
             f"namespace {namespace!r} is not a valid name (a letter or digit, then up to 63 letters, digits, "
             "'.', '_' or '-'); nothing was written"
         )
+    try:
+        # The server's own rules (orbit_client.check_json_data), so that a row the relay could never
+        # deliver, or a database could not hold the same way, is refused here, on every database.
+        check_json_data(params)
+    except ValueError as exc:
+        raise OutboxUsageError(
+            f"params cannot be stored and sent unchanged: {exc}; nothing was written "
+            '(README "HTTP API", JSON data)'
+        ) from None
     try:
         encoded = json.dumps(params, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
     except (TypeError, ValueError) as exc:
@@ -192,7 +207,9 @@ def enqueue(
         queue: the queue's name; it must exist on the server when the relay sends
             (otherwise the row ends ``DEAD``).
         handler: the handler name workers dispatch on, e.g. ``"orders.fulfil"``.
-        params: JSON data for the task (no NaN or infinities), at most ``max_params_bytes``.
+        params: JSON data for the task, at most ``max_params_bytes``, within the server's limits
+            (:func:`orbit_client.check_json_data`: finite numbers, integers of at most 4300 digits,
+            valid Unicode, at most 30 levels of nesting), checked here the same way on every database.
         idempotency_key: 1-255 printable ASCII characters; ``None`` means a new UUID4. Fixed
             for the row's life: every send, retry and reconcile uses it. A business key
             (e.g. ``f"order-{order.uuid}-fulfil"``) makes a second ``enqueue`` for the same
@@ -220,7 +237,8 @@ def enqueue(
 
     Raises:
         ParamsTooLargeError: the params are too large; nothing was written.
-        OutboxUsageError: any other invalid argument; nothing was written.
+        OutboxUsageError: any other invalid argument, e.g. params the server cannot hold (the message
+            names the limit); nothing was written.
         OutboxDatabaseError: the insert failed, e.g. the key already exists in the outbox (the
             message says so; ``sqlalchemy.exc.IntegrityError`` is its ``__cause__``) or the table is missing
             (:class:`OutboxSchemaError`). The caller's transaction is then unusable on

@@ -14,6 +14,7 @@ from sqlalchemy.engine import URL, Engine
 from orbit_server import ServerSettings, create_app, store
 from orbit_server import _migrate as migrate
 from orbit_server._db import create_engine
+from orbit_server._http import uvicorn_options
 
 
 @dataclass
@@ -51,10 +52,17 @@ def run_server(database_url: URL, **settings: object) -> Iterator[RunningServer]
     sock.bind(("127.0.0.1", 0))
     sock.listen(256)
     port = sock.getsockname()[1]
-    app = create_app(
-        ServerSettings(database_url=database_url.render_as_string(False), **settings), engine=engine
-    )  # type: ignore[arg-type]
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on", limit_concurrency=1000))
+    server_settings = ServerSettings(database_url=database_url.render_as_string(False), **settings)  # type: ignore[arg-type]
+    app = create_app(server_settings, engine=engine)
+    server = uvicorn.Server(
+        uvicorn.Config(
+            app,
+            log_level="warning",
+            lifespan="on",
+            limit_concurrency=1000,
+            **uvicorn_options(server_settings),
+        )
+    )
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()
     try:

@@ -45,6 +45,25 @@ def test_admin_commands(make_database: DatabaseFactory, kind: str) -> None:
     assert code == 2 and "root" in err
 
 
+@pytest.mark.parametrize("kind", ["sqlite", pytest.param("mariadb", marks=pytest.mark.mariadb)])
+def test_a_too_long_api_key_label_is_refused_naming_the_limit(
+    make_database: DatabaseFactory, kind: str
+) -> None:
+    """Issue 9: a 256-character label printed a traceback on MariaDB; now the same clear error everywhere."""
+    url = make_database(kind).render_as_string(hide_password=False)
+    assert _run("migrate", "--database-url", url)[0] == 0
+    assert _run("namespace", "create", "shop", "--database-url", url)[0] == 0
+    code, out, err = _run(
+        "api-key", "create", "shop", "--role", "read", "--label", "x" * 256, "--database-url", url
+    )
+    assert code == 2 and "Traceback" not in err and not out
+    assert "256 characters; the limit is 255" in err and "--label" in err
+    code, out, _ = _run(
+        "api-key", "create", "shop", "--role", "read", "--label", "x" * 255, "--database-url", url
+    )
+    assert code == 0 and out.strip().startswith("orbit_")
+
+
 def test_database_url_from_environment(tmp_path: Path) -> None:
     url = f"sqlite:///{tmp_path / 'env.db'}"
     result = CliRunner(env={"ORBIT_DATABASE_URL": url}).invoke(main, ["namespace", "create", "from-env"])

@@ -40,6 +40,13 @@ def _count(biz: Biz, table: sa.Table) -> int:
         return int(conn.scalar(sa.select(sa.func.count()).select_from(table)))
 
 
+def _nested(depth: int) -> object:
+    value: object = 1
+    for _ in range(depth):
+        value = [value]
+    return value
+
+
 class Boom(Exception):
     pass
 
@@ -126,6 +133,30 @@ def test_oversized_or_invalid_params_are_refused_before_anything_is_written(
         # The caller's transaction is untouched and goes on.
         conn.execute(orders.insert().values(id=1, status="PENDING"))
     assert _count(biz, tables.outbox) == 0 and _count(biz, orders) == 1
+
+
+@pytest.mark.parametrize(
+    ("params", "limit"),
+    [
+        pytest.param(_nested(31), "30 levels", id="nesting"),
+        pytest.param({"n": 10**4300}, "4300 digits", id="integer"),
+        pytest.param(["\ud800"], "Unicode", id="surrogate"),
+        pytest.param({"x": float("inf")}, "infinite", id="infinity"),
+    ],
+)
+def test_params_the_server_cannot_hold_are_refused_naming_the_limit(
+    biz: Biz, tables: OutboxTables, params: object, limit: str
+) -> None:
+    """Issue 9: MariaDB failed the business transaction with a CHECK message, PostgreSQL and SQLite
+    wrote a row that went DEAD later. Now every database refuses it up front, the same way."""
+    with biz.engine.begin() as conn:
+        with pytest.raises(OutboxUsageError, match=limit) as caught:
+            enqueue(conn, namespace="shop", queue="default", handler="h", params=params, tables=tables)
+        assert "nothing was written" in str(caught.value)
+    assert _count(biz, tables.outbox) == 0
+    with biz.engine.begin() as conn:  # at the limit it is accepted
+        enqueue(conn, namespace="shop", queue="default", handler="h", params=_nested(30), tables=tables)
+    assert _count(biz, tables.outbox) == 1
 
 
 def test_a_business_key_is_fixed_and_unique(biz: Biz, tables: OutboxTables) -> None:
