@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
+from ._sampling import LEASE_EXPIRIES, SampledGauges
+
 __all__ = ["Metrics"]
 
 
@@ -28,3 +30,15 @@ class Metrics:
             ["outcome"],
             registry=self.registry,
         )
+        # --- operations (README "Operations"): lease grants, expiries and the sampled gauges ---
+        self.lease_grants = Counter(
+            "orbit_lease_grants",
+            "Tasks leased to workers (one grant = one new attempt), by namespace and queue.",
+            ["namespace", "queue"],
+            registry=self.registry,
+        )
+        #: The sampled gauges (``orbit_tasks`` etc.); the app's sampler stores into it.
+        self.sampled = SampledGauges()
+        self.registry.register(self.sampled)
+        self.registry.register(self.sampled.failures)
+        self.registry.register(LEASE_EXPIRIES)

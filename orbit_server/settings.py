@@ -83,6 +83,14 @@ class ServerSettings(BaseSettings):
         ),
     )
     log_level: str = Field(default="info", description="Log level: debug, info, warning, error.")
+    metrics_sample_interval_seconds: float = Field(
+        default=15.0,
+        ge=0,
+        description=(
+            "Seconds between two samples of the /metrics gauges read from the database (live tasks per "
+            "queue and status, review backlog, unacked result deliveries); 0 turns the sampling off."
+        ),
+    )
     scheduler_interval_seconds: float = Field(
         default=1.0,
         ge=0,
