@@ -13,7 +13,9 @@ statement is served by an index of ``schema.py``:
   ``ix_event_deliveries_claim (subscription_id, state, id)``, index only, whose ``MIN(id)`` is
   the oldest; their ``created_at`` by primary key.
 
-No label carries a task id, key or params: namespace, queue, subscription and status names.
+Labels carry queue, subscription and status names only: like the HTTP metrics, no namespace
+(``/metrics`` needs no API key), no task id, key or params. A queue name used in several namespaces
+is one series (their sum; for an age, the oldest).
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ from sqlalchemy.engine import Connection
 from orbit_client import TaskStatus
 
 from ._db import db_now
-from .schema import event_deliveries, namespaces, queues, subscriptions, tasks
+from .schema import event_deliveries, queues, subscriptions, tasks
 
 __all__ = ["LEASE_EXPIRIES", "Sample", "SampledGauges", "lease_expired", "sample"]
 
@@ -63,12 +65,12 @@ def lease_expired(attempt_status: str) -> None:
 class Sample:
     """One reading of the gauges (database clock)."""
 
-    #: (namespace, queue, status) -> live tasks
-    tasks: dict[tuple[str, str, str], int] = field(default_factory=dict)
-    #: namespace -> age of its oldest NEEDS_REVIEW task, in seconds
-    review_oldest: dict[str, float] = field(default_factory=dict)
-    #: (namespace, subscription) -> (unacked deliveries, age of the oldest in seconds or 0)
-    deliveries: dict[tuple[str, str], tuple[int, float]] = field(default_factory=dict)
+    #: (queue, status) -> live tasks
+    tasks: dict[tuple[str, str], int] = field(default_factory=dict)
+    #: age of the oldest NEEDS_REVIEW task, in seconds (``None``: none)
+    review_oldest: float | None = None
+    #: subscription -> (unacked deliveries, age of the oldest in seconds or 0)
+    deliveries: dict[str, tuple[int, float]] = field(default_factory=dict)
 
 
 def _as_datetime(value: Any) -> datetime:
@@ -79,18 +81,11 @@ def sample(conn: Connection) -> Sample:
     """Read every sampled gauge; a handful of index-served statements (module docstring)."""
     now = db_now(conn)
     out = Sample()
-    names = {
-        qid: (ns, name)
-        for qid, ns, name in conn.execute(
-            sa.select(queues.c.id, namespaces.c.name, queues.c.name).join(
-                namespaces, namespaces.c.id == queues.c.namespace_id
-            )
-        )
-    }
+    names = dict(conn.execute(sa.select(queues.c.id, queues.c.name)).all())
     live = [s.value for s in LIVE_STATUSES]
-    for ns, name in names.values():
+    for name in names.values():
         for status in live:
-            out.tasks[(ns, name, status)] = 0
+            out.tasks[(name, status)] = 0
     if names:
         counts = (
             sa.select(tasks.c.queue_id, tasks.c.status, sa.func.count())
@@ -98,27 +93,15 @@ def sample(conn: Connection) -> Sample:
             .group_by(tasks.c.queue_id, tasks.c.status)
         )
         for qid, status, n in conn.execute(counts):
-            ns, name = names[qid]
-            out.tasks[(ns, name, status)] = int(n)
-    review = (
-        sa.select(namespaces.c.name, sa.func.min(tasks.c.updated_at))
-        .join(namespaces, namespaces.c.id == tasks.c.namespace_id)
-        .where(tasks.c.status == TaskStatus.NEEDS_REVIEW.value)
-        .group_by(namespaces.c.name)
-    )
-    for ns, oldest in conn.execute(review):
-        if oldest is not None:
-            out.review_oldest[ns] = max(0.0, (now - _as_datetime(oldest)).total_seconds())
-    subs = {
-        sid: (ns, name)
-        for sid, ns, name in conn.execute(
-            sa.select(subscriptions.c.id, namespaces.c.name, subscriptions.c.name).join(
-                namespaces, namespaces.c.id == subscriptions.c.namespace_id
-            )
-        )
-    }
-    for key in subs.values():
-        out.deliveries[key] = (0, 0.0)
+            out.tasks[(names[qid], status)] += int(n)
+    oldest_review = conn.execute(
+        sa.select(sa.func.min(tasks.c.updated_at)).where(tasks.c.status == TaskStatus.NEEDS_REVIEW.value)
+    ).scalar()
+    if oldest_review is not None:
+        out.review_oldest = max(0.0, (now - _as_datetime(oldest_review)).total_seconds())
+    subs = dict(conn.execute(sa.select(subscriptions.c.id, subscriptions.c.name)).all())
+    for sub in subs.values():
+        out.deliveries[sub] = (0, 0.0)
     if subs:
         d = event_deliveries
         pending = (
@@ -129,14 +112,15 @@ def sample(conn: Connection) -> Sample:
         rows = conn.execute(pending).all()
         oldest_ids = [oldest for _, _, oldest in rows if oldest is not None]
         created = (
-            dict(conn.execute(sa.select(d.c.id, d.c.created_at).where(d.c.id.in_(oldest_ids))).tuples().all())
+            dict(conn.execute(sa.select(d.c.id, d.c.created_at).where(d.c.id.in_(oldest_ids))).all())
             if oldest_ids
             else {}
         )
         for sid, n, oldest in rows:
             at = created.get(oldest)
             age = max(0.0, (now - _as_datetime(at)).total_seconds()) if at is not None else 0.0
-            out.deliveries[subs[sid]] = (int(n), age)
+            had, had_age = out.deliveries[subs[sid]]
+            out.deliveries[subs[sid]] = (had + int(n), max(had_age, age))
     return out
 
 
@@ -170,43 +154,37 @@ class SampledGauges:
         since = time.monotonic() - at
         gauge = GaugeMetricFamily(
             "orbit_tasks",
-            "Live tasks per namespace, queue and status (WAITING, LEASED, RUNNING, NEEDS_REVIEW), sampled.",
-            labels=["namespace", "queue", "status"],
+            "Live tasks per queue and status (WAITING, LEASED, RUNNING, NEEDS_REVIEW), sampled.",
+            labels=["queue", "status"],
         )
-        review = GaugeMetricFamily(
-            "orbit_review_backlog_tasks", "NEEDS_REVIEW tasks per namespace, sampled.", labels=["namespace"]
-        )
-        per_namespace: dict[str, int] = {}
-        for (ns, queue, status), n in value.tasks.items():
-            gauge.add_metric([ns, queue, status], n)
+        review = 0
+        for (queue, status), n in value.tasks.items():
+            gauge.add_metric([queue, status], n)
             if status == TaskStatus.NEEDS_REVIEW.value:
-                per_namespace[ns] = per_namespace.get(ns, 0) + n
-        for ns, n in per_namespace.items():
-            review.add_metric([ns], n)
+                review += n
         yield gauge
-        yield review
-        oldest_review = GaugeMetricFamily(
-            "orbit_review_backlog_oldest_age_seconds",
-            "Seconds the oldest NEEDS_REVIEW task of a namespace has waited (since its last change), sampled.",
-            labels=["namespace"],
+        yield GaugeMetricFamily(
+            "orbit_review_backlog_tasks", "Tasks waiting in NEEDS_REVIEW for a person, sampled.", value=review
         )
-        for ns in per_namespace:
-            age = value.review_oldest.get(ns)
-            oldest_review.add_metric([ns], age + since if age is not None else 0.0)
-        yield oldest_review
+        age = value.review_oldest
+        yield GaugeMetricFamily(
+            "orbit_review_backlog_oldest_age_seconds",
+            "Seconds the oldest NEEDS_REVIEW task has waited since its last change (0: none), sampled.",
+            value=age + since if age is not None and review else 0.0,
+        )
         unacked = GaugeMetricFamily(
             "orbit_result_deliveries_unacked",
             "Result deliveries not acked yet, per subscription (the delivery backlog), sampled.",
-            labels=["namespace", "subscription"],
+            labels=["subscription"],
         )
         oldest = GaugeMetricFamily(
             "orbit_result_delivery_oldest_unacked_age_seconds",
             "Age of the oldest unacked result delivery of a subscription in seconds (0: none), sampled.",
-            labels=["namespace", "subscription"],
+            labels=["subscription"],
         )
-        for (ns, sub), (n, age) in value.deliveries.items():
-            unacked.add_metric([ns, sub], n)
-            oldest.add_metric([ns, sub], age + since if n else 0.0)
+        for sub, (n, age_seconds) in value.deliveries.items():
+            unacked.add_metric([sub], n)
+            oldest.add_metric([sub], age_seconds + since if n else 0.0)
         yield unacked
         yield oldest
         yield GaugeMetricFamily(

@@ -527,7 +527,7 @@ def create_app(settings: ServerSettings | None = None, *, engine: Engine | None 
             )
             remaining = give_up - loop.time()
             if grants:
-                metrics.lease_grants.labels(namespace, queue).inc(len(grants))
+                metrics.lease_grants.labels(queue).inc(len(grants))
             if grants or remaining <= 0:
                 # Serialised once here, not validated again against response_model first.
                 return Response(_LEASE_GRANTS.dump_json(grants), media_type="application/json")
