@@ -12,8 +12,8 @@ import pytest
 import sqlalchemy as sa
 
 from orbit_client import OrbitClient
-from outbox_adapter import Outbox, OutboxTables, OutboxUsageError, ResultConsumer, enqueue
-from outbox_adapter._metrics import RelayMetrics, sample_backlog
+from outbox_adapter import Outbox, OutboxTables, OutboxUsageError, RelayMetrics, ResultConsumer, enqueue
+from outbox_adapter._metrics import sample_backlog
 from tests.integration.outbox.conftest import Biz, Namespace, RelayFactory
 from tests.servers import RunningServer
 
