@@ -1,7 +1,7 @@
 """Rows per second delivered by the outbox relay, business database on MariaDB, against a real
 ``orbit-server`` process (its own MariaDB database).
 
-    python -m bench.relay [--rows 2000] [--concurrency 4] [--batch-sizes 1,100] [--engine app|own]
+    python -m bench.relay [--rows 2000] [--concurrency 4] [--batch-sizes 1,100] [--engine app|own] [--metrics]
 
 Baseline: the same number of submissions sent straight to the server with ``OrbitClient``
 from ``--concurrency`` threads (what the server accepts when fed directly). Then, for each
@@ -15,6 +15,8 @@ listener) and its round trips to it (every command PyMySQL sends: statements, ``
 
 ``--engine app`` hands the relay an engine built as an application builds one
 (``sa.create_engine(url)``); ``--engine own`` lets the relay build its own from the URL.
+``--metrics`` runs each batch size twice more, alternating, without and with ``RelayMetrics``
+(the counters and the backlog sampler of ``--metrics-port``), to show what counting costs.
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ from sqlalchemy import event
 from bench._support import MYSQL_SERVER, cli, orbit_servers
 from orbit_client import OrbitClient, RetryPolicy
 from outbox_adapter import Backoff, Outbox, OutboxTables, Relay, enqueue
+from outbox_adapter._metrics import RelayMetrics
 
 
 def baseline(base: str, key: str, rows: int, concurrency: int) -> float:
@@ -92,7 +95,15 @@ def counting(engine: sa.Engine) -> Iterator[Counts]:
 
 
 def relay_round(
-    engine: sa.Engine, url: str, base: str, key: str, rows: int, concurrency: int, batch_size: int, own: bool
+    engine: sa.Engine,
+    url: str,
+    base: str,
+    key: str,
+    rows: int,
+    concurrency: int,
+    batch_size: int,
+    own: bool,
+    metrics: bool = False,
 ) -> tuple[float, float, float]:
     """Enqueue ``rows`` rows in fresh tables (untimed), then time one relay draining them.
     Returns rows/s, statements per row and round trips per row."""
@@ -103,6 +114,8 @@ def relay_round(
             enqueue(conn, namespace="bench", queue="q", handler="bench.noop", params={"n": n}, tables=tables)
     with OrbitClient(base, api_key=key, retry=RetryPolicy(max_attempts=1)) as client:
         where: dict[str, Any] = {"database_url": url} if own else {"engine": engine}
+        if metrics:
+            where["metrics"] = RelayMetrics()
         relay = Relay(client=client, tables=tables, batch_size=batch_size, concurrency=concurrency,
                       backoff=Backoff.no_wait(), **where)  # fmt: skip
         with counting(relay.outbox.engine) as counts:
@@ -125,6 +138,9 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, default=4)
     parser.add_argument("--batch-sizes", default="1,100")
     parser.add_argument("--engine", choices=("app", "own"), default="app")
+    parser.add_argument(
+        "--metrics", action="store_true", help="also time each batch size without/with metrics"
+    )
     args = parser.parse_args()
     batch_sizes = [int(b) for b in args.batch_sizes.split(",")]
 
@@ -150,6 +166,13 @@ def main() -> None:
                 rate, statements, trips = relay_round(engine, business_url, base, key, args.rows, args.concurrency,
                                                       batch_size, args.engine == "own")  # fmt: skip
                 results.append((f"relay, batch size {batch_size}", rate, f"{statements:.2f}", f"{trips:.2f}"))
+                for label, on in (("no metrics", False), ("metrics", True)) * (2 if args.metrics else 0):
+                    rate, statements, trips = relay_round(engine, business_url, base, key, args.rows,
+                                                          args.concurrency, batch_size, args.engine == "own",
+                                                          metrics=on)  # fmt: skip
+                    results.append(
+                        (f"  batch {batch_size}, {label}", rate, f"{statements:.2f}", f"{trips:.2f}")
+                    )
     finally:
         engine.dispose()
         with admin.connect() as conn:

@@ -36,6 +36,7 @@ from typing import Any
 
 from orbit_client._client import AsyncOrbitClient, OrbitClient
 from orbit_client._exceptions import LeaseLostError, OrbitError, OrbitUsageError
+from orbit_client._metrics import WorkerMetrics, release_server, serve
 from orbit_client._models import AttemptError, AttemptState, LeaseGrant, Task
 from orbit_client._reports import AsyncReports, Reports
 
@@ -182,6 +183,8 @@ class _Config:
         worker_id: str | None,
         error_backoff_cap: float,
         report_linger: float | None,
+        metrics_port: int | None = None,
+        metrics_host: str = "127.0.0.1",
     ) -> None:
         if not handlers:
             raise OrbitUsageError("handlers must map at least one handler name to a function")
@@ -197,6 +200,8 @@ class _Config:
             raise OrbitUsageError(
                 f"report_linger must be None or between 0 and 1 second, not {report_linger!r}"
             )
+        if metrics_port is not None and not 0 <= metrics_port <= 65535:
+            raise OrbitUsageError(f"metrics_port must be None or 0-65535, not {metrics_port!r}")
         self.namespace = namespace
         self.queue = queue
         self.handlers = dict(handlers)
@@ -209,6 +214,17 @@ class _Config:
         self.worker_id = worker_id or _default_worker_id()
         self.error_backoff_cap = error_backoff_cap
         self.report_linger = report_linger
+        self.metrics_port, self.metrics_host = metrics_port, metrics_host
+        #: The worker's counters, when it serves metrics (prometheus-client imported only then).
+        self.metrics = WorkerMetrics(namespace, queue) if metrics_port is not None else None
+
+    def serve_metrics(self) -> int | None:
+        """Start (or join) the metrics server of ``metrics_port``; the port bound, or ``None``."""
+        if self.metrics_port is None:
+            return None
+        port = serve(self.metrics_host, self.metrics_port)
+        logger.info("worker %s metrics at http://%s:%d/metrics", self.worker_id, self.metrics_host, port)
+        return port
 
     def backoff(self, failures: int) -> float:
         """Seconds to wait after ``failures`` consecutive failed lease calls (full jitter, 0.2 s base)."""
@@ -259,9 +275,16 @@ _DOC_ARGS = """
             anyway; ``None`` sends every report as its own single call (needed for no server, kept
             for comparison: a server without the batched calls is detected, and the worker falls
             back to single calls by itself).
+        metrics_port: serve Prometheus metrics at ``http://metrics_host:metrics_port/metrics``
+            while ``run()`` runs (``0``: a free port, logged; :attr:`metrics_port` tells which).
+            Workers of one process share a port and one registry, labelled by namespace and
+            queue. ``None`` (the default) counts nothing. Needs ``pip install 'orbit[metrics]'``
+            (prometheus-client); README "Operations".
+        metrics_host: address the metrics server listens on. Default ``"127.0.0.1"``.
 
     Raises:
-        OrbitUsageError: an argument is out of range.
+        OrbitUsageError: an argument is out of range, or ``metrics_port`` is set and
+            prometheus-client is not installed.
 """
 
 
@@ -299,6 +322,8 @@ class Worker:
         install_signal_handlers: bool = True,
         error_backoff_cap: float = 10.0,
         report_linger: float | None = DEFAULT_REPORT_LINGER,
+        metrics_port: int | None = None,
+        metrics_host: str = "127.0.0.1",
     ) -> None:
         for name, fn in handlers.items():
             if inspect.iscoroutinefunction(fn):
@@ -315,7 +340,11 @@ class Worker:
             worker_id=worker_id,
             error_backoff_cap=error_backoff_cap,
             report_linger=report_linger,
+            metrics_port=metrics_port,
+            metrics_host=metrics_host,
         )
+        self._metrics = self._config.metrics
+        self._metrics_bound: int | None = None
         self._install_signal_handlers = install_signal_handlers
         self._stopping = threading.Event()
         self._lock = threading.Condition()
@@ -337,6 +366,15 @@ class Worker:
     def worker_id(self) -> str:
         """The id this worker leases under."""
         return self._config.worker_id
+
+    @property
+    def metrics_port(self) -> int | None:
+        """The port metrics are served on while :meth:`run` runs (else the one asked for; ``None``: none)."""
+        return self._metrics_bound if self._metrics_bound is not None else self._config.metrics_port
+
+    def _handler_ran(self, handler: str, began: float) -> None:
+        if self._metrics is not None:
+            self._metrics.handler_ran(handler, time.monotonic() - began)
 
     def __repr__(self) -> str:
         c = self._config
@@ -370,6 +408,7 @@ class Worker:
         pool = ThreadPoolExecutor(max_workers=2 * config.concurrency, thread_name_prefix="orbit-handler")
         logger.info("worker %s serving %s/%s", config.worker_id, config.namespace, config.queue)
         try:
+            self._metrics_bound = config.serve_metrics()
             with self._signals():
                 self._lease_loop(pool)
         finally:
@@ -377,7 +416,13 @@ class Worker:
             self._drain()
             beat_stop.set()
             beater.join(timeout=5)
+            self._release_metrics()
             logger.info("worker %s stopped", config.worker_id)
+
+    def _release_metrics(self) -> None:
+        if self._metrics_bound is not None:
+            release_server(self._config.metrics_host, self._metrics_bound)
+            self._metrics_bound = None
 
     # --- internals -----------------------------------------------------------------------------------
 
@@ -433,6 +478,8 @@ class Worker:
                 self._stopping.wait(delay)
                 continue
             failures = 0
+            if self._metrics is not None:
+                self._metrics.leased(len(grants))
             with self._lock:  # all at once: a report waits for the others of its batch (Reports)
                 self._in_flight += len(grants)
                 self._running += len(grants)
@@ -504,14 +551,17 @@ class Worker:
         with self._lock:
             self._active[attempt.id] = _Active(grant, ctx, time.monotonic() + config.heartbeat_interval)
         logger.debug("running task %s (%s) attempt %d", task.id, task.handler, attempt.generation)
+        began = time.monotonic()
         try:
             result = handler(ctx)
         except Exception as exc:
+            self._handler_ran(task.handler, began)
             free_slot()
             error = _error_for(exc)
             _log_failure(task, attempt.id, attempt.generation, exc, error)
             self._report(grant, lambda: reports.fail(attempt, error))
             return
+        self._handler_ran(task.handler, began)
         free_slot()
         try:
             self._report(grant, lambda: reports.complete(attempt, result))
@@ -532,11 +582,15 @@ class Worker:
         failures = 0
         while True:
             try:
-                call()
+                state = call()
+                if self._metrics is not None:
+                    self._metrics.reported(state.task_status)
                 return
             except OrbitUsageError:  # nothing was sent (e.g. a result that is not JSON): the caller decides
                 raise
             except LeaseLostError as exc:
+                if self._metrics is not None:
+                    self._metrics.lease_lost()
                 logger.warning(
                     "task %s attempt %d lost its lease before reporting (evidence kept: %s)",
                     grant.task.id,
@@ -576,12 +630,16 @@ class Worker:
                     with self._lock:
                         still_running = self._active.pop(attempt.id, None) is not None
                     if still_running:  # not merely finished while the heartbeat was on its way
+                        if self._metrics is not None:
+                            self._metrics.lease_lost()
                         logger.warning(
                             "task %s attempt %d lost its lease", active.grant.task.id, attempt.generation
                         )
                         active.ctx._lost.set()
                     continue
                 except OrbitError as exc:
+                    if self._metrics is not None:
+                        self._metrics.heartbeat_failed()
                     logger.warning("heartbeat of task %s failed (%s); retrying", active.grant.task.id, exc)
                     active.next_beat = time.monotonic() + min(1.0, config.heartbeat_interval / 2)
                     continue
@@ -615,6 +673,8 @@ class AsyncWorker:
         install_signal_handlers: bool = True,
         error_backoff_cap: float = 10.0,
         report_linger: float | None = DEFAULT_REPORT_LINGER,
+        metrics_port: int | None = None,
+        metrics_host: str = "127.0.0.1",
     ) -> None:
         for name, fn in handlers.items():
             if not inspect.iscoroutinefunction(fn):
@@ -633,7 +693,11 @@ class AsyncWorker:
             worker_id=worker_id,
             error_backoff_cap=error_backoff_cap,
             report_linger=report_linger,
+            metrics_port=metrics_port,
+            metrics_host=metrics_host,
         )
+        self._metrics = self._config.metrics
+        self._metrics_bound: int | None = None
         self._install_signal_handlers = install_signal_handlers
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stopping: asyncio.Event | None = None
@@ -657,6 +721,15 @@ class AsyncWorker:
     def worker_id(self) -> str:
         """The id this worker leases under."""
         return self._config.worker_id
+
+    @property
+    def metrics_port(self) -> int | None:
+        """The port metrics are served on while :meth:`run` runs (else the one asked for; ``None``: none)."""
+        return self._metrics_bound if self._metrics_bound is not None else self._config.metrics_port
+
+    def _handler_ran(self, handler: str, began: float) -> None:
+        if self._metrics is not None:
+            self._metrics.handler_ran(handler, time.monotonic() - began)
 
     def __repr__(self) -> str:
         c = self._config
@@ -682,6 +755,7 @@ class AsyncWorker:
         in_flight = self._in_flight
         logger.info("worker %s serving %s/%s", config.worker_id, config.namespace, config.queue)
         try:
+            self._metrics_bound = config.serve_metrics()
             await self._lease_loop(in_flight)
         finally:
             if in_flight:
@@ -700,6 +774,9 @@ class AsyncWorker:
             for sig in signals:
                 loop.remove_signal_handler(sig)
             self._stop_requested = False
+            if self._metrics_bound is not None:
+                release_server(config.metrics_host, self._metrics_bound)
+                self._metrics_bound = None
             logger.info("worker %s stopped", config.worker_id)
 
     def _add_signal_handlers(self, loop: asyncio.AbstractEventLoop) -> list[signal.Signals]:
@@ -751,6 +828,8 @@ class AsyncWorker:
                     await asyncio.wait_for(stopping.wait(), delay)
                 continue
             failures = 0
+            if self._metrics is not None:
+                self._metrics.leased(len(grants))
             self._running += len(grants)
             self._starting += sum(grant.task.handler in config.handlers for grant in grants)
             for grant in grants:
@@ -803,14 +882,17 @@ class AsyncWorker:
             self._starting -= 1
         ctx = config.context(grant)
         self._active[attempt_id] = _Active(grant, ctx, time.monotonic() + config.heartbeat_interval)
+        began = time.monotonic()
         try:
             result = await handler(ctx)
         except Exception as exc:
+            self._handler_ran(task.handler, began)
             free_slot()
             error = _error_for(exc)
             _log_failure(task, attempt.id, attempt.generation, exc, error)
             await self._report(grant, lambda: reports.fail(attempt, error))
             return
+        self._handler_ran(task.handler, began)
         free_slot()
         try:
             await self._report(grant, lambda: reports.complete(attempt, result))
@@ -830,11 +912,15 @@ class AsyncWorker:
         failures = 0
         while True:
             try:
-                await call()
+                state = await call()
+                if self._metrics is not None:
+                    self._metrics.reported(state.task_status)
                 return
             except OrbitUsageError:  # nothing was sent (e.g. a result that is not JSON): the caller decides
                 raise
             except LeaseLostError as exc:
+                if self._metrics is not None:
+                    self._metrics.lease_lost()
                 logger.warning(
                     "task %s attempt %d lost its lease before reporting (evidence kept: %s)",
                     grant.task.id,
@@ -872,12 +958,16 @@ class AsyncWorker:
                     state = outcome
                 except LeaseLostError:
                     if self._active.pop(attempt.id, None) is not None:
+                        if self._metrics is not None:
+                            self._metrics.lease_lost()
                         logger.warning(
                             "task %s attempt %d lost its lease", active.grant.task.id, attempt.generation
                         )
                         active.ctx._lost.set()
                     continue
                 except OrbitError as exc:
+                    if self._metrics is not None:
+                        self._metrics.heartbeat_failed()
                     logger.warning("heartbeat of task %s failed (%s); retrying", active.grant.task.id, exc)
                     active.next_beat = time.monotonic() + min(1.0, config.heartbeat_interval / 2)
                     continue

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
+from ._sampling import LEASE_EXPIRIES, SampledGauges
+
 __all__ = ["Metrics", "method_label"]
 
 #: The methods that keep their own label value (RFC 9110 §9); any other token a client sends is
@@ -37,3 +39,15 @@ class Metrics:
             ["outcome"],
             registry=self.registry,
         )
+        # --- operations (README "Operations"): lease grants, expiries and the sampled gauges ---
+        self.lease_grants = Counter(
+            "orbit_lease_grants",
+            "Tasks leased to workers (one grant = one new attempt), by queue.",
+            ["queue"],
+            registry=self.registry,
+        )
+        #: The sampled gauges (``orbit_tasks`` etc.); the app's sampler stores into it.
+        self.sampled = SampledGauges()
+        self.registry.register(self.sampled)
+        self.registry.register(self.sampled.failures)
+        self.registry.register(LEASE_EXPIRIES)

@@ -68,6 +68,7 @@ from . import errors, execution, results, store
 from ._auth import Caller, KeyCache, authorize
 from ._db import create_engine
 from ._metrics import Metrics, method_label
+from ._sampling import sample as sample_gauges
 from .attempt_batches import attempt_batch_router
 from .batch_api import batch_router
 from .console import console_router
@@ -406,9 +407,31 @@ def create_app(settings: ServerSettings | None = None, *, engine: Engine | None 
             except Exception:
                 log.exception("the lease expiry sweep failed; it runs again in %s s", interval)
 
+    def sample_once() -> None:
+        with the_engine.connect() as conn:
+            metrics.sampled.store(sample_gauges(conn))
+
+    async def sample_forever(interval: float) -> None:
+        failing = False
+        while True:
+            try:
+                await run_in_threadpool(sample_once)
+                failing = False
+            except Exception:
+                metrics.sampled.failures.inc()
+                if not failing:
+                    log.exception("sampling the /metrics gauges failed; it runs again every %s s", interval)
+                failing = True
+            await asyncio.sleep(interval)
+
     @asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
         wakeup.bind(asyncio.get_running_loop())
+        sampler = None
+        if settings.metrics_sample_interval_seconds > 0:
+            sampler = asyncio.create_task(
+                sample_forever(settings.metrics_sample_interval_seconds), name="orbit-metrics-sampler"
+            )
         sweeper = None
         if settings.sweep_interval_seconds > 0:
             sweeper = asyncio.create_task(
@@ -430,6 +453,10 @@ def create_app(settings: ServerSettings | None = None, *, engine: Engine | None 
                 sweeper.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await sweeper
+            if sampler is not None:
+                sampler.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await sampler
             if owns_engine:
                 the_engine.dispose()
 
@@ -664,6 +691,8 @@ def create_app(settings: ServerSettings | None = None, *, engine: Engine | None 
                 lease_seconds=body.lease_seconds,
             )
             remaining = give_up - loop.time()
+            if grants:
+                metrics.lease_grants.labels(queue).inc(len(grants))
             if grants or remaining <= 0:
                 # Serialised once here, not validated again against response_model first.
                 return Response(_LEASE_GRANTS.dump_json(grants), media_type="application/json")

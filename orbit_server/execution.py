@@ -57,6 +57,7 @@ from orbit_client import (
 
 from . import _ids, errors, permits, results, store
 from ._db import db_now, is_lock_conflict, to_naive_utc, to_utc
+from ._sampling import lease_expired
 from .schema import concurrency_permits, namespaces, queue_gates, queues, task_attempts, task_events, tasks
 
 __all__ = [
@@ -607,6 +608,7 @@ def _expire_attempt(
         return False
     if task["current_attempt_id"] != attempt["id"] or task["status"] != was.value:
         raise errors.ConcurrentUpdate(f"task {task['id']} does not match its live attempt {attempt['id']}")
+    lease_expired(was.value)  # orbit_lease_expiries_total
     budget_left = int(task["attempt_count"]) < int(task["max_attempts"])
     data = {
         "attempt_id": attempt["id"],

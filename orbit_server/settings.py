@@ -115,6 +115,14 @@ class ServerSettings(BaseSettings):
             "cursors (the cursor query parameter) with <redacted>; false logs paths as sent."
         ),
     )
+    metrics_sample_interval_seconds: float = Field(
+        default=15.0,
+        ge=0,
+        description=(
+            "Seconds between two samples of the /metrics gauges read from the database (live tasks per "
+            "queue and status, review backlog, unacked result deliveries); 0 turns the sampling off."
+        ),
+    )
     scheduler_interval_seconds: float = Field(
         default=1.0,
         ge=0,

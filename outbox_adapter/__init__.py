@@ -37,6 +37,7 @@ try:
         RowNotFoundError,
     )
     from outbox_adapter._manager import DEFAULT_KEY_WINDOW_SECONDS, Outbox
+    from outbox_adapter._metrics import ConsumerMetrics, RelayMetrics
     from outbox_adapter._migrate import head_revision
     from outbox_adapter._models import (
         ConsumerStats,
@@ -65,6 +66,7 @@ __all__ = [
     "DEFAULT_MAX_PARAMS_BYTES",
     "DEFAULT_TABLE_NAME",
     "Backoff",
+    "ConsumerMetrics",
     "ConsumerStats",
     "DeliveredRow",
     "InboxOutcome",
@@ -86,6 +88,7 @@ __all__ = [
     "ParamsTooLargeError",
     "ReconcileDecision",
     "Relay",
+    "RelayMetrics",
     "RelayStats",
     "ResultConsumer",
     "RowNotFoundError",

@@ -35,6 +35,7 @@ from outbox_adapter._db import short_transaction, translate_db_error
 from outbox_adapter._exceptions import OutboxDatabaseError, OutboxUsageError
 from outbox_adapter._faults import Faults
 from outbox_adapter._manager import Outbox
+from outbox_adapter._metrics import ConsumerMetrics, MetricsServer
 from outbox_adapter._models import ConsumerStats
 from outbox_adapter._outcomes import Backoff, Outage
 from outbox_adapter._tables import InboxOutcome, OutboxTables
@@ -151,6 +152,11 @@ class ResultConsumer:
             ``Backoff(base=0.5, cap=30)``. ``Backoff.no_wait()`` is the test switch.
         install_signal_handlers: make SIGTERM and SIGINT call :meth:`stop` while :meth:`run`
             runs (main thread only). Default ``False``.
+        metrics: count into these :class:`ConsumerMetrics` (e.g. on the application's own
+            registry); ``None`` means new ones when ``metrics_port`` is set, else no metrics.
+        metrics_port: serve Prometheus metrics on this TCP port while :meth:`run` runs (``0``: a
+            free port, logged); ``None`` (the default) serves none. README "Operations".
+        metrics_host: address the metrics server listens on. Default ``"127.0.0.1"``.
 
     Raises:
         OutboxUsageError: an invalid name or setting, a handler that is not callable, or an
@@ -173,6 +179,9 @@ class ResultConsumer:
         orbit_backoff: Backoff | None = None,
         db_backoff: Backoff | None = None,
         install_signal_handlers: bool = False,
+        metrics: ConsumerMetrics | None = None,
+        metrics_port: int | None = None,
+        metrics_host: str = "127.0.0.1",
     ) -> None:
         name = re.compile(NAME_PATTERN)
         checks = (
@@ -183,6 +192,7 @@ class ResultConsumer:
             (lease_seconds > 0, "lease_seconds must be positive"),
             (poll_interval > 0, "poll_interval must be positive"),
             (max_deliveries is None or max_deliveries >= 1, "max_deliveries must be at least 1, or None"),
+            (metrics_port is None or 0 <= metrics_port <= 65535, "metrics_port must be 0-65535"),
         )  # fmt: skip
         for ok, message in checks:
             if not ok:
@@ -202,6 +212,11 @@ class ResultConsumer:
         self.orbit_backoff = orbit_backoff or Backoff(base=1.0, cap=30.0)
         self.db_backoff = db_backoff or Backoff(base=0.5, cap=30.0)
         self.install_signal_handlers = install_signal_handlers
+        #: The consumer's metrics (``None``: none are counted).
+        self.metrics = metrics if metrics is not None or metrics_port is None else ConsumerMetrics()
+        self.metrics_port, self.metrics_host = metrics_port, metrics_host
+        #: The metrics server while :meth:`run` runs with ``metrics_port`` (its ``port``, ``url``).
+        self.metrics_server: MetricsServer | None = None
         #: Seconds of lease a delivery needs left for the consumer to start applying it.
         self.lease_margin = min(5.0, max(0.1, lease_seconds / 10))
         self._slowest_apply = 0.0
@@ -259,6 +274,15 @@ class ResultConsumer:
         """
         self._stopping.clear()
         stats = ConsumerStats()
+        if self.metrics is not None and self.metrics_port is not None:
+            self.metrics_server = MetricsServer(
+                self.metrics.registry, port=self.metrics_port, host=self.metrics_host
+            )
+            log.info(
+                "consumer metrics at %s",
+                self.metrics_server.url,
+                extra={"event": "metrics_serving", "port": self.metrics_server.port},
+            )
         previous = self._install_signal_handlers() if self.install_signal_handlers else None
         failed_in_run: set[str] = set()
         log.info(
@@ -296,6 +320,9 @@ class ResultConsumer:
             if previous is not None:
                 for signum, handler in previous.items():
                     signal.signal(signum, handler)
+            if self.metrics_server is not None:
+                self.metrics_server.close()
+                self.metrics_server = None
         log.info(
             "consumer of %s/%s stopped: %s",
             self.namespace,
@@ -412,6 +439,8 @@ class ResultConsumer:
                     exc_info=cause,
                     extra={**extra, "event": "handler_failed"},
                 )
+                if self.metrics is not None:
+                    self.metrics.handled(self.subscription, "failed", time.monotonic() - started)
                 return "failed"
             kind = self._park(delivery, cause)
             if kind == "parked":
@@ -444,7 +473,10 @@ class ResultConsumer:
                 event.task_id,
                 extra={**extra, "event": "duplicate"},
             )
-        self._slowest_apply = max(self._slowest_apply, time.monotonic() - started)
+        took = time.monotonic() - started
+        if self.metrics is not None:
+            self.metrics.handled(self.subscription, kind, took)
+        self._slowest_apply = max(self._slowest_apply, took)
         if self._faults is not None:
             self._faults.after_commit(event.id)
         if deadline is not None and time.monotonic() >= deadline:
@@ -556,6 +588,8 @@ class ResultConsumer:
             self.client.ack_delivery(self.namespace, self.subscription, delivery.id)
         except OrbitError as exc:
             stats.ack_failures += 1
+            if self.metrics is not None:
+                self.metrics.ack_failed(self.subscription)
             log.warning(
                 "event %s: committed, but the ack of delivery %s failed (%s); it will be delivered again after "
                 "its lease and acked as a duplicate",

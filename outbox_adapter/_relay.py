@@ -43,6 +43,7 @@ from outbox_adapter._db import db_now
 from outbox_adapter._exceptions import OutboxDatabaseError, OutboxUsageError
 from outbox_adapter._faults import Faults
 from outbox_adapter._manager import Outbox
+from outbox_adapter._metrics import BacklogSampler, MetricsServer, RelayMetrics
 from outbox_adapter._models import DeliveredRow, RelayStats
 from outbox_adapter._outcomes import (
     Backoff,
@@ -158,6 +159,13 @@ class Relay:
             lease expires and it is resent (the server replays).
         install_signal_handlers: make SIGTERM and SIGINT call :meth:`stop` while
             :meth:`run` runs (main thread only). Default ``False``.
+        metrics: count into these :class:`RelayMetrics` (e.g. built on the application's own
+            registry); ``None`` means new ones when ``metrics_port`` is set, else no metrics.
+        metrics_port: serve Prometheus metrics on this TCP port while :meth:`run` runs (``0``: a
+            free port, logged); ``None`` (the default) serves none. README "Operations".
+        metrics_host: address the metrics server listens on. Default ``"127.0.0.1"``.
+        metrics_sample_interval: seconds between two samples of the outbox backlog (rows per
+            state, oldest pending age) while :meth:`run` runs with metrics. Default ``15.0``.
 
     Raises:
         OutboxUsageError: invalid settings, or both/neither of ``engine``/``database_url``.
@@ -183,6 +191,10 @@ class Relay:
         owner: str | None = None,
         on_delivered: Callable[[Connection, DeliveredRow], None] | None = None,
         install_signal_handlers: bool = False,
+        metrics: RelayMetrics | None = None,
+        metrics_port: int | None = None,
+        metrics_host: str = "127.0.0.1",
+        metrics_sample_interval: float = 15.0,
     ) -> None:
         if request_timeout is None:
             timeout = getattr(client, "_timeout", None)
@@ -197,6 +209,8 @@ class Relay:
             (shutdown_timeout >= 0, "shutdown_timeout cannot be negative"),
             (1 <= max_attempts <= 1000, "max_attempts must be 1-1000"),
             (queue_cache_ttl >= 0, "queue_cache_ttl cannot be negative"),
+            (metrics_port is None or 0 <= metrics_port <= 65535, "metrics_port must be 0-65535"),
+            (metrics_sample_interval > 0, "metrics_sample_interval must be positive"),
         )
         for ok, message in checks:
             if not ok:
@@ -215,6 +229,12 @@ class Relay:
         self.owner = owner or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         self.on_delivered = on_delivered
         self.install_signal_handlers = install_signal_handlers
+        #: The relay's metrics (``None``: none are counted).
+        self.metrics = metrics if metrics is not None or metrics_port is None else RelayMetrics()
+        self.metrics_port, self.metrics_host = metrics_port, metrics_host
+        self.metrics_sample_interval = metrics_sample_interval
+        #: The metrics server while :meth:`run` runs with ``metrics_port`` (its ``port``, ``url``).
+        self.metrics_server: MetricsServer | None = None
         margin = min(5.0, max(0.1, lease_seconds / 10))
         #: Seconds of lease a send needs left to start (the lease rule in the class docstring).
         self.send_window = min(request_timeout + margin, lease_seconds / 2)
@@ -274,6 +294,9 @@ class Relay:
             "shutdown_timeout": settings.shutdown_timeout,
             "max_attempts": settings.max_attempts,
             "backoff": Backoff(base=settings.backoff_base, cap=settings.backoff_cap),
+            "metrics_port": settings.metrics_port,
+            "metrics_host": settings.metrics_host,
+            "metrics_sample_interval": settings.metrics_sample_interval,
             **overrides,
         }
         try:
@@ -337,6 +360,7 @@ class Relay:
         self._stopping.clear()
         self._unavailable.clear()
         stats = RelayStats()
+        observing = self._start_metrics()
         previous = self._install_signal_handlers() if self.install_signal_handlers else None
         executor = ThreadPoolExecutor(max_workers=self.concurrency, thread_name_prefix="outbox-send")
         outstanding: dict[int, tuple[Batch, Future[None]]] = {}
@@ -380,6 +404,8 @@ class Relay:
                         claimed += len(batch.claims)
                         outstanding[id(batch)] = (batch, executor.submit(self._send_and_report, batch))
                     stats.claimed += claimed
+                    if self.metrics is not None:
+                        self.metrics.claimed(claimed)
                 if not outstanding:
                     if once:
                         break
@@ -391,6 +417,7 @@ class Relay:
                 self._shut_down(executor, outstanding, finished, stats)
             finally:
                 pin.__exit__(None, None, None)
+                self._stop_metrics(observing)
                 if previous is not None:
                     for signum, handler in previous.items():
                         signal.signal(signum, handler)
@@ -402,6 +429,35 @@ class Relay:
             extra={"event": "relay_stopped", **stats.to_dict()},
         )
         return stats
+
+    # --- metrics -------------------------------------------------------------------------------------
+
+    def _start_metrics(self) -> tuple[MetricsServer | None, BacklogSampler | None]:
+        """With metrics: start the backlog sampler and, with ``metrics_port``, the metrics server."""
+        if self.metrics is None:
+            return None, None
+        sampler = BacklogSampler(self.outbox, self.metrics, interval=self.metrics_sample_interval)
+        sampler.start()
+        server = None
+        if self.metrics_port is not None:
+            try:
+                server = MetricsServer(self.metrics.registry, port=self.metrics_port, host=self.metrics_host)
+            except BaseException:
+                sampler.close()
+                raise
+            log.info(
+                "relay metrics at %s", server.url, extra={"event": "metrics_serving", "port": server.port}
+            )
+        self.metrics_server = server
+        return server, sampler
+
+    def _stop_metrics(self, observing: tuple[MetricsServer | None, BacklogSampler | None]) -> None:
+        server, sampler = observing
+        if sampler is not None:
+            sampler.close()
+        if server is not None:
+            server.close()
+        self.metrics_server = None
 
     # --- claiming ------------------------------------------------------------------------------------
 
@@ -428,6 +484,8 @@ class Relay:
             return None
         self._database.up()
         stats.needs_reconcile += len(spent)
+        if self.metrics is not None:
+            self.metrics.spent_on_claim(len(spent))
         for row_id in spent:
             log.warning(
                 "row %d: lease expired without a recorded outcome and its budget is spent; NEEDS_RECONCILE",
@@ -479,10 +537,13 @@ class Relay:
         return False
 
     def _send_and_report(self, batch: Batch) -> None:
+        started = time.monotonic()
         try:
             outcomes = self._send_batch(batch)
         except BaseException as exc:  # never lose a claim: anything unexpected may have been sent
             outcomes = [classify_error(exc)] * len(batch.claims)
+        if self.metrics is not None and outcomes and outcomes[-1] is not None:  # sent, not released
+            self.metrics.sent(len(batch.claims), time.monotonic() - started)
         self._events.put(Done(batch, outcomes))
 
     def _send_batch(self, batch: Batch) -> list[SendOutcome | None]:
@@ -687,6 +748,8 @@ class Relay:
             break
         else:  # pragma: no cover - the second round records only rows found live under their lock
             raise OutboxDatabaseError("cannot record send outcomes: no stable set of rows", retryable=True)
+        if self.metrics is not None:
+            self.metrics.recorded(written.values(), lost=len(pairs) - len(written) - len(skipped))
         for claim, outcome in pairs:  # after the commit: logs say what is true
             if claim.id in skipped:
                 self._log_hook_failed(claim, skipped[claim.id])

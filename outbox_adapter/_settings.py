@@ -104,3 +104,21 @@ class OutboxSettings(BaseSettings):
         validation_alias=_env("ORBIT_OUTBOX_SHUTDOWN_TIMEOUT", "shutdown_timeout"),
         description="Seconds to finish in-flight sends after SIGTERM.",
     )
+    metrics_port: int | None = Field(
+        default=None,
+        ge=0,
+        le=65535,
+        validation_alias=_env("ORBIT_OUTBOX_METRICS_PORT", "metrics_port"),
+        description="Serve Prometheus metrics on this port (0: a free one); unset: no metrics.",
+    )
+    metrics_host: str = Field(
+        default="127.0.0.1",
+        validation_alias=_env("ORBIT_OUTBOX_METRICS_HOST", "metrics_host"),
+        description="Address the metrics server listens on (0.0.0.0: every interface).",
+    )
+    metrics_sample_interval: float = Field(
+        default=15.0,
+        gt=0,
+        validation_alias=_env("ORBIT_OUTBOX_METRICS_SAMPLE_INTERVAL", "metrics_sample_interval"),
+        description="Seconds between two samples of the outbox backlog for the metrics.",
+    )

@@ -37,6 +37,7 @@ from rich.progress import Progress, SpinnerColumn, TextColumn
 from rich.table import Table
 
 from orbit_client import OrbitClient, OrbitError, RetryPolicy
+from outbox_adapter._cli_metrics import metrics_options
 from outbox_adapter._consumer import DEFAULT_MAX_DELIVERIES, ResultConsumer, ResultHandler, lease_hint
 from outbox_adapter._db import describe_url
 from outbox_adapter._exceptions import OutboxDatabaseError, OutboxRowError, OutboxUsageError
@@ -386,6 +387,7 @@ def migrate(database_url: str, table: str, inbox_table: str | None) -> None:
     type=click.FloatRange(min=0),
     help="Seconds to finish in-flight sends after SIGTERM.",
 )
+@metrics_options("ORBIT_OUTBOX", sampled=True)
 @_json_option
 def relay(as_json: bool, once: bool, **options: Any) -> None:
     """Deliver outbox rows to Orbit until SIGTERM (or, with --once, until nothing is due)."""
@@ -527,6 +529,7 @@ def load_handler(spec: str) -> ResultHandler:
     type=click.IntRange(min=0),
     help="Deliveries after which an event whose handler still fails is recorded FAILED and acked (0: never).",
 )
+@metrics_options("ORBIT_INBOX", sampled=False)
 @_json_option
 def consume(
     database_url: str,
@@ -544,6 +547,8 @@ def consume(
     lease_seconds: float,
     poll_interval: float,
     max_deliveries: int,
+    metrics_port: int | None,
+    metrics_host: str,
     as_json: bool,
 ) -> None:
     """Apply the result events of a subscription to the business database, once each (inbox),
@@ -570,6 +575,8 @@ def consume(
                 poll_interval=poll_interval,
                 max_deliveries=max_deliveries or None,
                 install_signal_handlers=True,
+                metrics_port=metrics_port,
+                metrics_host=metrics_host,
             )
         try:
             with _errors():

@@ -205,6 +205,8 @@ def main(argv: list[str] | None = None) -> int:
     run_cli("outbox_adapter.cli", "migrate", "--database-url", business_url)
 
     orbit_port, api_port = free_port(), free_port()
+    # Each long-running process serves Prometheus metrics on a port of its own (README "Operations").
+    metrics_ports = {name: free_port() for name in ("relay", "worker", "consumer")}
     orbit_url, api_url = f"http://127.0.0.1:{orbit_port}", f"http://127.0.0.1:{api_port}"
     py = sys.executable
     server = Process("orbit-server", [py, "-m", "orbit_server", "--log-level", "warning", "serve",
@@ -213,18 +215,19 @@ def main(argv: list[str] | None = None) -> int:
     api = Process("order-api", [py, "-m", "examples.order_service.api", "--database-url", business_url,
                                 "--port", str(api_port)], {})  # fmt: skip
     relay = Process("relay", [py, "-m", "outbox_adapter.cli", "relay", "--batch-size", "20", "--concurrency", "4",
-                              "--lease-seconds", "5", "--poll-interval", "0.2"],
+                              "--lease-seconds", "5", "--poll-interval", "0.2",
+                              "--metrics-port", str(metrics_ports["relay"]), "--metrics-sample-interval", "1"],
                     {"ORBIT_OUTBOX_DATABASE_URL": business_url, "ORBIT_URL": orbit_url,
                      "ORBIT_API_KEY": keys["submit"]}, marker="paused-after-send")  # fmt: skip
     worker = Process("worker", [py, "-m", "examples.order_service.worker", "--concurrency", "4",
-                                "--lease-seconds", "3"],
+                                "--lease-seconds", "3", "--metrics-port", str(metrics_ports["worker"])],
                      {"ORDER_DATABASE_URL": business_url, "ORBIT_URL": orbit_url, "ORBIT_API_KEY": keys["work"]},
                      marker="paused-after-charge")  # fmt: skip
     consumer = Process(
         "consumer",
         [py, "-m", "outbox_adapter.cli", "consume", "--namespace", NAMESPACE, "--subscription", SUBSCRIPTION,
          "--handler", "examples.order_service.consumer:apply_result", "--lease-seconds", "10",
-         "--poll-interval", "0.2"],
+         "--poll-interval", "0.2", "--metrics-port", str(metrics_ports["consumer"])],
         {"ORBIT_OUTBOX_DATABASE_URL": business_url, "ORBIT_URL": orbit_url, "ORBIT_API_KEY": keys["work"]},
     )  # fmt: skip
     processes = [server, api, relay, worker, consumer]
@@ -240,6 +243,11 @@ def main(argv: list[str] | None = None) -> int:
         relay.start(fault={"ORBIT_OUTBOX_FAULT": "pause-after-send"})
         worker.start(fault={"ORDER_SERVICE_FAULT": "hang-after-charge"})
         consumer.start()
+        endpoints = {"server": f"{orbit_url}/metrics"} | {
+            name: f"http://127.0.0.1:{port}/metrics" for name, port in metrics_ports.items()
+        }
+        console.log("Prometheus metrics: " + ", ".join(f"{name} {url}" for name, url in endpoints.items()))
+        scraped: dict[str, dict[str, Any]] = {}
 
         console.rule(f"Place {len(orders)} orders through the order API")
         placed: dict[str, str] = {}
@@ -284,6 +292,7 @@ def main(argv: list[str] | None = None) -> int:
                         )
                     )  # fmt: skip
                 progress.update(bar, completed=done)
+                scrape(endpoints, scraped)
                 if done == len(order_ids):
                     break
                 for p in processes:
@@ -299,7 +308,9 @@ def main(argv: list[str] | None = None) -> int:
                     break
                 time.sleep(0.25)
 
+        scrape(endpoints, scraped, final=True)
         summary = summarise(engine, orbit_url, keys["admin"], order_ids, faults, time.monotonic() - started)
+        summary["metrics"] = scraped
     engine.dispose()
     ok = check(summary)
     if args.json:
@@ -307,6 +318,33 @@ def main(argv: list[str] | None = None) -> int:
     else:
         show(summary, ok)
     return 0 if ok else 1
+
+
+#: One metric each process must export for its scrape to count (README "Operations").
+EXPECTED_METRIC = {
+    "server": "orbit_tasks",
+    "relay": "orbit_relay_rows_delivered_total",
+    "worker": "orbit_worker_tasks_succeeded_total",
+    "consumer": "orbit_consumer_events_applied_total",
+}
+
+
+def scrape(endpoints: dict[str, str], scraped: dict[str, dict[str, Any]], *, final: bool = False) -> None:
+    """Read each process's /metrics while the demo runs (once each, and once more with ``final``):
+    whether it answered with its expected metric, and that metric's total (summed over labels)."""
+    for name, url in endpoints.items():
+        if name in scraped and not final:
+            continue
+        try:
+            text = httpx.get(url, timeout=2).text
+        except httpx.TransportError:
+            continue  # not up yet, or just restarted after its SIGKILL
+        wanted = EXPECTED_METRIC[name]
+        values = [float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+                  if line.startswith((wanted + " ", wanted + "{"))]  # fmt: skip
+        family = wanted.removesuffix("_total")
+        if f"# TYPE {family} " in text or f"# TYPE {wanted} " in text:  # even before its first sample
+            scraped[name] = {"url": url, "answered": True, wanted: sum(values)}
 
 
 def summarise(

@@ -121,6 +121,14 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--api-key", default=os.environ.get("ORBIT_API_KEY"))
     parser.add_argument("--concurrency", type=int, default=4)
     parser.add_argument("--lease-seconds", type=float, default=10.0)
+    parser.add_argument(
+        "--metrics-port",
+        type=int,
+        default=int(os.environ["ORDER_WORKER_METRICS_PORT"])
+        if os.environ.get("ORDER_WORKER_METRICS_PORT")
+        else None,
+        help='serve Prometheus metrics at http://127.0.0.1:PORT/metrics (README "Operations")',
+    )
     args = parser.parse_args(argv)
     missing = [n for n in ("database_url", "orbit_url", "api_key") if not getattr(args, n)]
     if missing:
@@ -131,7 +139,7 @@ def main(argv: list[str] | None = None) -> None:
     with OrbitClient(args.orbit_url, api_key=args.api_key) as client:
         Worker(
             client, NAMESPACE, QUEUE, {HANDLER: handler}, concurrency=args.concurrency,
-            lease_seconds=args.lease_seconds,
+            lease_seconds=args.lease_seconds, metrics_port=args.metrics_port,
         ).run()  # fmt: skip
     engine.dispose()
 

@@ -44,6 +44,11 @@ def assert_invariants(s: dict[str, Any]) -> None:
     # The worker was killed after the charge and before its journal entry: the rerun asked again and was
     # answered from the provider's record, not charged twice.
     assert s["provider_requests"].get("replayed", 0) >= 1
+    # The relay, worker and consumer served /metrics while the demo ran (README "Operations"), and counted.
+    answered = {name for name, scrape in s["metrics"].items() if scrape["answered"]}
+    assert answered == {"server", "relay", "worker", "consumer"}, s["metrics"]
+    assert s["metrics"]["consumer"]["orbit_consumer_events_applied_total"] >= 1
+    assert s["metrics"]["worker"]["orbit_worker_tasks_succeeded_total"] >= 1
 
 
 def test_demo_on_sqlite(tmp_path: Path) -> None:
