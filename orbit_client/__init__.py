@@ -29,6 +29,7 @@ from orbit_client._exceptions import (
     SuccessorExistsError,
     UnprocessableEntityError,
 )
+from orbit_client._logs import JsonFormatter
 from orbit_client._models import (
     IDEMPOTENCY_KEY_MAX_LENGTH,
     MAX_ATTEMPT_BATCH_ITEMS,
@@ -130,6 +131,7 @@ __all__ = [
     "HeartbeatRequest",
     "IdempotencyKeyReusedError",
     "InvalidTransitionError",
+    "JsonFormatter",
     "LeaseGrant",
     "LeaseLostError",
     "LeaseRequest",

@@ -289,6 +289,10 @@ class Task(_Wire):
     backoff_cap_seconds: float | None = None
     #: When the task reached ``SUCCEEDED``, ``FAILED`` or ``CANCELLED``; ``None`` before.
     finished_at: UTCDateTime | None = None
+    #: The W3C ``traceparent`` the submission carried (README "Tracing"); ``None`` when none was given.
+    traceparent: str | None = None
+    #: The W3C ``tracestate`` that came with ``traceparent``; ``None`` when none was given.
+    tracestate: str | None = None
 
 
 class Queue(_Wire):
@@ -366,6 +370,10 @@ class BatchItem(_Wire):
             per item, so one malformed key fails only its item (400).
         queue, handler, params, options: as in :class:`TaskSubmission` (``params`` left
             out is ``{}``).
+        traceparent, tracestate: the item's W3C Trace Context (what the single endpoint takes
+            as the ``traceparent``/``tracestate`` headers), stored with the task and handed
+            out with its lease (README "Tracing"); ``None``: none. Not part of the request
+            digest; a server ignores a malformed one.
     """
 
     idempotency_key: _IdempotencyKey
@@ -373,6 +381,8 @@ class BatchItem(_Wire):
     handler: str = Field(min_length=1, max_length=255, pattern=r"^[\x21-\x7e]+$")
     params: JsonData = Field(default_factory=dict)
     options: SubmitOptions | None = None
+    traceparent: str | None = Field(default=None, max_length=55)
+    tracestate: str | None = Field(default=None, max_length=512)
 
     def submission(self) -> TaskSubmission:
         """The item without its key, as the single endpoint's body (its digest is the same)."""
@@ -887,6 +897,8 @@ class ResultEvent(_Wire):
         occurred_at: when the transition happened (UTC, database clock).
         idempotency_key: the ``Idempotency-Key`` of the submission that created the task
             (what an outbox row knows its task by); ``None`` for a task created by a manual retry.
+        traceparent, tracestate: the task's W3C Trace Context (README "Tracing"), so the
+            consumer continues the trace; ``None`` when the task has none.
     """
 
     model_config = ConfigDict(extra="ignore", frozen=True)
@@ -901,6 +913,8 @@ class ResultEvent(_Wire):
     error: JsonValue = None
     occurred_at: UTCDateTime
     idempotency_key: str | None = None
+    traceparent: str | None = None
+    tracestate: str | None = None
 
 
 class DeliveryLeaseRequest(_Wire):

@@ -108,6 +108,9 @@ tasks = sa.Table(
     # Retry backoff of this task, in seconds; NULL means the server's default (1 s base, 300 s cap).
     sa.Column("backoff_base_seconds", sa.Float, nullable=True),
     sa.Column("backoff_cap_seconds", sa.Float, nullable=True),
+    # --- trace context (revision 0008): W3C traceparent/tracestate as submitted, NULL when none ---
+    sa.Column("traceparent", Key(55), nullable=True),
+    sa.Column("tracestate", Key(512), nullable=True),
     # Serves the lease query: one queue, due tasks in order.
     sa.Index("ix_tasks_claim", "queue_id", "status", "available_at"),
     sa.Index("ix_tasks_namespace_created", "namespace_id", "created_at"),

@@ -195,6 +195,8 @@ def task_from_row(row: RowMapping) -> Task:
         backoff_base_seconds=row["backoff_base_seconds"],
         backoff_cap_seconds=row["backoff_cap_seconds"],
         finished_at=to_utc(row["finished_at"]),
+        traceparent=row.get("traceparent"),
+        tracestate=row.get("tracestate"),
     )
 
 
@@ -454,8 +456,11 @@ def task_row(
     queue_id: int,
     now: datetime,
     default_max_attempts: int,
+    traceparent: str | None = None,
+    tracestate: str | None = None,
 ) -> dict[str, Any]:
-    """The ``tasks`` row of an accepted submission: ``WAITING``, version 1."""
+    """The ``tasks`` row of an accepted submission: ``WAITING``, version 1, with its trace context
+    (already checked: :func:`orbit_client._tracing.clean`)."""
     options = submission.options
     return {
         "id": task_id,
@@ -475,6 +480,8 @@ def task_row(
         "cancel_requested": False,
         "created_at": now,
         "updated_at": now,
+        "traceparent": traceparent,
+        "tracestate": tracestate,
     }
 
 
@@ -499,6 +506,8 @@ def submit_task(
     *,
     default_max_attempts: int,
     key_ttl: timedelta,
+    traceparent: str | None = None,
+    tracestate: str | None = None,
 ) -> tuple[Task, bool]:
     """Accept a submission exactly once per ``(namespace, idempotency_key)``.
 
@@ -513,6 +522,9 @@ def submit_task(
     :func:`_answer_is_exact`) the task is read back, so a replay's answer is always
     identical to the first one. A connection lost mid-way is retried like a lock
     conflict: the key makes the retry a replay if the lost ``COMMIT`` had succeeded.
+
+    ``traceparent``/``tracestate`` (W3C Trace Context, checked) are stored with a new task; a
+    replay keeps the original task's (README "Tracing").
 
     Returns:
         ``(task, replayed)``: ``replayed`` is ``True`` when the key was seen before
@@ -537,8 +549,9 @@ def submit_task(
                 now = as_db_time(found["now"])
                 task_id = str(uuid.uuid4())
                 values = task_row(
-                    principal, submission, task_id, found["queue_id"], now, default_max_attempts
-                )
+                    principal, submission, task_id, found["queue_id"], now, default_max_attempts,
+                    traceparent, tracestate,
+                )  # fmt: skip
                 conn.execute(_INSERT_KEY, key_row(principal, idempotency_key, digest, task_id, now, key_ttl))
                 conn.execute(_INSERT_TASK, values)
                 conn.execute(_INSERT_EVENT, accepted_event_row(principal, task_id, now))

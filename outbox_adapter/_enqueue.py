@@ -4,7 +4,9 @@ The row commits or rolls back with the business change it belongs to (DESIGN §5
 §6.1 of the reliability model): a rollback leaves nothing to send. ``enqueue`` never
 begins, commits or rolls back, and never changes how the caller's engine begins
 transactions. Everything is validated before the one ``INSERT`` (built once per tables and
-dialect; the database clock and the id come with it, no other round trip).
+dialect; the database clock and the id come with it, no other round trip). Inside an active
+OpenTelemetry span the row also stores the trace context of an ``orbit.outbox.enqueue`` span
+(README "Tracing").
 """
 
 from __future__ import annotations
@@ -21,7 +23,8 @@ from pydantic import ValidationError
 from sqlalchemy.engine import Connection
 from sqlalchemy.orm import Session
 
-from orbit_client import NAME_PATTERN, SubmitOptions, TaskSubmission, is_valid_idempotency_key
+from orbit_client import NAME_PATTERN, SubmitOptions, TaskSubmission, _tracing, is_valid_idempotency_key
+from outbox_adapter import _tracing as outbox_tracing
 from outbox_adapter._db import to_naive_utc, translate_db_error
 from outbox_adapter._exceptions import OutboxDatabaseError, OutboxUsageError, ParamsTooLargeError
 from outbox_adapter._models import OutboxEntry
@@ -38,6 +41,8 @@ __all__ = ["DEFAULT_MAX_PARAMS_BYTES", "enqueue", "enqueue_async"]
 #: reference to large data instead of the data.
 DEFAULT_MAX_PARAMS_BYTES = 64 * 1024
 _NAME_RE = re.compile(NAME_PATTERN)
+#: Whether ``opentelemetry-api`` is installed: without it, ``enqueue`` never looks for a span.
+_TRACING = _tracing.AVAILABLE
 _DEFAULT_TABLES: OutboxTables | None = None
 
 
@@ -183,6 +188,10 @@ def enqueue(
     the business change and the row together; a rollback leaves nothing to send. A relay
     then submits the task with the row's idempotency key, at most once per key.
 
+    Inside an active OpenTelemetry span (``opentelemetry-api`` installed, the ``otel``
+    extra), the row stores the W3C trace context of an ``orbit.outbox.enqueue`` span under
+    it, and the task continues that trace (README "Tracing"); outside one, none.
+
     Args:
         conn: a SQLAlchemy ``Connection`` or ORM ``Session`` of the business database.
         namespace: the Orbit namespace.
@@ -234,12 +243,19 @@ def enqueue(
         max_params_bytes=max_params_bytes,
     )
     t = tables or _default_tables()
+    span = outbox_tracing.enqueue_span(values) if _TRACING else None
     try:
         connection = conn.connection() if isinstance(conn, Session) else conn
         result = connection.execute(*insert_row(t, values, connection.dialect.name))
     except sa.exc.SQLAlchemyError as exc:
-        raise _insert_failed(exc, values["idempotency_key"], t) from exc
-    return _entry(_inserted_id(result.inserted_primary_key), values)
+        error = _insert_failed(exc, values["idempotency_key"], t)
+        if span is not None:
+            outbox_tracing.enqueued(span, None, error)
+        raise error from exc
+    entry = _entry(_inserted_id(result.inserted_primary_key), values)
+    if span is not None:
+        outbox_tracing.enqueued(span, entry.id)
+    return entry
 
 
 async def enqueue_async(
@@ -279,9 +295,16 @@ async def enqueue_async(
         max_params_bytes=max_params_bytes,
     )
     t = tables or _default_tables()
+    span = outbox_tracing.enqueue_span(values) if _TRACING else None
     try:
         connection = await conn.connection() if isinstance(conn, AsyncSession) else conn
         result = await connection.execute(*insert_row(t, values, connection.dialect.name))
     except sa.exc.SQLAlchemyError as exc:
-        raise _insert_failed(exc, values["idempotency_key"], t) from exc
-    return _entry(_inserted_id(result.inserted_primary_key), values)
+        error = _insert_failed(exc, values["idempotency_key"], t)
+        if span is not None:
+            outbox_tracing.enqueued(span, None, error)
+        raise error from exc
+    entry = _entry(_inserted_id(result.inserted_primary_key), values)
+    if span is not None:
+        outbox_tracing.enqueued(span, entry.id)
+    return entry

@@ -111,6 +111,9 @@ class Claim:
     claimed_at: datetime | None = None
     options: dict[str, Any] | None = field(default=None, repr=False)
     params: Any = field(default=None, repr=False)
+    #: W3C Trace Context stored at enqueue (README "Tracing"); ``None``: none.
+    traceparent: str | None = None
+    tracestate: str | None = None
 
 
 # --- enqueue -----------------------------------------------------------------------------------------
@@ -122,7 +125,7 @@ _insert_statements: weakref.WeakKeyDictionary[OutboxTables, dict[str, sa.Insert]
 #: The values :func:`insert_row` takes, one bound parameter each.
 _INSERT_COLUMNS = (
     "idempotency_key", "namespace", "queue", "handler", "params", "options", "ordering_key", "business_ref",
-    "max_attempts",
+    "max_attempts", "traceparent", "tracestate",
 )  # fmt: skip
 
 
@@ -353,6 +356,8 @@ def take_rows(
             claimed_at=now,
             options=row["options"],
             params=row["params"],
+            traceparent=row["traceparent"],
+            tracestate=row["tracestate"],
         )
         for row in wanted
         if row["id"] in taken_ids

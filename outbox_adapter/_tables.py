@@ -170,6 +170,9 @@ class OutboxTables:
             sa.Column("created_at", _Timestamp, nullable=False),
             sa.Column("updated_at", _Timestamp, nullable=False),
             sa.Column("delivered_at", _Timestamp, nullable=True),
+            # W3C Trace Context of the span active at enqueue (README "Tracing"); NULL when none.
+            sa.Column("traceparent", _ascii(55), nullable=True),
+            sa.Column("tracestate", _ascii(512), nullable=True),
             sa.UniqueConstraint("idempotency_key", name=f"uq_{name}_idempotency_key"),
             # The claim: state = PENDING AND available_at <= now ORDER BY available_at, id.
             sa.Index(f"ix_{name}_claim", "state", "available_at", "id"),
