@@ -156,7 +156,7 @@ def _parent_context(traceparent: str | None, tracestate: str | None) -> Context 
         trace_id=int(parsed[0], 16),
         span_id=int(parsed[1], 16),
         is_remote=True,
-        trace_flags=TraceFlags(parsed[2] & 0x01),
+        trace_flags=TraceFlags(parsed[2]),
         trace_state=state,
     )
     return _otel_trace.set_span_in_context(NonRecordingSpan(ctx))
