@@ -40,6 +40,7 @@ __all__ = [
     "AVAILABLE",
     "TRACEPARENT_MAX_LENGTH",
     "TRACESTATE_MAX_LENGTH",
+    "active",
     "clean",
     "current",
     "enabled",
@@ -118,8 +119,8 @@ def enabled() -> bool:
 def _get_tracer() -> Tracer:
     global _tracer
     assert _otel_trace is not None
-    if _tracer is None or not enabled():
-        # Until a provider is set the proxy tracer is returned; ask again once one is.
+    if _tracer is None:
+        # Before a provider is set this is a proxy tracer, which delegates to the provider set later.
         _tracer = _otel_trace.get_tracer("orbit", __version__)
     return _tracer
 
@@ -131,6 +132,11 @@ def traceparent_of(span: Span) -> tuple[str | None, str | None]:
         return None, None
     state = ctx.trace_state.to_header() if ctx.trace_state else ""
     return f"00-{ctx.trace_id:032x}-{ctx.span_id:016x}-{int(ctx.trace_flags):02x}", state or None
+
+
+def active() -> bool:
+    """Whether a (valid) span is active in this context."""
+    return _otel_trace is not None and _otel_trace.get_current_span().get_span_context().is_valid
 
 
 def current() -> tuple[str | None, str | None]:

@@ -372,7 +372,7 @@ class ResultConsumer:
                 if _tracing.AVAILABLE:
                     with _tracing.use_span(outbox_tracing.apply_span(delivery, self.subscription)) as span:
                         kind = self._handle(delivery, stats, deadline=deadline)
-                        _tracing.set_attributes(span, {"orbit.inbox.outcome": kind})
+                        outbox_tracing.applied(span, kind)
                 else:
                     kind = self._handle(delivery, stats, deadline=deadline)
             except OutboxDatabaseError as exc:

@@ -24,13 +24,22 @@ if TYPE_CHECKING:
 
     from outbox_adapter._outcomes import SendOutcome
 
-__all__ = ["SendTrace", "apply_span", "enqueue_span", "enqueued", "finish_send", "start_send"]
+__all__ = [
+    "SendTrace",
+    "applied",
+    "apply_span",
+    "enqueue_span",
+    "enqueued",
+    "finish_send",
+    "log_ids",
+    "start_send",
+]
 
 
 def enqueue_span(values: dict[str, Any]) -> Span | None:
     """Start ``orbit.outbox.enqueue`` (kind producer) under the active span and put its trace context
     in ``values`` (the row's ``traceparent``/``tracestate``); ``None`` when no span is active."""
-    if not t.current()[0]:
+    if not t.active():
         return None
     span = t.start_span(
         "orbit.outbox.enqueue",
@@ -163,6 +172,18 @@ def apply_span(delivery: Delivery, subscription: str) -> Span | None:
             "orbit.task.status": event.status.value,
         },
     )
+
+
+def applied(span: Span | None, kind: str) -> None:
+    """Record what became of the delivery (``applied``, ``duplicate``, ``failed``, ``parked``); the last
+    two mark the span as an error (the handler failed)."""
+    if span is None:
+        return
+    span.set_attribute("orbit.inbox.outcome", kind)
+    if kind in ("failed", "parked") and t.AVAILABLE:
+        from opentelemetry.trace import Status, StatusCode
+
+        span.set_status(Status(StatusCode.ERROR, f"handler {kind}"))
 
 
 def log_ids(claim: q.Claim) -> Mapping[str, str]:

@@ -205,7 +205,12 @@ def main(argv: list[str] | None = None) -> int:
             ) from None
         args.trace_file = args.trace_file.resolve()
         args.trace_file.unlink(missing_ok=True)
-        traced = {TRACE_FILE_ENV: str(args.trace_file)}
+        # With the spans, JSON logs (the trace_id and span_id of each line's trace) from every process.
+        traced = {
+            TRACE_FILE_ENV: str(args.trace_file),
+            "ORBIT_LOG_FORMAT": "json",
+            "ORBIT_OUTBOX_LOG_FORMAT": "json",
+        }
 
     console.rule("Set up Orbit and the business database")
     if not orbit_db_url.startswith("sqlite"):

@@ -86,6 +86,17 @@ def test_demo_on_sqlite_with_one_trace_per_order(tmp_path: Path) -> None:
         for name, value in span["attributes"].items():
             assert "param" not in name and "result" not in name and "key" not in name, (span["name"], name)
             assert not str(value).endswith(":fulfil"), (span["name"], name)
+    # The JSON log lines of the relay and the consumer name the same traces.
+    logs = tmp_path / ".demo" / "order_service"
+    for name, event in (("relay", "delivered"), ("consumer", "applied")):
+        lines = [
+            json.loads(line)
+            for line in (logs / f"{name}.log").read_text().splitlines()
+            if line.startswith("{")
+        ]
+        traced = [line for line in lines if line.get("event") == event and "trace_id" in line]
+        assert traced and {line["trace_id"] for line in traced} <= set(by_trace), name
+        assert all(len(line["span_id"]) == 16 for line in traced)
     tree = subprocess.run(
         [sys.executable, "-m", "examples.order_service.tracing", "tree", "traces.jsonl"],
         cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(REPO)}, capture_output=True, text=True, timeout=60,
