@@ -29,6 +29,7 @@ from orbit_client._exceptions import (
     SuccessorExistsError,
     UnprocessableEntityError,
 )
+from orbit_client._logs import JsonFormatter
 from orbit_client._models import (
     IDEMPOTENCY_KEY_MAX_LENGTH,
     JSON_MAX_DEPTH,
@@ -138,6 +139,7 @@ __all__ = [
     "HeartbeatRequest",
     "IdempotencyKeyReusedError",
     "InvalidTransitionError",
+    "JsonFormatter",
     "LeaseGrant",
     "LeaseLostError",
     "LeaseRequest",

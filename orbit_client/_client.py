@@ -22,6 +22,7 @@ from urllib.parse import quote
 import httpx
 from pydantic import BaseModel, JsonValue, TypeAdapter, ValidationError
 
+from orbit_client import _tracing
 from orbit_client._exceptions import (
     NotFoundError,
     OrbitAPIError,
@@ -243,9 +244,23 @@ class _BaseClient:
         params: Any,
         idempotency_key: str,
         options: SubmitOptions | Mapping[str, Any] | None,
+        traceparent: str | None = None,
+        tracestate: str | None = None,
     ) -> tuple[str, dict[str, Any], dict[str, str]]:
         """Validate a submission; return its path, JSON body and headers. Sends nothing."""
         _check_key(idempotency_key)
+        headers = {"Idempotency-Key": idempotency_key}
+        if traceparent is None and _tracing.AVAILABLE:
+            traceparent, tracestate = _tracing.current()
+        if traceparent is not None:
+            if _tracing.parse_traceparent(traceparent) is None:
+                raise OrbitUsageError(
+                    "traceparent is not a W3C version-00 traceparent (00-<32 hex>-<16 hex>-<2 hex>, lower "
+                    'case; README "Tracing"); nothing was sent'
+                )
+            headers["traceparent"] = traceparent
+            if tracestate:
+                headers["tracestate"] = tracestate
         path = cls._path("/v1/namespaces/{}/tasks", namespace)
         try:
             if options is not None and not isinstance(options, SubmitOptions):
@@ -259,7 +274,7 @@ class _BaseClient:
             # ``from None``: pydantic's own message repeats the input, and params must never be logged.
             raise OrbitUsageError(f"invalid submission, nothing was sent: {problems}") from None
         body = submission.model_dump(mode="json", exclude_none=True)
-        return path, body, {"Idempotency-Key": idempotency_key}
+        return path, body, headers
 
     @classmethod
     def _prepare_batch(
@@ -278,6 +293,8 @@ class _BaseClient:
         if not items:
             raise OrbitUsageError("items is empty: a batch needs at least one item; nothing was sent")
         bodies: list[dict[str, Any]] = []
+        # Items without a trace context of their own continue the caller's active span, if any.
+        traceparent, tracestate = _tracing.current() if _tracing.AVAILABLE else (None, None)
         for index, item in enumerate(items):
             if not isinstance(item, BatchItem):
                 if not isinstance(item, Mapping):
@@ -294,7 +311,12 @@ class _BaseClient:
                     )
                     # ``from None``: pydantic's own message repeats the input (params may be secret).
                     raise OrbitUsageError(f"invalid batch item, nothing was sent: {problems}") from None
-            bodies.append(item.model_dump(mode="json", exclude_none=True, exclude_unset=True))
+            body = item.model_dump(mode="json", exclude_none=True, exclude_unset=True)
+            if traceparent is not None and "traceparent" not in body:
+                body["traceparent"] = traceparent
+                if tracestate:
+                    body["tracestate"] = tracestate
+            bodies.append(body)
         return path, {"items": bodies}
 
     @classmethod
@@ -670,6 +692,8 @@ class OrbitClient(_BaseClient, QueueControlMixin):
         *,
         idempotency_key: str,
         options: SubmitOptions | Mapping[str, Any] | None = None,
+        traceparent: str | None = None,
+        tracestate: str | None = None,
     ) -> SubmitResult:
         """Submit a task, at most once per idempotency key (``POST /v1/namespaces/{ns}/tasks``).
 
@@ -685,6 +709,10 @@ class OrbitClient(_BaseClient, QueueControlMixin):
                 it, and only it, when sending the same submission again.
             options: :class:`SubmitOptions` or a mapping of its fields; ``None`` means the
                 server's defaults.
+            traceparent, tracestate: the task's W3C Trace Context, sent as the ``traceparent``
+                and ``tracestate`` headers and stored with the task (README "Tracing");
+                ``None`` means the active OpenTelemetry span's, if ``opentelemetry-api`` is
+                installed and a span is active, else none.
 
         Returns:
             The task and whether the answer was a replay of an earlier submission with the
@@ -698,7 +726,7 @@ class OrbitClient(_BaseClient, QueueControlMixin):
             OrbitAPIError: any other error status (see the exception tree).
         """
         path, body, headers = self._prepare_submit(
-            namespace, queue, handler, params, idempotency_key, options
+            namespace, queue, handler, params, idempotency_key, options, traceparent, tracestate
         )
         return self._parse_submit(self._request("POST", path, json=body, headers=headers))
 
@@ -717,9 +745,11 @@ class OrbitClient(_BaseClient, QueueControlMixin):
             namespace: the namespace the API key belongs to.
             items: 1 to ``ORBIT_MAX_BATCH_ITEMS`` (server setting, default 500) items, each a
                 :class:`BatchItem` or a mapping of its fields: ``{"idempotency_key": str,
-                "queue": str, "handler": str, "params": <JSON>, "options": {...}}``
-                (``params`` and ``options`` optional). The whole body must also fit the
-                server's ``ORBIT_MAX_BODY_BYTES`` (default 256 KiB).
+                "queue": str, "handler": str, "params": <JSON>, "options": {...},
+                "traceparent": str, "tracestate": str}`` (all but the first three optional;
+                an item without ``traceparent`` gets the active OpenTelemetry span's, if any:
+                README "Tracing"). The whole body must also fit the server's
+                ``ORBIT_MAX_BODY_BYTES`` (default 256 KiB).
 
         Returns:
             One :class:`BatchItemResult` per item, in the order given: ``status`` 201 (a new
@@ -1322,10 +1352,12 @@ class AsyncOrbitClient(_BaseClient, AsyncQueueControlMixin):
         *,
         idempotency_key: str,
         options: SubmitOptions | Mapping[str, Any] | None = None,
+        traceparent: str | None = None,
+        tracestate: str | None = None,
     ) -> SubmitResult:
         """Async twin of :meth:`OrbitClient.submit_task` (same arguments, result and errors)."""
         path, body, headers = self._prepare_submit(
-            namespace, queue, handler, params, idempotency_key, options
+            namespace, queue, handler, params, idempotency_key, options, traceparent, tracestate
         )
         return self._parse_submit(await self._request("POST", path, json=body, headers=headers))
 

@@ -326,6 +326,10 @@ class Task(_Wire):
     finished_at: UTCDateTime | None = None
     #: The business key the queue's ``max_concurrency_per_key`` limits; ``None`` if none.
     concurrency_key: str | None = None
+    #: The W3C ``traceparent`` the submission carried (README "Tracing"); ``None`` when none was given.
+    traceparent: str | None = None
+    #: The W3C ``tracestate`` that came with ``traceparent``; ``None`` when none was given.
+    tracestate: str | None = None
 
 
 class Queue(_Wire):
@@ -411,6 +415,10 @@ class BatchItem(_Wire):
             per item, so one malformed key fails only its item (400).
         queue, handler, params, options: as in :class:`TaskSubmission` (``params`` left
             out is ``{}``).
+        traceparent, tracestate: the item's W3C Trace Context (what the single endpoint takes
+            as the ``traceparent``/``tracestate`` headers), stored with the task and handed
+            out with its lease (README "Tracing"); ``None``: none. Not part of the request
+            digest; a server ignores a malformed one.
     """
 
     idempotency_key: _IdempotencyKey
@@ -418,6 +426,8 @@ class BatchItem(_Wire):
     handler: str = Field(min_length=1, max_length=255, pattern=r"^[\x21-\x7e]+$")
     params: JsonData = Field(default_factory=dict)
     options: SubmitOptions | None = None
+    traceparent: str | None = Field(default=None, max_length=55)
+    tracestate: str | None = Field(default=None, max_length=512)
 
     def submission(self) -> TaskSubmission:
         """The item without its key, as the single endpoint's body (its digest is the same)."""
@@ -938,6 +948,8 @@ class ResultEvent(_Wire):
         retry_of: for a task created by manual retry, the task it retries (its predecessor);
             ``None`` otherwise. The first task's events and its successor's carry the same
             ``idempotency_key``: a receiver tells them apart by ``task_id`` and ``retry_of``.
+        traceparent, tracestate: the task's W3C Trace Context (README "Tracing"), so the
+            consumer continues the trace; ``None`` when the task has none.
     """
 
     model_config = ConfigDict(extra="ignore", frozen=True)
@@ -953,6 +965,8 @@ class ResultEvent(_Wire):
     occurred_at: UTCDateTime
     idempotency_key: str | None = None
     retry_of: str | None = None
+    traceparent: str | None = None
+    tracestate: str | None = None
 
 
 class DeliveryLeaseRequest(_Wire):

@@ -31,6 +31,7 @@ from typing import Generic, TypeVar
 
 from pydantic import BaseModel, JsonValue
 
+from orbit_client import _tracing
 from orbit_client._client import AsyncOrbitClient, OrbitClient
 from orbit_client._exceptions import NotFoundError, OrbitError
 from orbit_client._models import (
@@ -219,6 +220,12 @@ class Reports:
 
     def complete(self, attempt: AttemptLease, result: JsonValue) -> AttemptState:
         """Report success; raises what :meth:`OrbitClient.complete_attempt` raises."""
+        if _tracing.AVAILABLE and (span := _tracing.report_span("complete", attempt)) is not None:
+            with _tracing.use_span(span):
+                return self._complete(attempt, result)
+        return self._complete(attempt, result)
+
+    def _complete(self, attempt: AttemptLease, result: JsonValue) -> AttemptState:
         return self._submit(
             self._completes,
             _complete_item(attempt, result),
@@ -227,6 +234,12 @@ class Reports:
 
     def fail(self, attempt: AttemptLease, error: AttemptError) -> AttemptState:
         """Report failure; raises what :meth:`OrbitClient.fail_attempt` raises."""
+        if _tracing.AVAILABLE and (span := _tracing.report_span("fail", attempt)) is not None:
+            with _tracing.use_span(span):
+                return self._fail(attempt, error)
+        return self._fail(attempt, error)
+
+    def _fail(self, attempt: AttemptLease, error: AttemptError) -> AttemptState:
         return self._submit(
             self._fails,
             _fail_item(attempt, error),
@@ -378,6 +391,12 @@ class AsyncReports:
         )
 
     async def complete(self, attempt: AttemptLease, result: JsonValue) -> AttemptState:
+        if _tracing.AVAILABLE and (span := _tracing.report_span("complete", attempt)) is not None:
+            with _tracing.use_span(span):
+                return await self._complete(attempt, result)
+        return await self._complete(attempt, result)
+
+    async def _complete(self, attempt: AttemptLease, result: JsonValue) -> AttemptState:
         return await self._submit(
             self._completes,
             _complete_item(attempt, result),
@@ -385,6 +404,12 @@ class AsyncReports:
         )
 
     async def fail(self, attempt: AttemptLease, error: AttemptError) -> AttemptState:
+        if _tracing.AVAILABLE and (span := _tracing.report_span("fail", attempt)) is not None:
+            with _tracing.use_span(span):
+                return await self._fail(attempt, error)
+        return await self._fail(attempt, error)
+
+    async def _fail(self, attempt: AttemptLease, error: AttemptError) -> AttemptState:
         return await self._submit(
             self._fails,
             _fail_item(attempt, error),

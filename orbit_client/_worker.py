@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 from types import FrameType
 from typing import Any
 
+from orbit_client import _tracing
 from orbit_client._client import AsyncOrbitClient, OrbitClient
 from orbit_client._exceptions import LeaseLostError, OrbitError, OrbitUsageError
 from orbit_client._metrics import WorkerMetrics, release_server, serve
@@ -513,7 +514,11 @@ class Worker:
                     self._lock.notify_all()
 
         try:
-            self._run_one(grant, free_slot)
+            if _tracing.AVAILABLE:
+                with _tracing.use_span(_tracing.run_span(grant, self._config.worker_id)):
+                    self._run_one(grant, free_slot)
+            else:
+                self._run_one(grant, free_slot)
         except Exception:  # never let one task kill the pool thread silently
             logger.exception("unexpected error while running task %s", grant.task.id)
         finally:
@@ -558,6 +563,8 @@ class Worker:
             self._handler_ran(task.handler, began)
             free_slot()
             error = _error_for(exc)
+            if _tracing.AVAILABLE:
+                _tracing.handler_failed(exc, error.type)
             _log_failure(task, attempt.id, attempt.generation, exc, error)
             self._report(grant, lambda: reports.fail(attempt, error))
             return
@@ -849,7 +856,11 @@ class AsyncWorker:
                     self._slot_freed.set()
 
         try:
-            await self._run_one(grant, free_slot)
+            if _tracing.AVAILABLE:
+                with _tracing.use_span(_tracing.run_span(grant, self._config.worker_id)):
+                    await self._run_one(grant, free_slot)
+            else:
+                await self._run_one(grant, free_slot)
         except Exception:
             logger.exception("unexpected error while running task %s", grant.task.id)
         finally:
@@ -889,6 +900,8 @@ class AsyncWorker:
             self._handler_ran(task.handler, began)
             free_slot()
             error = _error_for(exc)
+            if _tracing.AVAILABLE:
+                _tracing.handler_failed(exc, error.type)
             _log_failure(task, attempt.id, attempt.generation, exc, error)
             await self._report(grant, lambda: reports.fail(attempt, error))
             return

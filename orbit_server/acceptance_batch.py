@@ -76,10 +76,19 @@ class Pending:
     key: str
     submission: TaskSubmission
     digest: str
+    #: W3C Trace Context of the item (checked), stored with a new task; not part of the digest.
+    traceparent: str | None = None
+    tracestate: str | None = None
 
     @classmethod
-    def of(cls, key: str, submission: TaskSubmission) -> Pending:
-        return cls(key, submission, store.request_digest(submission))
+    def of(
+        cls,
+        key: str,
+        submission: TaskSubmission,
+        traceparent: str | None = None,
+        tracestate: str | None = None,
+    ) -> Pending:
+        return cls(key, submission, store.request_digest(submission), traceparent, tracestate)
 
 
 @dataclass(frozen=True, slots=True)
@@ -213,7 +222,16 @@ def _run(
         conn.execute(
             _INSERT_TASKS,
             [
-                store.task_row(principal, i.submission, task_id, queue_id, now, default_max_attempts)
+                store.task_row(
+                    principal,
+                    i.submission,
+                    task_id,
+                    queue_id,
+                    now,
+                    default_max_attempts,
+                    i.traceparent,
+                    i.tracestate,
+                )
                 for i, task_id, queue_id in created
             ],
         )

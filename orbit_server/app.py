@@ -61,9 +61,11 @@ from orbit_client import (
     TaskPage,
     TaskStatus,
     TaskSubmission,
+    _tracing,
     is_valid_idempotency_key,
 )
 
+from . import _tracing as server_tracing
 from . import errors, execution, results, store
 from ._auth import Caller, KeyCache, authorize
 from ._db import create_engine
@@ -553,6 +555,10 @@ def create_app(settings: ServerSettings | None = None, *, engine: Engine | None 
         request: Request,
         response: Response,
         idempotency_key: Annotated[str | None, Header(alias="Idempotency-Key")] = None,
+        traceparent: Annotated[
+            str | None, Header(description='W3C Trace Context of the task (README "Tracing")')
+        ] = None,
+        tracestate: Annotated[str | None, Header(description="W3C tracestate beside traceparent")] = None,
     ) -> Task:
         """Accept a task once per ``(namespace, Idempotency-Key)``.
 
@@ -568,14 +574,22 @@ def create_app(settings: ServerSettings | None = None, *, engine: Engine | None 
             raise errors.IdempotencyKeyInvalid("an Idempotency-Key is 1 to 255 printable ASCII characters")
         if len(request.headers.getlist("idempotency-key")) > 1:
             raise errors.IdempotencyKeyInvalid("send exactly one Idempotency-Key header")
-        task, replayed = store.submit_task(
-            the_engine,
-            caller,
-            submission,
-            idempotency_key,
-            default_max_attempts=settings.default_max_attempts,
-            key_ttl=key_ttl,
+        traceparent, tracestate = _tracing.clean(traceparent, tracestate) if traceparent else (None, None)
+        span = server_tracing.accept_span(
+            namespace, submission.queue, submission.handler, traceparent, tracestate
         )
+        with _tracing.use_span(span):
+            task, replayed = store.submit_task(
+                the_engine,
+                caller,
+                submission,
+                idempotency_key,
+                default_max_attempts=settings.default_max_attempts,
+                key_ttl=key_ttl,
+                traceparent=traceparent,
+                tracestate=tracestate,
+            )
+            server_tracing.accepted(span, task, replayed)
         metrics.submissions.labels("replayed" if replayed else "created").inc()
         if replayed:
             response.status_code = 200
@@ -680,6 +694,7 @@ def create_app(settings: ServerSettings | None = None, *, engine: Engine | None 
             signal = wakeup.current()
             if await request.is_disconnected():
                 return []  # the worker gave up waiting: granting now would strand the task until expiry
+            started_ns = time.time_ns()
             grants = await run_in_threadpool(
                 execution.transact,
                 the_engine,
@@ -694,6 +709,8 @@ def create_app(settings: ServerSettings | None = None, *, engine: Engine | None 
             if grants:
                 metrics.lease_grants.labels(queue).inc(len(grants))
             if grants or remaining <= 0:
+                if _tracing.AVAILABLE and grants:
+                    server_tracing.lease_granted(started_ns, grants, body.worker_id)
                 # Serialised once here, not validated again against response_model first.
                 return Response(_LEASE_GRANTS.dump_json(grants), media_type="application/json")
             await wakeup.wait(signal, min(remaining, settings.lease_poll_interval_seconds))

@@ -8,6 +8,7 @@ answered with the status and problem body the single endpoint would give it.
 
 # No ``from __future__ import annotations``: FastAPI must resolve the body model defined in batch_router.
 
+import time
 from collections.abc import Callable
 from datetime import timedelta
 from typing import Annotated, Any
@@ -25,9 +26,11 @@ from orbit_client import (
     BatchSubmitResponse,
     Problem,
     TaskSubmission,
+    _tracing,
     is_valid_idempotency_key,
 )
 
+from . import _tracing as server_tracing
 from . import errors
 from ._auth import Caller, authorize
 from ._metrics import Metrics
@@ -65,6 +68,10 @@ def _problem(exc: errors.OrbitServerError, request_id: str | None) -> Problem:
     )
 
 
+#: Fields of a batch item that are not part of the submission (nor of its digest).
+_NOT_SUBMISSION = frozenset({"idempotency_key", "traceparent", "tracestate"})
+
+
 def _check_item(index: int, raw: Any) -> Pending | errors.OrbitServerError | list[dict[str, Any]]:
     """An item as the single endpoint would check it: the key first (400), then the body (422).
 
@@ -77,9 +84,14 @@ def _check_item(index: int, raw: Any) -> Pending | errors.OrbitServerError | lis
             return errors.IdempotencyKeyMissing("give every item a unique idempotency_key")
         if not isinstance(key, str) or not is_valid_idempotency_key(key):
             return errors.IdempotencyKeyInvalid("an idempotency_key is 1 to 255 printable ASCII characters")
-        fields = {name: value for name, value in raw.items() if name != "idempotency_key"}
+        fields = {name: value for name, value in raw.items() if name not in _NOT_SUBMISSION}
+        traceparent, tracestate = (
+            _tracing.clean(raw["traceparent"], raw.get("tracestate"))
+            if "traceparent" in raw
+            else (None, None)
+        )
         try:
-            return Pending.of(key, TaskSubmission.model_validate(fields))
+            return Pending.of(key, TaskSubmission.model_validate(fields), traceparent, tracestate)
         except ValidationError as exc:
             found = [
                 (e["loc"], e["msg"], e["type"])
@@ -150,13 +162,16 @@ def batch_router(
         items are written in one transaction. Requires the ``submit`` role.
         """
         authorize(caller, namespace, "submit")
+        started_ns = time.time_ns() if _tracing.AVAILABLE else 0
         request_id: str | None = getattr(request.state, "request_id", None)
         results: list[BatchItemResult | None] = []
         valid: list[Pending] = []
+        positions: list[int] = []  # where each valid item is in ``results``
         for index, raw in enumerate(body.items):
             checked = _check_item(index, raw)
             if isinstance(checked, Pending):
                 valid.append(checked)
+                positions.append(index)
                 results.append(None)
             elif isinstance(checked, errors.OrbitServerError):
                 results.append(BatchItemResult(status=checked.status, error=_problem(checked, request_id)))
@@ -185,6 +200,15 @@ def batch_router(
                     results[position] = BatchItemResult(status=200, task=answer.task, replayed=True)
             else:
                 results[position] = BatchItemResult(status=answer.status, error=_problem(answer, request_id))
+        if _tracing.AVAILABLE and any(item.traceparent is not None for item in valid):
+            server_tracing.batch_accepted(
+                started_ns,
+                [
+                    (result.task, result.status, item.traceparent, item.tracestate)
+                    for item, position in zip(valid, positions, strict=True)
+                    if item.traceparent is not None and (result := results[position]) is not None
+                ],
+            )
         if created:
             metrics.submissions.labels("created").inc(created)
             on_created()

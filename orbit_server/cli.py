@@ -19,6 +19,8 @@ import click
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
+from orbit_client._logs import JsonFormatter
+
 from . import _migrate, errors, store
 from ._db import create_engine, is_sqlite
 from .settings import ServerSettings
@@ -86,10 +88,24 @@ def _engine(url: str, *, ensure_schema: bool = True) -> Iterator[Engine]:
     show_default=True,
     type=click.Choice(["debug", "info", "warning", "error"], case_sensitive=False),
 )
+@click.option(
+    "--log-format",
+    envvar="ORBIT_LOG_FORMAT",
+    show_envvar=True,
+    default="text",
+    show_default=True,
+    type=click.Choice(["text", "json"], case_sensitive=False),
+    help='json: one JSON object per line, with trace_id and span_id inside a trace (README "Tracing").',
+)
 @click.version_option("0.1.0", prog_name="orbit-server")
-def main(log_level: str) -> None:
+def main(log_level: str, log_format: str) -> None:
     """Orbit task platform: idempotent task acceptance over HTTP."""
-    logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if log_format.lower() == "json":
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(JsonFormatter())
+        logging.basicConfig(level=log_level.upper(), handlers=[handler])
+    else:
+        logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if log_level.lower() != "debug":
         logging.getLogger("alembic").setLevel(logging.WARNING)
 
@@ -138,9 +154,15 @@ def serve(database_url: str, host: str, port: int, max_body_bytes: int, workers:
         click.echo(f"error: cannot listen on {host}:{port}: {exc.strerror}; choose another --port", err=True)
         sys.exit(1)
     log_level = logging.getLevelName(logging.getLogger().level).lower()
+    log_config = _uvicorn_log_config(log_level, click.get_current_context().find_root().params["log_format"])
     if workers == 1:
         uvicorn.run(
-            create_app(settings), host=host, port=port, log_level=log_level, **uvicorn_options(settings)
+            create_app(settings),
+            host=host,
+            port=port,
+            log_level=log_level,
+            log_config=log_config,
+            **uvicorn_options(settings),
         )
         return
     # Each worker process builds its own app (and engine) from ORBIT_* variables: pass the flags on.
@@ -150,7 +172,29 @@ def serve(database_url: str, host: str, port: int, max_body_bytes: int, workers:
     )  # fmt: skip
     uvicorn.run("orbit_server.app:create_app", factory=True, workers=workers, host=host, port=port,
                 log_level=log_level, http="orbit_server._http:HeaderTimeoutProtocol",
-                access_log=False)  # fmt: skip
+                access_log=False, log_config=log_config)  # fmt: skip
+
+
+def _uvicorn_log_config(log_level: str, log_format: str) -> dict[str, Any]:
+    """uvicorn's logging: its own text lines (``None``: uvicorn's default) or, for ``json``, every logger
+    (uvicorn's too, in every worker process) as :class:`~orbit_client._logs.JsonFormatter` lines on stderr."""
+    if log_format.lower() != "json":
+        import uvicorn.config
+
+        return uvicorn.config.LOGGING_CONFIG
+    return {
+        "version": 1,
+        "disable_existing_loggers": False,
+        "formatters": {"json": {"()": "orbit_client._logs.JsonFormatter"}},
+        "handlers": {
+            "json": {"class": "logging.StreamHandler", "formatter": "json", "stream": "ext://sys.stderr"}
+        },
+        "root": {"handlers": ["json"], "level": log_level.upper()},
+        "loggers": {
+            name: {"handlers": [], "propagate": True}
+            for name in ("uvicorn", "uvicorn.error", "uvicorn.access")
+        },
+    }
 
 
 @main.command()

@@ -439,10 +439,12 @@ def lease_deliveries(
             d.c.id.label("delivery_id"), d.c.delivery_count, e.c.id, e.c.task_id, queues.c.name.label("queue"),
             e.c.handler, e.c.status, e.c.result, e.c.error, e.c.occurred_at, e.c.retry_of,
             sa.func.coalesce(e.c.idempotency_key, k.c.idempotency_key).label("idempotency_key"),
+            tasks.c.traceparent, tasks.c.tracestate,
         )
         .select_from(
             d.join(e, e.c.id == d.c.event_id)
             .join(queues, queues.c.id == e.c.queue_id)
+            .join(tasks, tasks.c.id == e.c.task_id)
             .outerjoin(k, sa.and_(k.c.task_id == e.c.task_id, k.c.namespace_id == e.c.namespace_id))
         )
         .where(d.c.id.in_(ids))
@@ -467,6 +469,8 @@ def lease_deliveries(
                 occurred_at=_at(row.occurred_at),
                 idempotency_key=row.idempotency_key,
                 retry_of=row.retry_of,
+                traceparent=row.traceparent,
+                tracestate=row.tracestate,
             ),
         )
         for row in rows

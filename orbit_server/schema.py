@@ -162,6 +162,9 @@ tasks = sa.Table(
     sa.Column("concurrency_key", Key(255), nullable=True),
     # Whether the live attempt holds a row in concurrency_permits (released when it ends).
     sa.Column("holds_permit", sa.Boolean, nullable=False, server_default=sa.false()),
+    # --- trace context (revision 0008): W3C traceparent/tracestate as submitted, NULL when none ---
+    sa.Column("traceparent", Key(55), nullable=True),
+    sa.Column("tracestate", Key(512), nullable=True),
     # Serves the lease query: one queue, due tasks in order.
     sa.Index("ix_tasks_claim", "queue_id", "status", "available_at"),
     sa.Index("ix_tasks_namespace_created", "namespace_id", "created_at"),

@@ -242,6 +242,8 @@ def task_from_row(row: RowMapping) -> Task:
         backoff_cap_seconds=row["backoff_cap_seconds"],
         finished_at=to_utc(row["finished_at"]),
         concurrency_key=row.get("concurrency_key"),
+        traceparent=row.get("traceparent"),
+        tracestate=row.get("tracestate"),
     )
 
 
@@ -533,8 +535,11 @@ def task_row(
     queue_id: int,
     now: datetime,
     default_max_attempts: int,
+    traceparent: str | None = None,
+    tracestate: str | None = None,
 ) -> dict[str, Any]:
-    """The ``tasks`` row of an accepted submission: ``WAITING``, version 1."""
+    """The ``tasks`` row of an accepted submission: ``WAITING``, version 1, with its trace context
+    (already checked: :func:`orbit_client._tracing.clean`)."""
     options = submission.options
     return {
         "id": task_id,
@@ -555,6 +560,8 @@ def task_row(
         "cancel_requested": False,
         "created_at": now,
         "updated_at": now,
+        "traceparent": traceparent,
+        "tracestate": tracestate,
     }
 
 
@@ -579,6 +586,8 @@ def submit_task(
     *,
     default_max_attempts: int,
     key_ttl: timedelta,
+    traceparent: str | None = None,
+    tracestate: str | None = None,
 ) -> tuple[Task, bool]:
     """Accept a submission exactly once per ``(namespace, idempotency_key)``.
 
@@ -593,6 +602,9 @@ def submit_task(
     :func:`_answer_is_exact`) the task is read back, so a replay's answer is always
     identical to the first one. A connection lost mid-way is retried like a lock
     conflict: the key makes the retry a replay if the lost ``COMMIT`` had succeeded.
+
+    ``traceparent``/``tracestate`` (W3C Trace Context, checked) are stored with a new task; a
+    replay keeps the original task's (README "Tracing").
 
     Returns:
         ``(task, replayed)``: ``replayed`` is ``True`` when the key was seen before
@@ -617,8 +629,9 @@ def submit_task(
                 now = as_db_time(found["now"])
                 task_id = str(uuid.uuid4())
                 values = task_row(
-                    principal, submission, task_id, found["queue_id"], now, default_max_attempts
-                )
+                    principal, submission, task_id, found["queue_id"], now, default_max_attempts,
+                    traceparent, tracestate,
+                )  # fmt: skip
                 conn.execute(_INSERT_KEY, key_row(principal, idempotency_key, digest, task_id, now, key_ttl))
                 conn.execute(_INSERT_TASK, values)
                 conn.execute(_INSERT_EVENT, accepted_event_row(principal, task_id, now))

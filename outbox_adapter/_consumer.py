@@ -29,8 +29,9 @@ from typing import Any, Protocol, Self
 import sqlalchemy as sa
 from sqlalchemy.engine import URL, Connection, Engine
 
-from orbit_client import NAME_PATTERN, Delivery, OrbitError, ResultEvent
+from orbit_client import NAME_PATTERN, Delivery, OrbitError, ResultEvent, _tracing
 from outbox_adapter import _queries as q
+from outbox_adapter import _tracing as outbox_tracing
 from outbox_adapter._db import short_transaction, translate_db_error
 from outbox_adapter._exceptions import OutboxDatabaseError, OutboxUsageError
 from outbox_adapter._faults import Faults
@@ -395,7 +396,12 @@ class ResultConsumer:
                 stats.unprocessed += 1
                 continue
             try:
-                kind = self._handle(delivery, stats, deadline=deadline)
+                if _tracing.AVAILABLE:
+                    with _tracing.use_span(outbox_tracing.apply_span(delivery, self.subscription)) as span:
+                        kind = self._handle(delivery, stats, deadline=deadline)
+                        outbox_tracing.applied(span, kind)
+                else:
+                    kind = self._handle(delivery, stats, deadline=deadline)
             except OutboxDatabaseError as exc:
                 if once or not exc.retryable:
                     raise

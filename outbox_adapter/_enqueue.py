@@ -7,6 +7,9 @@ transactions. Everything is validated before the one ``INSERT`` (built once per 
 dialect; the database clock and the id come with it, no other round trip). A row with an
 ordering key first upserts its key's row (``_ordering``): one more statement, and a lock
 held until the caller's transaction ends.
+Inside an active
+OpenTelemetry span the row also stores the trace context of an ``orbit.outbox.enqueue`` span
+(README "Tracing").
 """
 
 from __future__ import annotations
@@ -27,9 +30,11 @@ from orbit_client import (
     NAME_PATTERN,
     SubmitOptions,
     TaskSubmission,
+    _tracing,
     check_json_data,
     is_valid_idempotency_key,
 )
+from outbox_adapter import _tracing as outbox_tracing
 from outbox_adapter._db import to_naive_utc, translate_db_error
 from outbox_adapter._exceptions import OutboxDatabaseError, OutboxUsageError, ParamsTooLargeError
 from outbox_adapter._models import OutboxEntry
@@ -47,6 +52,8 @@ __all__ = ["DEFAULT_MAX_PARAMS_BYTES", "enqueue", "enqueue_async"]
 #: reference to large data instead of the data.
 DEFAULT_MAX_PARAMS_BYTES = 64 * 1024
 _NAME_RE = re.compile(NAME_PATTERN)
+#: Whether ``opentelemetry-api`` is installed: without it, ``enqueue`` never looks for a span.
+_TRACING = _tracing.AVAILABLE
 _DEFAULT_TABLES: OutboxTables | None = None
 
 
@@ -201,6 +208,10 @@ def enqueue(
     the business change and the row together; a rollback leaves nothing to send. A relay
     then submits the task with the row's idempotency key, at most once per key.
 
+    Inside an active OpenTelemetry span (``opentelemetry-api`` installed, the ``otel``
+    extra), the row stores the W3C trace context of an ``orbit.outbox.enqueue`` span under
+    it, and the task continues that trace (README "Tracing"); outside one, none.
+
     Args:
         conn: a SQLAlchemy ``Connection`` or ORM ``Session`` of the business database.
         namespace: the Orbit namespace.
@@ -258,6 +269,7 @@ def enqueue(
         max_params_bytes=max_params_bytes,
     )
     t = tables or _default_tables()
+    span = outbox_tracing.enqueue_span(values) if _TRACING else None
     try:
         connection = conn.connection() if isinstance(conn, Session) else conn
         dialect = connection.dialect.name
@@ -267,8 +279,14 @@ def enqueue(
             connection.execute(*take_ordering_key(t, values["ordering_key"], dialect))
             result = connection.execute(*insert_keyed_row(t, values, dialect))
     except sa.exc.SQLAlchemyError as exc:
-        raise _insert_failed(exc, values["idempotency_key"], t) from exc
-    return _entry(_inserted_id(result.inserted_primary_key), values)
+        error = _insert_failed(exc, values["idempotency_key"], t)
+        if span is not None:
+            outbox_tracing.enqueued(span, None, error)
+        raise error from exc
+    entry = _entry(_inserted_id(result.inserted_primary_key), values)
+    if span is not None:
+        outbox_tracing.enqueued(span, entry.id)
+    return entry
 
 
 async def enqueue_async(
@@ -308,6 +326,7 @@ async def enqueue_async(
         max_params_bytes=max_params_bytes,
     )
     t = tables or _default_tables()
+    span = outbox_tracing.enqueue_span(values) if _TRACING else None
     try:
         connection = await conn.connection() if isinstance(conn, AsyncSession) else conn
         dialect = connection.dialect.name
@@ -317,5 +336,11 @@ async def enqueue_async(
             await connection.execute(*take_ordering_key(t, values["ordering_key"], dialect))
             result = await connection.execute(*insert_keyed_row(t, values, dialect))
     except sa.exc.SQLAlchemyError as exc:
-        raise _insert_failed(exc, values["idempotency_key"], t) from exc
-    return _entry(_inserted_id(result.inserted_primary_key), values)
+        error = _insert_failed(exc, values["idempotency_key"], t)
+        if span is not None:
+            outbox_tracing.enqueued(span, None, error)
+        raise error from exc
+    entry = _entry(_inserted_id(result.inserted_primary_key), values)
+    if span is not None:
+        outbox_tracing.enqueued(span, entry.id)
+    return entry

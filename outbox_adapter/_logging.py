@@ -2,41 +2,19 @@
 
 Log records of ``outbox_adapter`` carry their facts as ``extra`` attributes
 (``event``, ``row_id``, ``idempotency_key``, ``orbit_task_id``, ``attempts``,
-``status_code``, ...); :class:`JsonFormatter` writes them as one JSON object per line.
+``status_code``, ...); :class:`JsonFormatter` writes them as one JSON object per line, with
+``trace_id`` and ``span_id`` of the row's or event's trace (the formatter of every Orbit process).
 Params are never logged, nor API keys or database passwords.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import sys
-from datetime import UTC, datetime
-from typing import Any
+
+from orbit_client._logs import JsonFormatter
 
 __all__ = ["JsonFormatter", "configure_logging"]
-
-_STANDARD = set(vars(logging.LogRecord("", 0, "", 0, "", (), None))) | {"message", "asctime", "taskName"}
-
-
-class JsonFormatter(logging.Formatter):
-    """One JSON object per record: ``ts`` (UTC, RFC 3339), ``level``, ``logger``, ``message`` and the extras."""
-
-    def format(self, record: logging.LogRecord) -> str:
-        data: dict[str, Any] = {
-            "ts": datetime.fromtimestamp(record.created, UTC)
-            .isoformat(timespec="milliseconds")
-            .replace("+00:00", "Z"),
-            "level": record.levelname.lower(),
-            "logger": record.name,
-            "message": record.getMessage(),
-        }
-        for key, value in vars(record).items():
-            if key not in _STANDARD and not key.startswith("_"):
-                data[key] = value
-        if record.exc_info:
-            data["exception"] = self.formatException(record.exc_info)
-        return json.dumps(data, default=str, ensure_ascii=False)
 
 
 def configure_logging(level: str = "info", fmt: str = "text") -> None:

@@ -116,6 +116,9 @@ class Claim:
     params: Any = field(default=None, repr=False)
     #: When the row was enqueued (database clock): the relay's key-window check compares it.
     created_at: datetime | None = None
+    #: W3C Trace Context stored at enqueue (README "Tracing"); ``None``: none.
+    traceparent: str | None = None
+    tracestate: str | None = None
 
 
 # --- enqueue -----------------------------------------------------------------------------------------
@@ -127,7 +130,7 @@ _insert_statements: weakref.WeakKeyDictionary[OutboxTables, dict[str, sa.Insert]
 #: The values :func:`insert_row` takes, one bound parameter each.
 _INSERT_COLUMNS = (
     "idempotency_key", "namespace", "queue", "handler", "params", "options", "ordering_key", "business_ref",
-    "max_attempts",
+    "max_attempts", "traceparent", "tracestate",
 )  # fmt: skip
 
 
@@ -360,6 +363,8 @@ def take_rows(
             options=row["options"],
             params=row["params"],
             created_at=_as_datetime(row["created_at"]),
+            traceparent=row["traceparent"],
+            tracestate=row["tracestate"],
         )
         for row in wanted
         if row["id"] in taken_ids

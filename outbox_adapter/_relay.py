@@ -37,8 +37,9 @@ from typing import Any, Self
 
 from sqlalchemy.engine import URL, Connection, Engine
 
-from orbit_client import OrbitClient, OrbitError, OrbitUsageError, RetryPolicy
+from orbit_client import OrbitClient, OrbitError, OrbitUsageError, RetryPolicy, _tracing
 from outbox_adapter import _queries as q
+from outbox_adapter import _tracing as outbox_tracing
 from outbox_adapter._db import db_now
 from outbox_adapter._exceptions import OutboxDatabaseError, OutboxUsageError
 from outbox_adapter._faults import Faults
@@ -69,6 +70,14 @@ DEFAULT_MAX_ATTEMPTS = 5
 
 #: The savepoint each ``on_delivered`` call runs under (``_Relay._hooks_under``).
 _HOOK_SAVEPOINT = "orbit_outbox_hook"
+
+
+def _trace_args(claim: q.Claim, trace: outbox_tracing.SendTrace | None) -> dict[str, str | None]:
+    """The ``traceparent``/``tracestate`` arguments of a single submission of ``claim``."""
+    if trace is None:
+        return {}
+    traceparent, tracestate = trace.headers(claim)
+    return {"traceparent": traceparent, "tracestate": tracestate}
 
 
 class _LeaseLost(Exception):
@@ -568,21 +577,32 @@ class Relay:
             self._faults.before_send(claims[0].id)
         if not self._may_send(batch):
             return [None] * len(claims)
-        if batch.single:
-            outcomes: list[SendOutcome | None] = [self._send_one(claims[0])]
-        else:
-            outcomes = self._submit_batch(batch)
+        trace = outbox_tracing.start_send(batch.namespace, claims) if _tracing.AVAILABLE else None
+        try:
+            if batch.single:
+                outcomes: list[SendOutcome | None] = [self._send_one(claims[0], trace)]
+            else:
+                outcomes = self._submit_batch(batch, trace)
+        except BaseException as exc:
+            if trace is not None:
+                outbox_tracing.finish_send(trace, claims, exc)
+            raise
+        if trace is not None:
+            outbox_tracing.finish_send(trace, claims, outcomes)
         if self._faults is not None:
             self._faults.after_send(claims[0].id)
         return outcomes
 
-    def _submit_batch(self, batch: Batch) -> list[SendOutcome | None]:
+    def _submit_batch(self, batch: Batch, trace: outbox_tracing.SendTrace | None) -> list[SendOutcome | None]:
         claims = batch.claims
         items = [
             {"idempotency_key": c.idempotency_key, "queue": c.queue, "handler": c.handler, "params": c.params,
              "options": c.options}
             for c in claims
         ]  # fmt: skip
+        if trace is not None:
+            for item, claim in zip(items, claims, strict=True):
+                item["traceparent"], item["tracestate"] = trace.headers(claim)
         try:
             results = self.client.submit_tasks(batch.namespace, items)
         except OrbitError as exc:
@@ -604,7 +624,7 @@ class Relay:
                 # The request as a whole was refused (one row the client refuses, a body over the
                 # server's limit, more items than it takes): nothing was accepted; send each row
                 # alone so that only a culprit is refused.
-                return self._send_each(batch)
+                return self._send_each(batch, trace)
             outcome = classify_error(exc)
             if outcome.verdict is Verdict.DEAD and status == 404:
                 outcome = SendOutcome(
@@ -628,11 +648,11 @@ class Relay:
             outcomes.append(outcome)
         return outcomes
 
-    def _send_each(self, batch: Batch) -> list[SendOutcome | None]:
+    def _send_each(self, batch: Batch, trace: outbox_tracing.SendTrace | None) -> list[SendOutcome | None]:
         """Send the rows of ``batch`` one by one, each only while its lease allows it."""
-        return [self._send_one(claim) if self._may_send(batch) else None for claim in batch.claims]
+        return [self._send_one(claim, trace) if self._may_send(batch) else None for claim in batch.claims]
 
-    def _send_one(self, claim: q.Claim) -> SendOutcome:
+    def _send_one(self, claim: q.Claim, trace: outbox_tracing.SendTrace | None = None) -> SendOutcome:
         """Check the queue (cached), then submit one row with its key. Runs outside any transaction."""
         try:
             self._queues.check(claim.namespace, claim.queue)
@@ -666,6 +686,7 @@ class Relay:
                 claim.params,
                 idempotency_key=claim.idempotency_key,
                 options=claim.options,
+                **_trace_args(claim, trace),
             )
         except Exception as exc:
             return classify_error(exc)
@@ -907,6 +928,8 @@ class Relay:
             "idempotency_key": claim.idempotency_key,
             "attempts": claim.attempts,
         }
+        if claim.traceparent is not None:
+            extra.update(outbox_tracing.log_ids(claim))
         if outcome is not None:
             extra["status_code"] = outcome.status_code
             if outcome.task_id:

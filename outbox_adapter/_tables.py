@@ -189,6 +189,9 @@ class OutboxTables:
             sa.Column("delivered_at", _Timestamp, nullable=True),
             # The row's place in its ordering key, in commit order (from the keys table); NULL without a key.
             sa.Column("ordering_seq", sa.BigInteger, nullable=True),
+            # W3C Trace Context of the span active at enqueue (README "Tracing"); NULL when none.
+            sa.Column("traceparent", _ascii(55), nullable=True),
+            sa.Column("tracestate", _ascii(512), nullable=True),
             sa.UniqueConstraint("idempotency_key", name=f"uq_{name}_idempotency_key"),
             # The claim: state = PENDING AND available_at <= now ORDER BY available_at, id.
             sa.Index(f"ix_{name}_claim", "state", "available_at", "id"),

@@ -26,6 +26,11 @@ from outbox_adapter import enqueue
 
 from .db import business_engine, business_orders
 
+try:  # optional: with opentelemetry-api, each order's transaction is the root of its trace
+    from opentelemetry import trace as _trace
+except ImportError:  # pragma: no cover - the otel extra is not installed
+    _trace = None  # type: ignore[assignment]
+
 __all__ = ["OrderRequest", "create_app", "main"]
 
 NAMESPACE, QUEUE, HANDLER = "shop", "fulfilment", "orders.fulfil"
@@ -81,6 +86,16 @@ def create_app(engine: Engine) -> FastAPI:
         idempotency_key: Annotated[str, Header(alias="Idempotency-Key")],
     ) -> dict[str, Any]:
         """Write the order (PENDING) and the intent to fulfil it, together or not at all."""
+        if _trace is None:
+            return _place(order, response, idempotency_key)
+        # The span ``enqueue`` finds active: the task's trace starts here (README "Tracing").
+        with _trace.get_tracer("examples.order_service").start_as_current_span("POST /orders") as span:
+            placed = _place(order, response, idempotency_key)
+            span.set_attribute("order.id", placed["order_id"])
+            span.set_attribute("order.replayed", response.status_code == 200)
+            return placed
+
+    def _place(order: OrderRequest, response: Response, idempotency_key: str) -> dict[str, Any]:
         same_key = business_orders.c.request_key == idempotency_key
         try:
             with engine.begin() as conn:

@@ -1,7 +1,7 @@
 """The whole of Orbit on realistic input, with real crashes: ``make demo``.
 
     python -m examples.order_service.demo [--orders N] [--json]
-        [--database-url URL --orbit-database-url URL]
+        [--database-url URL --orbit-database-url URL] [--trace-file traces.jsonl]
 
 Starts the Orbit server, the order API, an outbox relay, a worker and a result
 consumer as real processes (by default on SQLite files under ``.demo/``); places the
@@ -45,6 +45,7 @@ from rich.table import Table
 from orbit_client import OrbitClient
 
 from .db import business_engine, business_orders, create_business_tables, provider_calls, provider_effects
+from .tracing import TRACE_FILE_ENV, load_spans, order_trace, render_tree
 
 ORDERS_CSV = Path(__file__).parent / "data" / "orders.csv"
 WORK_DIR = Path(".demo") / "order_service"
@@ -174,6 +175,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--database-url", help="business database (default: SQLite under .demo/)")
     parser.add_argument("--orbit-database-url", help="Orbit server database (default: SQLite under .demo/)")
     parser.add_argument("--timeout", type=float, default=600.0, help="seconds to wait for every order")
+    parser.add_argument(
+        "--trace-file",
+        type=Path,
+        help="record every process's OpenTelemetry spans into this JSON-lines file (needs opentelemetry-sdk) "
+        'and print one order\'s trace as a tree at the end (README "Tracing")',
+    )
     args = parser.parse_args(argv)
     if args.json:
         console.quiet = True
@@ -188,6 +195,22 @@ def main(argv: list[str] | None = None) -> int:
             check_database(url, what, flag)
     orders = load_orders(args.orders)
     started = time.monotonic()
+    traced: dict[str, str] = {}
+    if args.trace_file is not None:
+        try:
+            import opentelemetry.sdk.trace  # noqa: F401
+        except ImportError:
+            raise SystemExit(
+                "error: --trace-file needs opentelemetry-sdk: pip install opentelemetry-sdk"
+            ) from None
+        args.trace_file = args.trace_file.resolve()
+        args.trace_file.unlink(missing_ok=True)
+        # With the spans, JSON logs (the trace_id and span_id of each line's trace) from every process.
+        traced = {
+            TRACE_FILE_ENV: str(args.trace_file),
+            "ORBIT_LOG_FORMAT": "json",
+            "ORBIT_OUTBOX_LOG_FORMAT": "json",
+        }
 
     console.rule("Set up Orbit and the business database")
     if not orbit_db_url.startswith("sqlite"):
@@ -231,6 +254,13 @@ def main(argv: list[str] | None = None) -> int:
         {"ORBIT_OUTBOX_DATABASE_URL": business_url, "ORBIT_URL": orbit_url, "ORBIT_API_KEY": keys["work"]},
     )  # fmt: skip
     processes = [server, api, relay, worker, consumer]
+    if (
+        traced
+    ):  # each process records its spans (python -m examples.order_service.tracing run NAME MODULE ...)
+        for p in processes:
+            module = p.argv[2]
+            p.argv[1:3] = ["-m", "examples.order_service.tracing", "run", p.name, module]
+            p.env.update(traced)
     faults = 0
     with stopping(processes), ExitStack():
         console.rule(f"Start the processes (Orbit at {orbit_url}, order API at {api_url})")
@@ -317,6 +347,16 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(summary, indent=2))
     else:
         show(summary, ok)
+        if args.trace_file is not None and args.trace_file.exists():
+            spans = load_spans(args.trace_file)
+            try:
+                Console().print(render_tree(spans, order_trace(spans, None)), highlight=False)
+            except SystemExit as exc:
+                console.print(f"no complete order trace in {args.trace_file}: {exc}")
+            console.print(
+                f"{len(spans)} spans in {args.trace_file}; one order's trace: "
+                f"python -m examples.order_service.tracing tree {args.trace_file} --order ORDER_ID"
+            )
     return 0 if ok else 1
 
 

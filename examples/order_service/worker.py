@@ -25,7 +25,7 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
-from orbit_client import OrbitClient, TaskContext, Worker
+from orbit_client import JsonFormatter, OrbitClient, TaskContext, Worker
 
 from .db import business_engine, journal_entries
 from .providers import Providers
@@ -129,11 +129,22 @@ def main(argv: list[str] | None = None) -> None:
         else None,
         help='serve Prometheus metrics at http://127.0.0.1:PORT/metrics (README "Operations")',
     )
+    parser.add_argument(
+        "--log-format",
+        choices=["text", "json"],
+        default=os.environ.get("ORBIT_LOG_FORMAT", "text"),
+        help="json: one JSON object per line with trace_id and span_id (orbit_client.JsonFormatter)",
+    )
     args = parser.parse_args(argv)
     missing = [n for n in ("database_url", "orbit_url", "api_key") if not getattr(args, n)]
     if missing:
         parser.error("missing " + ", ".join("--" + m.replace("_", "-") for m in missing))
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if args.log_format == "json":
+        handler = logging.StreamHandler()
+        handler.setFormatter(JsonFormatter())
+        logging.basicConfig(level=logging.INFO, handlers=[handler])
+    else:
+        logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     engine = business_engine(args.database_url)
     handler = make_handler(engine, fault=os.environ.get(FAULT_ENV))
     with OrbitClient(args.orbit_url, api_key=args.api_key) as client:

@@ -51,8 +51,63 @@ def assert_invariants(s: dict[str, Any]) -> None:
     assert s["metrics"]["worker"]["orbit_worker_tasks_succeeded_total"] >= 1
 
 
-def test_demo_on_sqlite(tmp_path: Path) -> None:
-    assert_invariants(run_demo(tmp_path))
+#: Every span of a completed order's trace and the process that records it (README "Tracing").
+ORDER_SPANS = {
+    "POST /orders": "order-api",
+    "orbit.outbox.enqueue": "order-api",
+    "orbit.relay.send": "relay",
+    "orbit.accept": "orbit-server",
+    "orbit.lease": "orbit-server",
+    "orbit.task.run": "worker",
+    "orbit.attempt.complete": "worker",
+    "orbit.inbox.apply": "consumer",
+}
+
+
+def test_demo_on_sqlite_with_one_trace_per_order(tmp_path: Path) -> None:
+    """The whole demo, every process recording OpenTelemetry spans into one file: an order's trace
+    id runs from the order API's enqueue through the relay, the server and the worker to the inbox."""
+    assert_invariants(run_demo(tmp_path, "--trace-file", "traces.jsonl"))
+    spans = [json.loads(line) for line in (tmp_path / "traces.jsonl").read_text().splitlines()]
+    by_trace: dict[str, list[dict[str, Any]]] = {}
+    for span in spans:
+        by_trace.setdefault(span["trace_id"], []).append(span)
+    complete = [
+        trace
+        for trace in by_trace.values()
+        if {(s["name"], s["service"]) for s in trace} >= set(ORDER_SPANS.items())
+    ]
+    # Every order's relay send and accept, most orders' whole path (the SIGKILLed worker's spans are lost).
+    assert len(complete) >= ORDERS // 2, sorted({s["name"] for t in by_trace.values() for s in t})
+    trace = complete[0]
+    ids = {s["span_id"] for s in trace}
+    [root] = [s for s in trace if s["parent_id"] not in ids]
+    assert root["service"] == "order-api"
+    # One task in the whole trace: the relay's sends (a resend after the SIGKILL replays), the lease
+    # and the run all name it.
+    assert len({s["attributes"]["orbit.task.id"] for s in trace if "orbit.task.id" in s["attributes"]}) == 1
+    # Ids only: never params, results or idempotency keys (the demo's keys end in ":fulfil").
+    for span in spans:
+        for name, value in span["attributes"].items():
+            assert "param" not in name and "result" not in name and "key" not in name, (span["name"], name)
+            assert not str(value).endswith(":fulfil"), (span["name"], name)
+    # The JSON log lines of the relay and the consumer name the same traces.
+    logs = tmp_path / ".demo" / "order_service"
+    for name, event in (("relay", "delivered"), ("consumer", "applied")):
+        lines = [
+            json.loads(line)
+            for line in (logs / f"{name}.log").read_text().splitlines()
+            if line.startswith("{")
+        ]
+        traced = [line for line in lines if line.get("event") == event and "trace_id" in line]
+        assert traced and {line["trace_id"] for line in traced} <= set(by_trace), name
+        assert all(len(line["span_id"]) == 16 for line in traced)
+    tree = subprocess.run(
+        [sys.executable, "-m", "examples.order_service.tracing", "tree", "traces.jsonl"],
+        cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(REPO)}, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert tree.returncode == 0, tree.stderr
+    assert all(name in tree.stdout for name in ORDER_SPANS)
 
 
 @pytest.mark.mariadb
