@@ -280,12 +280,12 @@ def test_orbit_outbox_consume(
     orders_of(biz, orders, tasks)
 
     failing = runner.invoke(
-        main, [*consume, "--handler", "tests.integration.outbox.inbox_handlers:broken", "--lease-seconds", "0.3",
+        main, [*consume, "--handler", "tests.integration.outbox.inbox_handlers:broken", "--lease-seconds", "2",
                "--json"], env=env,
-    )  # fmt: skip
+    )  # fmt: skip  (a 2 s lease: both deliveries are still leased when a loaded machine reaches the second)
     assert failing.exit_code == 0, failing.output
     assert json.loads(failing.stdout)["failed"] == 2 and json.loads(failing.stdout)["acked"] == 0
-    time.sleep(0.4)
+    time.sleep(2.1)  # the failed deliveries come back only once their lease has lapsed
     applied = runner.invoke(main, [*consume, *handler, "--json"], env=env)
     assert applied.exit_code == 0, applied.output
     assert {k: json.loads(applied.stdout)[k] for k in ("applied", "acked", "failed")} == {
