@@ -37,6 +37,8 @@ NAMESPACE, QUEUE, HANDLER = "shop", "fulfilment", "orders.fulfil"
 #: Demo-only fault hook: ``hang-after-charge`` makes the first charge of this process block,
 #: after the provider performed it and before the journal records it, and announces it on
 #: stderr, so the demo can SIGKILL the worker in the middle of a step.
+#: ``hang-after-charge@FILE`` (``bench.chaos``) blocks the first charge made after the file
+#: ``FILE`` appears (the file is removed: one arming, one hang).
 FAULT_ENV = "ORDER_SERVICE_FAULT"
 
 log = logging.getLogger("order_service.worker")
@@ -83,12 +85,24 @@ def make_handler(engine: Engine, *, fault: str | None = None) -> Callable[[TaskC
     """
     providers = Providers(engine)
     hang_once = threading.Event()
-    if fault == "hang-after-charge":
+    name, _, gate = (fault or "").partition("@")
+    if name == "hang-after-charge" and not gate:
         hang_once.set()
 
-    def hang_if_asked() -> None:
+    def armed() -> bool:
         if hang_once.is_set():
             hang_once.clear()
+            return True
+        if name != "hang-after-charge" or not gate:
+            return False
+        try:
+            os.remove(gate)  # atomic: of the handler threads, exactly one takes the arming
+        except FileNotFoundError:
+            return False
+        return True
+
+    def hang_if_asked() -> None:
+        if armed():
             print(f"{FAULT_ENV} paused-after-charge", file=sys.stderr, flush=True)
             threading.Event().wait()  # until the demo kills this process
 
