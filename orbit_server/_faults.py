@@ -61,16 +61,17 @@ def install(engine: Engine) -> None:
 
     @sa.event.listens_for(engine, "before_cursor_execute")
     def _mark(conn: sa.Connection, _cursor: Any, statement: str, *_args: Any) -> None:
-        if statement.lstrip()[:6].upper() in ("INSERT", "UPDATE", "DELETE"):
+        if not conn.invalidated and statement.lstrip()[:6].upper() in ("INSERT", "UPDATE", "DELETE"):
             conn.info[key] = True
 
     @sa.event.listens_for(engine, "rollback")
     def _clear(conn: sa.Connection) -> None:
-        conn.info.pop(key, None)
+        if not conn.invalidated:  # an invalidated connection is discarded (and its info unreachable)
+            conn.info.pop(key, None)
 
     @sa.event.listens_for(engine, "commit")
     def _pause(conn: sa.Connection) -> None:
-        if not conn.info.pop(key, False):
+        if conn.invalidated or not conn.info.pop(key, False):
             return
         try:
             os.remove(gate)  # atomic: of concurrent transactions, exactly one takes the arming

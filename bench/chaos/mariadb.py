@@ -41,20 +41,30 @@ class MariaDB:
         self.proc: subprocess.Popen[bytes] | None = None
         self.crashes = 0
         root.mkdir(parents=True)
-        done = subprocess.run(
+        self._install = subprocess.Popen(
             ["mariadb-install-db", "--no-defaults", f"--datadir={self.datadir}", "--auth-root-authentication-method=normal",
              "--skip-test-db", "--user=" + _user()],
-            capture_output=True, text=True,
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
         )  # fmt: skip
-        if done.returncode != 0:
-            raise SystemExit(
-                f"error: mariadb-install-db failed for the {name} database: {done.stderr[-2000:]}"
-            )
+
+    def installed(self) -> None:
+        """Wait for ``mariadb-install-db`` (started by the constructor, so that two install at once)."""
+        if self._install.returncode is not None:
+            return
+        out, _ = self._install.communicate()
+        if self._install.returncode != 0:
+            raise SystemExit(f"error: mariadb-install-db failed for the {self.name} database: {out[-2000:]}")
 
     def url(self, database: str, port: int | None = None) -> str:
         return f"mysql+pymysql://root@127.0.0.1:{port or self.port}/{database}"
 
     def start(self, timeout: float = 120.0) -> None:
+        """Start ``mariadbd`` (crash recovery if it was killed) and wait until it answers."""
+        self.launch()
+        self.wait_ready(timeout)
+
+    def launch(self) -> None:
+        self.installed()
         mariadbd = shutil.which("mariadbd") or "/usr/sbin/mariadbd"
         log = (self.root / "mariadbd.log").open("ab")
         self.proc = subprocess.Popen(
@@ -67,7 +77,6 @@ class MariaDB:
             stdout=log, stderr=log, start_new_session=True,
         )  # fmt: skip
         log.close()
-        self.wait_ready(timeout)
 
     def wait_ready(self, timeout: float) -> None:
         deadline = time.monotonic() + timeout

@@ -85,15 +85,20 @@ class Service:
         self.self_exits.append(f"{self.name} exited with {self.proc.returncode}: ...{tail}")
         return False
 
-    def stop(self) -> None:
+    def terminate(self) -> None:
+        """Send SIGTERM (a graceful stop); :meth:`wait_or_kill` waits for it."""
         if self.proc is None or self.proc.poll() is not None:
             return
         self._expected_exit = True
-        try:
+        with contextlib.suppress(ProcessLookupError):
             os.killpg(self.proc.pid, signal.SIGTERM)
-            self.proc.wait(timeout=30)
+
+    def wait_or_kill(self, timeout: float) -> None:
+        if self.proc is None:
+            return
+        try:
+            self.proc.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
-            os.killpg(self.proc.pid, signal.SIGKILL)
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.proc.pid, signal.SIGKILL)
             self.proc.wait()
-        except ProcessLookupError:
-            pass

@@ -88,6 +88,10 @@ class Options:
 class Stats:
     faults: Counter[str] = field(default_factory=Counter)
     missed: Counter[str] = field(default_factory=Counter)
+    #: Seconds spent in each kind of fault (arming, waiting for the point, kill, restart).
+    seconds: Counter[str] = field(default_factory=Counter)
+    #: Seconds the fault loop waited for the orders to catch up.
+    waited: float = 0.0
     placed: int = 0
     faults_done: int = 0
     placement_done: bool = False
@@ -108,7 +112,12 @@ class Placer:
         self.may_place = may_place
         self.placed = Placed()
         self._lock = threading.Lock()
+        self._local = threading.local()
+        #: Set when the run is abandoned: every placing thread stops at once.
+        self.abandoned = threading.Event()
         self.unanswered: list[str] = []
+        #: Seconds from the first send of an order to its acknowledgement (retries included).
+        self.latencies: list[float] = []
 
     def body(self, j: int) -> dict[str, Any]:
         rng = random.Random(self.opts.seed * 1_000_003 + j)
@@ -120,7 +129,7 @@ class Placer:
     def _post(self, http: httpx.Client, key: str, body: dict[str, Any]) -> httpx.Response | None:
         deadline = time.monotonic() + 600
         delay = 0.05
-        while time.monotonic() < deadline:
+        while time.monotonic() < deadline and not self.abandoned.is_set():
             try:
                 response = http.post("/orders", json=body, headers={"Idempotency-Key": key})
                 if response.status_code < 500:
@@ -133,40 +142,48 @@ class Placer:
 
     def place(self, j: int) -> None:
         while not self.may_place(j):
-            time.sleep(0.05)
+            if self.abandoned.wait(0.05):
+                return
         key = f"chaos-{self.opts.seed}-{j}"
         body = self.body(j)
-        with httpx.Client(base_url=self.api_url, timeout=10) as http:
-            response = self._post(http, key, body)
-            if response is None:
+        http = getattr(self._local, "http", None)
+        if http is None:  # one client per placing thread (building one costs an SSL context)
+            http = self._local.http = httpx.Client(base_url=self.api_url, timeout=10)
+        began = time.monotonic()
+        response = self._post(http, key, body)
+        self.latencies.append(time.monotonic() - began)
+        if response is None:
+            with self._lock:
+                self.unanswered.append(key)
+            return
+        if response.status_code in (200, 201):
+            with self._lock:
+                self.placed.acknowledged[key] = (response.json()["order_id"], body)
+        else:
+            with self._lock:
+                self.placed.refused.append((key, body, False))
+        if j % 97 == 13 and response.status_code in (200, 201):  # the same key for another order
+            other = {**body, "amount": f"{float(body['amount']) + 1:.2f}"}
+            again = self._post(http, key, other)
+            if again is not None:  # refused (422), or else the checks find the other amount stored
                 with self._lock:
-                    self.unanswered.append(key)
-                return
-            if response.status_code in (200, 201):
+                    self.placed.refused.append((key, other, True))
+        if j % 89 == 7:  # an order the API must refuse (quantity 0) and never store
+            bad_key = f"chaos-{self.opts.seed}-bad-{j}"
+            bad = self._post(http, bad_key, {**body, "quantity": 0})
+            if bad is not None and bad.status_code == 422:
                 with self._lock:
-                    self.placed.acknowledged[key] = (response.json()["order_id"], body)
-            else:
-                with self._lock:
-                    self.placed.refused.append((key, body, False))
-            if j % 97 == 13 and response.status_code in (200, 201):  # the same key for another order
-                other = {**body, "amount": f"{float(body['amount']) + 1:.2f}"}
-                again = self._post(http, key, other)
-                if again is not None and again.status_code == 422:
-                    with self._lock:
-                        self.placed.refused.append((key, other, True))
-            if j % 89 == 7:  # an order the API must refuse (quantity 0) and never store
-                bad_key = f"chaos-{self.opts.seed}-bad-{j}"
-                bad = self._post(http, bad_key, {**body, "quantity": 0})
-                if bad is not None and bad.status_code == 422:
-                    with self._lock:
-                        self.placed.refused.append((bad_key, {**body, "quantity": 0}, False))
+                    self.placed.refused.append((bad_key, {**body, "quantity": 0}, False))
         with self._lock:
             self.stats.placed += 1
 
     def run(self) -> None:
+        began = time.monotonic()
         with ThreadPoolExecutor(max_workers=8) as pool:
             list(pool.map(self.place, range(self.opts.orders)))
         self.stats.placement_done = True
+        self.seconds = time.monotonic() - began
+        console.log(f"{self.opts.orders} orders placed in {self.seconds:.1f} s")
 
 
 class Chaos:
@@ -187,17 +204,19 @@ class Chaos:
 
     def start_databases(self) -> None:
         py = sys.executable
-        for name, database in (("business", "shop"), ("orbit", "orbit")):
-            db = self.dbs[name] = MariaDB(name, self.opts.root / f"{name}-db")
-            db.start()
+        for name in ("business", "orbit"):
+            self.dbs[name] = MariaDB(name, self.opts.root / f"{name}-db")
+        for db in self.dbs.values():
+            db.launch()
+        for (name, db), database in zip(self.dbs.items(), ("shop", "orbit"), strict=True):
+            db.wait_ready(120)
             db.create_database(database)
             port = free_port()
             proxy = self.proxies[name] = Service(
                 f"{name}-db-proxy", "proxy", [py, "-m", "bench.chaos.proxy", "--port", str(port), "--target-port",
-                                              str(db.port)], {}, self.logs,
+                                              str(db.port)], {}, self.logs, port=port,
             )  # fmt: skip
             proxy.start()
-            proxy.port = port
         for proxy in self.proxies.values():
             _wait_port(proxy.port)
         self.business_direct = sa.create_engine(self.dbs["business"].url("shop"), pool_pre_ping=True)
@@ -206,17 +225,21 @@ class Chaos:
         self.orbit_db_url = self.dbs["orbit"].url("orbit", self.proxies["orbit"].port)
 
     def set_up_schemas(self) -> None:
-        server_migrate.upgrade(self.orbit_direct)
-        with self.orbit_direct.begin() as conn:
-            store.create_namespace(conn, NAMESPACE)
-            for queue in (QUEUE, CONFIRM_QUEUE):
-                store.create_queue(conn, NAMESPACE, queue)
-            self.keys = {
-                role: store.create_api_key(conn, NAMESPACE, role) for role in ("submit", "work", "admin")
-            }
-        create_business_tables(self.business_direct)
-        chaos_metadata.create_all(self.business_direct)
-        Outbox(self.business_direct).migrate()
+        def orbit() -> None:
+            server_migrate.upgrade(self.orbit_direct)
+            with self.orbit_direct.begin() as conn:
+                store.create_namespace(conn, NAMESPACE)
+                for queue in (QUEUE, CONFIRM_QUEUE):
+                    store.create_queue(conn, NAMESPACE, queue)
+                self.keys = {role: store.create_api_key(conn, NAMESPACE, role) for role in ("submit", "work", "admin")}
+
+        def business() -> None:
+            create_business_tables(self.business_direct)
+            chaos_metadata.create_all(self.business_direct)
+            Outbox(self.business_direct).migrate()
+
+        orbit()  # one after the other: Alembic's context is global to the process
+        business()
 
     def start_services(self) -> None:
         py = sys.executable
@@ -233,12 +256,7 @@ class Chaos:
                 self.logs, marker="paused-before-commit", arm_file=arm,
             ))  # fmt: skip
             self.server_urls.append(f"http://127.0.0.1:{port}")
-        for s in self.services:
-            s.start()
-        for s, url in zip(self.services, self.server_urls, strict=True):
-            _wait_http(f"{url}/readyz", s)
-        with OrbitClient(self.server_urls[0], api_key=self.keys["admin"]) as admin:
-            admin.create_subscription(NAMESPACE, SUBSCRIPTION, queues=[QUEUE])
+        servers = list(self.services)
         api_port = free_port()
         self.api_url = f"http://127.0.0.1:{api_port}"
         api = Service("api", "api", [py, "-m", "examples.order_service.api", "--database-url", self.business_url,
@@ -250,7 +268,7 @@ class Chaos:
             self.services.append(Service(
                 f"relay-{i}", "relay",
                 [py, "-m", "outbox_adapter.cli", "relay", "--batch-size", "50", "--concurrency", "2",
-                 "--lease-seconds", "15", "--timeout", "5", "--poll-interval", "0.2", "--max-attempts", "1000",
+                 "--lease-seconds", "10", "--timeout", "4", "--poll-interval", "0.2", "--max-attempts", "1000",
                  "--backoff-base", "0.2", "--backoff-cap", "5"],
                 {"ORBIT_OUTBOX_DATABASE_URL": self.business_url, "ORBIT_URL": server(i),
                  "ORBIT_API_KEY": self.keys["submit"], "ORBIT_OUTBOX_FAULT": f"pause-after-send@{arm}", **locks},
@@ -269,15 +287,21 @@ class Chaos:
         self.services.append(Service(
             "consumer-0", "consumer",
             [py, "-m", "outbox_adapter.cli", "consume", "--namespace", NAMESPACE, "--subscription", SUBSCRIPTION,
-             "--handler", "bench.chaos.consumer:apply_result", "--batch-size", "50", "--lease-seconds", "10",
+             "--handler", "bench.chaos.consumer:apply_result", "--batch-size", "50", "--lease-seconds", "6",
              "--poll-interval", "0.2"],
             {"ORBIT_OUTBOX_DATABASE_URL": self.business_url, "ORBIT_URL": server(0), "ORBIT_API_KEY": self.keys["work"],
              "ORBIT_OUTBOX_FAULT": f"pause-after-commit@{arm}"},
             self.logs, marker="paused-after-commit", arm_file=arm,
         ))  # fmt: skip
         for s in self.services:
-            if s.proc is None:
+            if s.kind != "consumer":
                 s.start()
+        for s, url in zip(servers, self.server_urls, strict=True):
+            _wait_http(f"{url}/readyz", s)
+        with OrbitClient(self.server_urls[0], api_key=self.keys["admin"]) as admin:
+            admin.create_subscription(NAMESPACE, SUBSCRIPTION, queues=[QUEUE])
+        for s in self.of_kind("consumer"):
+            s.start()
         _wait_http(f"{self.api_url}/docs", api)
 
     def _server_for(self, i: int) -> str:
@@ -338,11 +362,16 @@ class Chaos:
         retries: Counter[int] = Counter()
         while i < len(plan):
             kind = plan[i]
+            began = time.monotonic()
             while not may_fault(i):
                 self.watch()
                 time.sleep(0.05)
             self.watch()
-            if self.fault(kind):
+            self.stats.waited += time.monotonic() - began
+            began = time.monotonic()
+            done = self.fault(kind)
+            self.stats.seconds[kind] += time.monotonic() - began
+            if done:
                 self.stats.faults[kind] += 1
             else:
                 self.stats.missed[kind] += 1
@@ -352,7 +381,7 @@ class Chaos:
             i += 1
             self.stats.faults_done = i
             self.stats.last_fault_at = time.monotonic()
-            time.sleep(self.rng.uniform(0.1, 0.6))
+            time.sleep(self.rng.uniform(0.05, 0.3))
 
     # --- drain -----------------------------------------------------------------------------------
 
@@ -409,10 +438,12 @@ class Chaos:
         self.reconciled += rows
 
     def stop(self) -> None:
-        for s in reversed(self.services):
-            s.stop()
-        for p in self.proxies.values():
-            p.stop()
+        """SIGTERM every process at once (then SIGKILL what is left after 10 s), then the databases."""
+        every = [*self.services, *self.proxies.values()]
+        for s in every:
+            s.terminate()
+        for s in every:
+            s.wait_or_kill(10)
         for db in self.dbs.values():
             db.stop()
 
@@ -449,12 +480,16 @@ def _wait_http(url: str, service: Service, timeout: float = 60) -> None:
 def run(opts: Options) -> tuple[dict[str, Any], Report]:
     chaos = Chaos(opts)
     started = time.monotonic()
+    placer: Placer | None = None
     try:
         console.log(f"run directory {opts.root}")
         chaos.start_databases()
         settings = {name: db.settings() for name, db in chaos.dbs.items()}
+        console.log(f"databases ready after {time.monotonic() - started:.1f} s")
         chaos.set_up_schemas()
+        console.log(f"schemas ready after {time.monotonic() - started:.1f} s")
         chaos.start_services()
+        console.log(f"processes ready after {time.monotonic() - started:.1f} s")
         console.log(
             f"{opts.servers} servers, {opts.relays} relays, {opts.workers} workers, 1 consumer, 1 order API; "
             f"{opts.orders} orders, {opts.faults} faults (seed {opts.seed})"
@@ -491,9 +526,11 @@ def run(opts: Options) -> tuple[dict[str, Any], Report]:
         console.log(f"faults done in {faults_seconds:.0f} s; draining")
         drained, drain_seconds = chaos.drain(placer_thread)
         left = {} if drained else chaos.pending()
+        console.log(f"drained={drained} after {drain_seconds:.1f} s")
         chaos.stop()
         for db in chaos.dbs.values():  # the checks read the databases as they are on disk after the run
             db.start()
+        console.log("checking the invariants")
         report = check(chaos.business_direct, chaos.orbit_direct, placer.placed, subscription=SUBSCRIPTION)
         if not drained:
             report.violations.insert(0, f"not drained within {opts.drain_timeout:.0f} s: {left}")
@@ -509,6 +546,8 @@ def run(opts: Options) -> tuple[dict[str, Any], Report]:
             "faults": {k: chaos.stats.faults.get(k, 0) for k in KINDS},
             "faults_total": sum(chaos.stats.faults.values()),
             "faults_missed": dict(chaos.stats.missed),
+            "fault_seconds": {k: round(v, 1) for k, v in chaos.stats.seconds.items()},
+            "waited_for_orders_seconds": round(chaos.stats.waited, 1),
             "db_crashes": {name: db.crashes for name, db in chaos.dbs.items()},
             "lost": f["lost"] + f["orders_lost"],
             "duplicated": f["duplicated"],
@@ -521,6 +560,7 @@ def run(opts: Options) -> tuple[dict[str, Any], Report]:
             "faults_seconds": round(faults_seconds, 1),
             "total_seconds": round(time.monotonic() - started, 1),
             "order_statuses": f["order_statuses"],
+            "order_api_seconds_p50_p99": _percentiles(placer.latencies),
             "charged_but_not_completed": f["charged_but_not_completed"],
             "refused_requests": f["refused_requests"],
             "tasks": f["tasks"],
@@ -543,8 +583,17 @@ def run(opts: Options) -> tuple[dict[str, Any], Report]:
     except BaseException:
         console.log(f"[red]the run failed; its logs are kept under {opts.root}[/red]")
         opts.keep = True
+        if placer is not None:
+            placer.abandoned.set()
         chaos.stop()
         raise
+
+
+def _percentiles(values: list[float]) -> list[float]:
+    if not values:
+        return [0.0, 0.0]
+    ordered = sorted(values)
+    return [round(ordered[len(ordered) // 2], 3), round(ordered[min(len(ordered) - 1, int(len(ordered) * 0.99))], 3)]
 
 
 def show(s: dict[str, Any]) -> None:
