@@ -255,7 +255,11 @@ class _ClaimStatements:
 #: stay disjoint without it (DESIGN §5: some MySQL-compatible engines parse it and lock nothing).
 #: **Test-only:** a relay process started with ``ORBIT_TEST_CLAIMS_WITHOUT_LOCKS=1`` starts with it
 #: off (``python -m bench.chaos --no-skip-locked``; the server reads the same variable).
-LOCK_CLAIMS = os.environ.get("ORBIT_TEST_CLAIMS_WITHOUT_LOCKS", "").strip().lower() not in ("1", "true", "yes")
+LOCK_CLAIMS = os.environ.get("ORBIT_TEST_CLAIMS_WITHOUT_LOCKS", "").strip().lower() not in {
+    "1",
+    "true",
+    "yes",
+}
 
 _claim_statements: weakref.WeakKeyDictionary[OutboxTables, dict[tuple[str, bool], _ClaimStatements]] = (
     weakref.WeakKeyDictionary()

@@ -231,7 +231,9 @@ class Chaos:
                 store.create_namespace(conn, NAMESPACE)
                 for queue in (QUEUE, CONFIRM_QUEUE):
                     store.create_queue(conn, NAMESPACE, queue)
-                self.keys = {role: store.create_api_key(conn, NAMESPACE, role) for role in ("submit", "work", "admin")}
+                self.keys = {
+                    role: store.create_api_key(conn, NAMESPACE, role) for role in ("submit", "work", "admin")
+                }
 
         def business() -> None:
             create_business_tables(self.business_direct)
@@ -593,7 +595,10 @@ def _percentiles(values: list[float]) -> list[float]:
     if not values:
         return [0.0, 0.0]
     ordered = sorted(values)
-    return [round(ordered[len(ordered) // 2], 3), round(ordered[min(len(ordered) - 1, int(len(ordered) * 0.99))], 3)]
+    return [
+        round(ordered[len(ordered) // 2], 3),
+        round(ordered[min(len(ordered) - 1, int(len(ordered) * 0.99))], 3),
+    ]
 
 
 def show(s: dict[str, Any]) -> None:

@@ -29,9 +29,12 @@ def test_a_short_chaos_run_keeps_every_invariant() -> None:
         assert report["faults"][hooked] >= 1, report["faults"]
     assert report["faults_total"] >= 27  # a hooked fault whose point is never reached is retried, then missed
     for settings in report["database_settings"].values():  # the durability baseline of DESIGN §2
-        assert (settings["innodb_flush_log_at_trx_commit"], settings["sync_binlog"], settings["log_bin"]) == (
-            "1", "1", "1"
+        durability = (
+            settings["innodb_flush_log_at_trx_commit"],
+            settings["sync_binlog"],
+            settings["log_bin"],
         )
+        assert durability == ("1", "1", "1")
     statuses = report["order_statuses"]
     assert statuses.get("COMPLETED", 0) > 200 and sum(statuses.values()) == 300
     assert report["follow_ups"] == statuses["COMPLETED"]  # one confirmation per completed order
