@@ -21,6 +21,7 @@ design must survive. Neither is part of the documented settings.
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
 import threading
@@ -51,6 +52,11 @@ def install(engine: Engine) -> None:
     Raises:
         ValueError: an unknown hook (a typo must not silently test nothing).
     """
+    if not LOCK_CLAIMS:
+        logging.getLogger("orbit_server").warning(
+            "%s is set: claims take no FOR UPDATE SKIP LOCKED (a test-only switch; never in production)",
+            CLAIMS_ENV_VAR,
+        )
     value = os.environ.get(ENV_VAR, "").strip()
     if not value:
         return

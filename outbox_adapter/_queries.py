@@ -20,6 +20,7 @@ first one's commit.
 
 from __future__ import annotations
 
+import logging
 import os
 import threading
 import uuid
@@ -275,6 +276,11 @@ def claim_statements(t: OutboxTables, dialect_name: str) -> _ClaimStatements:
         found = per_tables.get(key)
         if found is None:
             found = per_tables[key] = _ClaimStatements(t, dialect_name)
+            if not LOCK_CLAIMS:
+                logging.getLogger("outbox_adapter.relay").warning(
+                    "ORBIT_TEST_CLAIMS_WITHOUT_LOCKS is set: claims take no FOR UPDATE SKIP LOCKED (a test-only "
+                    "switch; never in production)"
+                )
         return found
 
 

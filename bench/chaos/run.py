@@ -56,6 +56,8 @@ KILLS = {f"{kind}_killed": kind for kind in ("api", "relay", "server", "worker",
 CUTS = {"business_db_connections_cut": "business", "orbit_db_connections_cut": "orbit"}
 CRASHES = {"business_db_crashed": "business", "orbit_db_crashed": "orbit"}
 KINDS = [*HOOKED, *KILLS, *CUTS, *CRASHES]
+#: A run in which no order became terminal for this long is stuck: the faults stop and the checks say why.
+STALL_SECONDS = 300
 
 
 def schedule(rng: random.Random, faults: int, crashes_per_db: int) -> list[str]:
@@ -93,6 +95,10 @@ class Stats:
     #: Seconds the fault loop waited for the orders to catch up.
     waited: float = 0.0
     placed: int = 0
+    #: Orders terminal in the business database (COMPLETED, FAILED or NEEDS_REVIEW), polled.
+    terminal: int = 0
+    #: When :attr:`terminal` last grew (time.monotonic()).
+    progressed_at: float = field(default_factory=time.monotonic)
     faults_done: int = 0
     placement_done: bool = False
     last_fault_at: float = 0.0
@@ -367,6 +373,9 @@ class Chaos:
             began = time.monotonic()
             while not may_fault(i):
                 self.watch()
+                if time.monotonic() - self.stats.progressed_at > STALL_SECONDS:
+                    console.log(f"[red]no order became terminal for {STALL_SECONDS} s; faults stopped[/red]")
+                    return
                 time.sleep(0.05)
             self.watch()
             self.stats.waited += time.monotonic() - began
@@ -384,6 +393,18 @@ class Chaos:
             self.stats.faults_done = i
             self.stats.last_fault_at = time.monotonic()
             time.sleep(self.rng.uniform(0.05, 0.3))
+
+    def poll_progress(self, stop: threading.Event) -> None:
+        """Keep :attr:`Stats.terminal` current (a thread): the pacing of orders and faults follows it."""
+        query = sa.select(sa.func.count()).where(business_orders.c.status != "PENDING")
+        while not stop.wait(0.5):
+            try:
+                with self.business_direct.connect() as conn:
+                    terminal = int(conn.scalar(query) or 0)
+            except sa.exc.DBAPIError:
+                continue  # the database is down (a crash of the schedule): try again
+            if terminal > self.stats.terminal:
+                self.stats.terminal, self.stats.progressed_at = terminal, time.monotonic()
 
     # --- drain -----------------------------------------------------------------------------------
 
@@ -410,7 +431,7 @@ class Chaos:
                 **{f"outbox_{k.lower()}": int(v) for k, v in rows.items()}}  # fmt: skip
 
     def drain(self, placer_thread: threading.Thread) -> tuple[bool, float]:
-        placer_thread.join()
+        placer_thread.join(self.opts.drain_timeout)
         start = self.stats.last_fault_at or time.monotonic()
         deadline = time.monotonic() + self.opts.drain_timeout
         last_reconcile = time.monotonic()
@@ -499,14 +520,18 @@ def run(opts: Options) -> tuple[dict[str, Any], Report]:
         plan = schedule(chaos.rng, opts.faults, opts.crashes_per_db)
         stats = chaos.stats
         per_fault = opts.orders / (len(plan) + 1)
-        lag = 3
+        # Orders in flight at most: a steady load the pipeline keeps up with, so that faults land on
+        # every stage all along the run (not on a backlog that drains long after the last fault).
+        window = max(50, opts.orders // 50)
 
         def may_place(j: int) -> bool:
-            return not plan or stats.faults_done >= min(len(plan), int(j / per_fault)) - lag
+            return j < stats.terminal + window
 
         def may_fault(i: int) -> bool:
-            return stats.placement_done or stats.placed >= min(opts.orders, (i + 1) * per_fault)
+            return stats.terminal >= min(opts.orders, (i + 1) * per_fault)
 
+        polling = threading.Event()
+        threading.Thread(target=chaos.poll_progress, args=(polling,), daemon=True).start()
         placer = Placer(chaos.api_url, opts, stats, may_place)
         placer_thread = threading.Thread(target=placer.run, daemon=True)
         placer_thread.start()
@@ -517,7 +542,9 @@ def run(opts: Options) -> tuple[dict[str, Any], Report]:
             nonlocal last_log
             if time.monotonic() - last_log > 15:
                 last_log = time.monotonic()
-                console.log(f"placed {stats.placed}/{opts.orders}, faults {stats.faults_done}/{len(plan)}")
+                console.log(
+                    f"placed {stats.placed}/{opts.orders}, terminal {stats.terminal}, faults {stats.faults_done}/{len(plan)}"
+                )
 
         def may_fault_logged(i: int) -> bool:
             progress()
@@ -527,6 +554,7 @@ def run(opts: Options) -> tuple[dict[str, Any], Report]:
         faults_seconds = time.monotonic() - faults_started
         console.log(f"faults done in {faults_seconds:.0f} s; draining")
         drained, drain_seconds = chaos.drain(placer_thread)
+        polling.set()
         left = {} if drained else chaos.pending()
         console.log(f"drained={drained} after {drain_seconds:.1f} s")
         chaos.stop()
@@ -669,6 +697,11 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--orders must be at least 1 and --faults at least 0")
     if args.json:
         console.quiet = True
+
+    def interrupted(signum: int, _frame: object) -> None:
+        raise KeyboardInterrupt(f"signal {signum}")  # run() then stops every process it started
+
+    signal.signal(signal.SIGTERM, interrupted)
     crashes = args.db_crashes if args.db_crashes is not None else max(1, args.faults // 50)
     root = Path(tempfile.mkdtemp(prefix="orbit-chaos-"))
     opts = Options(args.orders, args.faults, args.seed, crashes if args.faults else 0, args.relays, args.workers,
