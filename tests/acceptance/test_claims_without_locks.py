@@ -48,7 +48,9 @@ def _free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def _start(args: list[str], log: Path, *, stdout: int = subprocess.PIPE, **env: str) -> subprocess.Popen[bytes]:
+def _start(
+    args: list[str], log: Path, *, stdout: int = subprocess.PIPE, **env: str
+) -> subprocess.Popen[bytes]:
     with log.open("wb") as stderr:  # the child has its own copy of the descriptor
         return subprocess.Popen(
             [sys.executable, *args], cwd=REPO, env={**os.environ, **env}, stdout=stdout, stderr=stderr
@@ -99,9 +101,22 @@ def test_four_relays_and_four_workers_keep_every_invariant_without_skip_locked(
         ]  # fmt: skip
         relays = [_start(relay_args, tmp_path / f"relay-{i}.log", **NO_LOCKS) for i in range(4)]
         workers = [
-            _start(["-m", "tests.acceptance.worker_process", base_url, keys["work"], namespace, "default",
-                    "--concurrency", "4", "--lease-seconds", "5"], tmp_path / f"worker-{i}.log",
-                   stdout=subprocess.DEVNULL)  # fmt: skip
+            _start(
+                [
+                    "-m",
+                    "tests.acceptance.worker_process",
+                    base_url,
+                    keys["work"],
+                    namespace,
+                    "default",
+                    "--concurrency",
+                    "4",
+                    "--lease-seconds",
+                    "5",
+                ],
+                tmp_path / f"worker-{i}.log",
+                stdout=subprocess.DEVNULL,
+            )  # fmt: skip
             for i in range(4)
         ]
         processes += relays + workers
@@ -135,9 +150,13 @@ def test_four_relays_and_four_workers_keep_every_invariant_without_skip_locked(
                 proc.communicate()
     assert WARNING in server_log.read_text()
     with business.connect() as conn:
-        rows = conn.execute(sa.text("SELECT state, attempts, idempotency_key, orbit_task_id FROM orbit_outbox")).all()
+        rows = conn.execute(
+            sa.text("SELECT state, attempts, idempotency_key, orbit_task_id FROM orbit_outbox")
+        ).all()
     with orbit.connect() as conn:
-        task_of_key = dict(conn.execute(sa.select(submission_keys.c.idempotency_key, submission_keys.c.task_id)).all())
+        task_of_key = dict(
+            conn.execute(sa.select(submission_keys.c.idempotency_key, submission_keys.c.task_id)).all()
+        )
         task_count = conn.scalar(sa.select(sa.func.count()).select_from(tasks))
     assert Counter(r.state for r in rows) == {"DELIVERED": ROWS} and {r.attempts for r in rows} == {1}
     assert task_count == ROWS == len(task_of_key)  # every row exactly one task
