@@ -116,7 +116,7 @@ def test_four_relays_and_four_workers_keep_every_invariant_without_skip_locked(
                 ],
                 tmp_path / f"worker-{i}.log",
                 stdout=subprocess.DEVNULL,
-            )  # fmt: skip
+            )
             for i in range(4)
         ]
         processes += relays + workers
