@@ -24,6 +24,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
 from examples.order_service.db import business_orders, provider_effects
+from examples.order_service.providers import CARD_LIMIT
 from orbit_client import TaskStatus
 from orbit_server.execution import TRANSITIONS
 from orbit_server.schema import (
@@ -164,6 +165,10 @@ def _check_orders(report: Report, placed: Placed, orders: dict[str, Any]) -> Non
         if row.status not in TERMINAL_ORDERS:
             report.violate("order not terminal", f"{order_id} is {row.status}")
     report.figures["orders_lost"] = lost
+    #: FAILED orders the card limit does not explain (a failure other than the decline): a figure.
+    report.figures["failed_not_declined"] = sum(
+        1 for r in orders.values() if r.status == "FAILED" and r.amount <= CARD_LIMIT
+    )
     refused_present = 0
     for key, body, conflict in placed.refused:
         row = orders.get(key)

@@ -382,6 +382,10 @@ class Chaos:
             began = time.monotonic()
             done = self.fault(kind)
             self.stats.seconds[kind] += time.monotonic() - began
+            with (self.logs / "faults.log").open(
+                "a"
+            ) as log:  # when each fault happened, to read beside the logs
+                log.write(f"{time.strftime('%H:%M:%S')} {i} {kind} {'done' if done else 'not reached'}\n")
             if done:
                 self.stats.faults[kind] += 1
             else:
@@ -592,6 +596,7 @@ def run(opts: Options) -> tuple[dict[str, Any], Report]:
             "order_statuses": f["order_statuses"],
             "order_api_seconds_p50_p99": _percentiles(placer.latencies),
             "charged_but_not_completed": f["charged_but_not_completed"],
+            "failed_not_declined": f["failed_not_declined"],
             "refused_requests": f["refused_requests"],
             "tasks": f["tasks"],
             "attempts": f["attempts"],
@@ -660,7 +665,8 @@ def show(s: dict[str, Any]) -> None:
     )
     table.add_row("result events / follow-ups", f"{s['result_events']} / {s['follow_ups']}")
     table.add_row("outbox rows sent more than once", str(s["resent_rows"]))
-    table.add_row("charged but not completed", str(s["charged_but_not_completed"]))
+    table.add_row("failed without a decline / charged but not completed",
+                  f"{s['failed_not_declined']} / {s['charged_but_not_completed']}")  # fmt: skip
     table.add_row("processes that exited by themselves", str(s["self_exits"]))
     table.add_row(
         "faults phase / drain after the last fault", f"{s['faults_seconds']} s / {s['drain_seconds']} s"
@@ -669,6 +675,8 @@ def show(s: dict[str, Any]) -> None:
     out.print(table)
     for line in s["violations"]:
         out.print(f"[red]violation[/red] {line}")
+    for line in s["self_exit_details"]:
+        out.print(f"[yellow]exited by itself[/yellow] {line[:600]}")
     out.print("[green]Every invariant held.[/green]" if ok else "[red]Invariants were violated.[/red]")
 
 

@@ -25,7 +25,7 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
-from orbit_client import OrbitClient, TaskContext, Worker
+from orbit_client import OrbitClient, RetryableError, TaskContext, Worker
 
 from .db import business_engine, journal_entries
 from .providers import Providers
@@ -81,7 +81,9 @@ def make_handler(engine: Engine, *, fault: str | None = None) -> Callable[[TaskC
 
     Params: ``{"order_id": str, "sku": str, "quantity": int, "amount": "12.34"}``.
     Returns ``{"reservation_id", "payment_id", "receipt_id"}``; raises
-    :class:`~.providers.PaymentDeclined` (not retryable: the task fails) above the card limit.
+    :class:`~.providers.PaymentDeclined` (not retryable: the task fails) above the card limit, and
+    :class:`~orbit_client.RetryableError` when the business database is unavailable (the task is
+    attempted again; the journal and the providers' keys make that safe).
     """
     providers = Providers(engine)
     hang_once = threading.Event()
@@ -107,6 +109,17 @@ def make_handler(engine: Engine, *, fault: str | None = None) -> Callable[[TaskC
             threading.Event().wait()  # until the demo kills this process
 
     def fulfil(ctx: TaskContext) -> dict[str, Any]:
+        try:
+            return run_steps(ctx)
+        except sa.exc.DBAPIError as exc:
+            # The business database went away (a restart, a failover, a cut connection): every step is
+            # journaled and every provider call idempotent, so the next attempt resumes safely. Reported
+            # as not retryable, it would fail the order, perhaps after the card was charged.
+            if exc.connection_invalidated or isinstance(exc, sa.exc.OperationalError | sa.exc.InterfaceError):
+                raise RetryableError(f"business database unavailable: {exc.orig!r}") from exc
+            raise
+
+    def run_steps(ctx: TaskContext) -> dict[str, Any]:
         p = ctx.params
         order_id, generation = p["order_id"], ctx.generation
         reservation = durable_step(

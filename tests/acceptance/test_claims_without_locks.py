@@ -122,14 +122,14 @@ def test_four_relays_and_four_workers_keep_every_invariant_without_skip_locked(
         processes += relays + workers
         stats = []
         for i, relay in enumerate(relays):
-            out, _ = relay.communicate(timeout=300)
+            out, _ = relay.communicate(timeout=max(300, ROWS / 10))
             log = (tmp_path / f"relay-{i}.log").read_text()
             assert relay.returncode == 0, log[-3000:]
             assert WARNING in log  # the switch took effect in this process
             stats.append(json.loads(out))
         assert sum(s["delivered"] for s in stats) == ROWS and sum(s["replayed"] for s in stats) == 0
         assert sum(s["claimed"] for s in stats) == ROWS  # no row was ever claimed twice
-        deadline = time.monotonic() + 300
+        deadline = time.monotonic() + max(300, ROWS / 10)
         while True:  # the workers run until stopped: wait for the database to say every task finished
             with orbit.connect() as conn:
                 done = conn.scalar(sa.select(sa.func.count()).where(tasks.c.status == "SUCCEEDED"))
