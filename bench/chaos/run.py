@@ -366,12 +366,17 @@ class Chaos:
         return True
 
     def run_faults(self, plan: list[str], may_fault: Callable[[int], bool]) -> None:
-        i = 0
-        retries: Counter[int] = Counter()
-        while i < len(plan):
-            kind = plan[i]
+        """Inject ``plan`` in order; fault ``i`` waits until ``may_fault(i)``. A hooked fault whose point
+        is not reached (no traffic of that kind just then) is tried again a little later, up to 3 times,
+        while orders are still in flight."""
+        queue: list[tuple[str, int, int]] = [
+            (kind, slot, 0) for slot, kind in enumerate(plan)
+        ]  # kind, slot, tries
+        n = 0
+        while n < len(queue):
+            kind, slot, tries = queue[n]
             began = time.monotonic()
-            while not may_fault(i):
+            while not may_fault(slot):
                 self.watch()
                 if time.monotonic() - self.stats.progressed_at > STALL_SECONDS:
                     console.log(f"[red]no order became terminal for {STALL_SECONDS} s; faults stopped[/red]")
@@ -382,19 +387,17 @@ class Chaos:
             began = time.monotonic()
             done = self.fault(kind)
             self.stats.seconds[kind] += time.monotonic() - began
-            with (self.logs / "faults.log").open(
-                "a"
-            ) as log:  # when each fault happened, to read beside the logs
-                log.write(f"{time.strftime('%H:%M:%S')} {i} {kind} {'done' if done else 'not reached'}\n")
+            with (self.logs / "faults.log").open("a") as log:  # when each fault happened, beside the logs
+                log.write(f"{time.strftime('%H:%M:%S')} {slot} {kind} {'done' if done else 'not reached'}\n")
             if done:
                 self.stats.faults[kind] += 1
             else:
                 self.stats.missed[kind] += 1
-                if retries[i] < 3:  # try it again a little later
-                    retries[i] += 1
-                    plan.insert(min(len(plan), i + 3), kind)
-            i += 1
-            self.stats.faults_done = i
+                in_flight = not self.stats.placement_done or self.stats.terminal < self.opts.orders
+                if tries < 3 and in_flight:
+                    queue.insert(min(len(queue), n + 3), (kind, slot, tries + 1))
+            n += 1
+            self.stats.faults_done = slot + 1
             self.stats.last_fault_at = time.monotonic()
             time.sleep(self.rng.uniform(0.05, 0.3))
 
