@@ -21,6 +21,8 @@ import sqlalchemy as sa
 from sqlalchemy import event
 from sqlalchemy.engine import URL, Connection, Engine, make_url
 
+from . import _faults
+
 __all__ = [
     "as_db_time",
     "create_engine",
@@ -87,6 +89,7 @@ def create_engine(
                               pool_reset_on_return=None, **kwargs)  # fmt: skip
     _ping_when_idle(engine, ping_idle_seconds)
     _reset_only_open_transactions(engine)
+    _faults.install(engine)  # test-only hooks; nothing unless ORBIT_SERVER_FAULT is set
     return engine
 
 
@@ -150,6 +153,10 @@ def _reset_only_open_transactions(engine: Engine) -> None:
     @event.listens_for(engine, "rollback")
     def _on_end(conn: Connection) -> None:
         # Fired just before the DBAPI commit/rollback; if that fails, handle_error marks it dirty.
+        if conn.invalidated:
+            # The database dropped the connection (crash, cut, KILL): the pool discards it. Touching
+            # it here would raise PendingRollbackError in place of the caller's OperationalError.
+            return
         _info(conn)[key] = True
 
     @event.listens_for(engine, "reset")

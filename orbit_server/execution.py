@@ -55,7 +55,7 @@ from orbit_client import (
     TaskStatus,
 )
 
-from . import _ids, errors, permits, results, store
+from . import _faults, _ids, errors, permits, results, store
 from ._db import db_now, is_lock_conflict, to_naive_utc, to_utc
 from ._sampling import lease_expired
 from .schema import concurrency_permits, namespaces, queue_gates, queues, task_attempts, task_events, tasks
@@ -294,11 +294,11 @@ def _append_event(
 
 
 def _lock_task(conn: Connection, task_id: str, *, skip_locked: bool = False) -> dict[str, Any] | None:
-    """Read a task row and lock it (``FOR UPDATE [SKIP LOCKED]`` on MySQL/MariaDB)."""
+    """Read a task row and lock it (``FOR UPDATE [SKIP LOCKED]`` on MySQL/MariaDB; a ``skip_locked``
+    read locks nothing under the test-only ``ORBIT_TEST_CLAIMS_WITHOUT_LOCKS``, see :mod:`._faults`)."""
+    select = sa.select(*_TASK_COLUMNS).where(tasks.c.id == task_id)
     row = (
-        conn.execute(
-            sa.select(*_TASK_COLUMNS).where(tasks.c.id == task_id).with_for_update(skip_locked=skip_locked)
-        )
+        conn.execute(_faults.skip_locked(select) if skip_locked else select.with_for_update())
         .mappings()
         .first()
     )
@@ -437,16 +437,17 @@ def lease_tasks(
     if due is None:
         due = (
             conn.execute(
-                sa.select(tasks)
-                .where(
-                    tasks.c.queue_id == queue_id,
-                    tasks.c.status == TaskStatus.WAITING.value,
-                    tasks.c.available_at <= now,
-                    sa.or_(tasks.c.deadline.is_(None), tasks.c.deadline > now),
+                _faults.skip_locked(
+                    sa.select(tasks)
+                    .where(
+                        tasks.c.queue_id == queue_id,
+                        tasks.c.status == TaskStatus.WAITING.value,
+                        tasks.c.available_at <= now,
+                        sa.or_(tasks.c.deadline.is_(None), tasks.c.deadline > now),
+                    )
+                    .order_by(tasks.c.available_at, tasks.c.id)
+                    .limit(max_tasks)
                 )
-                .order_by(tasks.c.available_at, tasks.c.id)
-                .limit(max_tasks)
-                .with_for_update(skip_locked=True)
             )
             .mappings()
             .all()
@@ -575,7 +576,7 @@ def _sweep(conn: Connection, now: datetime, *, queue_id: int | None, limit: int)
             and _expire_attempt(conn, task, attempt, now)
         ):
             changed += 1
-    for row in conn.execute(overdue.limit(limit).with_for_update(skip_locked=True)).mappings().all():
+    for row in conn.execute(_faults.skip_locked(overdue.limit(limit))).mappings().all():
         apply_transition(
             conn,
             dict(row),

@@ -60,7 +60,7 @@ from sqlalchemy.engine import Connection
 
 from orbit_client import Delivery, DeliveryAck, ResultEvent, Subscription, TaskStatus
 
-from . import errors
+from . import _faults, errors
 from ._db import db_now, to_utc
 from .schema import (
     Key,
@@ -416,11 +416,12 @@ def lease_deliveries(
     )
     ids = list(
         conn.execute(
-            sa.select(d.c.id)
-            .where(d.c.subscription_id == subscription_id, leasable)
-            .order_by(d.c.id)
-            .limit(max_deliveries)
-            .with_for_update(skip_locked=True)
+            _faults.skip_locked(
+                sa.select(d.c.id)
+                .where(d.c.subscription_id == subscription_id, leasable)
+                .order_by(d.c.id)
+                .limit(max_deliveries)
+            )
         ).scalars()
     )
     if not ids:

@@ -14,6 +14,12 @@
 - ``pause-after-commit`` (consumer): after a result event's transaction commits and
   *before* its delivery is acked, write ``ORBIT_OUTBOX_FAULT paused-after-commit
   event_id=E`` to stderr and block for ever: the crash "between commit and ack".
+
+A pausing hook may be gated by a file: ``pause-after-send@/path/arm`` (or
+``pause-after-commit@/path/arm``) runs normally until the file ``/path/arm`` exists; the
+first send (commit) after that removes the file and pauses, so one arming gives exactly one
+pause, at whatever moment the process reaches that point next. ``bench.chaos`` arms
+long-running processes this way at the moments of its fault schedule.
 """
 
 from __future__ import annotations
@@ -37,6 +43,8 @@ class Faults:
     pause_after_send: bool = False
     delay_before_send: float = 0.0
     pause_after_commit: bool = False
+    #: The file whose presence arms the pausing hook (``None``: always armed).
+    gate: str | None = None
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> Faults | None:
@@ -48,14 +56,16 @@ class Faults:
         value = (environ if environ is not None else os.environ).get(ENV_VAR, "").strip()
         if not value:
             return None
-        if value == "pause-after-send":
-            return cls(pause_after_send=True)
-        if value == "pause-after-commit":
-            return cls(pause_after_commit=True)
+        name, _, gate = value.partition("@")
+        if name == "pause-after-send":
+            return cls(pause_after_send=True, gate=gate or None)
+        if name == "pause-after-commit":
+            return cls(pause_after_commit=True, gate=gate or None)
         if value.startswith("delay-before-send="):
             return cls(delay_before_send=float(value.split("=", 1)[1]))
         raise ValueError(
-            f"{ENV_VAR}={value!r} is not a known fault hook (pause-after-send, delay-before-send=S, pause-after-commit)"
+            f"{ENV_VAR}={value!r} is not a known fault hook (pause-after-send[@FILE], delay-before-send=S, "
+            "pause-after-commit[@FILE])"
         )
 
     def before_send(self, row_id: int) -> None:
@@ -63,13 +73,23 @@ class Faults:
             _say(f"sending row_id={row_id}")
             time.sleep(self.delay_before_send)
 
+    def _armed(self) -> bool:
+        """True when the hook should pause now: no gate, or the gate file existed (it is removed)."""
+        if self.gate is None:
+            return True
+        try:
+            os.remove(self.gate)  # atomic: of concurrent threads, exactly one takes the arming
+        except FileNotFoundError:
+            return False
+        return True
+
     def after_send(self, row_id: int) -> None:
-        if self.pause_after_send:
+        if self.pause_after_send and self._armed():
             _say(f"paused-after-send row_id={row_id}")
             threading.Event().wait()  # until the process is killed
 
     def after_commit(self, event_id: str) -> None:
-        if self.pause_after_commit:
+        if self.pause_after_commit and self._armed():
             _say(f"paused-after-commit event_id={event_id}")
             threading.Event().wait()  # until the process is killed
 

@@ -20,6 +20,8 @@ first one's commit.
 
 from __future__ import annotations
 
+import logging
+import os
 import threading
 import uuid
 import weakref
@@ -261,7 +263,13 @@ class _ClaimStatements:
 
 #: Take ``FOR UPDATE SKIP LOCKED`` in the claim's select. Tests turn it off to show that claims
 #: stay disjoint without it (DESIGN §5: some MySQL-compatible engines parse it and lock nothing).
-LOCK_CLAIMS = True
+#: **Test-only:** a relay process started with ``ORBIT_TEST_CLAIMS_WITHOUT_LOCKS=1`` starts with it
+#: off (``python -m bench.chaos --no-skip-locked``; the server reads the same variable).
+LOCK_CLAIMS = os.environ.get("ORBIT_TEST_CLAIMS_WITHOUT_LOCKS", "").strip().lower() not in {
+    "1",
+    "true",
+    "yes",
+}
 
 _claim_statements: weakref.WeakKeyDictionary[OutboxTables, dict[tuple[str, bool], _ClaimStatements]] = (
     weakref.WeakKeyDictionary()
@@ -277,6 +285,11 @@ def claim_statements(t: OutboxTables, dialect_name: str) -> _ClaimStatements:
         found = per_tables.get(key)
         if found is None:
             found = per_tables[key] = _ClaimStatements(t, dialect_name)
+            if not LOCK_CLAIMS:
+                logging.getLogger("outbox_adapter.relay").warning(
+                    "ORBIT_TEST_CLAIMS_WITHOUT_LOCKS is set: claims take no FOR UPDATE SKIP LOCKED (a test-only "
+                    "switch; never in production)"
+                )
         return found
 
 

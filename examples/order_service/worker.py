@@ -25,7 +25,7 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
-from orbit_client import JsonFormatter, OrbitClient, TaskContext, Worker
+from orbit_client import JsonFormatter, OrbitClient, RetryableError, TaskContext, Worker
 
 from .db import business_engine, journal_entries
 from .providers import Providers
@@ -37,6 +37,8 @@ NAMESPACE, QUEUE, HANDLER = "shop", "fulfilment", "orders.fulfil"
 #: Demo-only fault hook: ``hang-after-charge`` makes the first charge of this process block,
 #: after the provider performed it and before the journal records it, and announces it on
 #: stderr, so the demo can SIGKILL the worker in the middle of a step.
+#: ``hang-after-charge@FILE`` (``bench.chaos``) blocks the first charge made after the file
+#: ``FILE`` appears (the file is removed: one arming, one hang).
 FAULT_ENV = "ORDER_SERVICE_FAULT"
 
 log = logging.getLogger("order_service.worker")
@@ -79,20 +81,45 @@ def make_handler(engine: Engine, *, fault: str | None = None) -> Callable[[TaskC
 
     Params: ``{"order_id": str, "sku": str, "quantity": int, "amount": "12.34"}``.
     Returns ``{"reservation_id", "payment_id", "receipt_id"}``; raises
-    :class:`~.providers.PaymentDeclined` (not retryable: the task fails) above the card limit.
+    :class:`~.providers.PaymentDeclined` (not retryable: the task fails) above the card limit, and
+    :class:`~orbit_client.RetryableError` when the business database is unavailable (the task is
+    attempted again; the journal and the providers' keys make that safe).
     """
     providers = Providers(engine)
     hang_once = threading.Event()
-    if fault == "hang-after-charge":
+    name, _, gate = (fault or "").partition("@")
+    if name == "hang-after-charge" and not gate:
         hang_once.set()
 
-    def hang_if_asked() -> None:
+    def armed() -> bool:
         if hang_once.is_set():
             hang_once.clear()
+            return True
+        if name != "hang-after-charge" or not gate:
+            return False
+        try:
+            os.remove(gate)  # atomic: of the handler threads, exactly one takes the arming
+        except FileNotFoundError:
+            return False
+        return True
+
+    def hang_if_asked() -> None:
+        if armed():
             print(f"{FAULT_ENV} paused-after-charge", file=sys.stderr, flush=True)
             threading.Event().wait()  # until the demo kills this process
 
     def fulfil(ctx: TaskContext) -> dict[str, Any]:
+        try:
+            return run_steps(ctx)
+        except sa.exc.DBAPIError as exc:
+            # The business database went away (a restart, a failover, a cut connection): every step is
+            # journaled and every provider call idempotent, so the next attempt resumes safely. Reported
+            # as not retryable, it would fail the order, perhaps after the card was charged.
+            if exc.connection_invalidated or isinstance(exc, sa.exc.OperationalError | sa.exc.InterfaceError):
+                raise RetryableError(f"business database unavailable: {exc.orig!r}") from exc
+            raise
+
+    def run_steps(ctx: TaskContext) -> dict[str, Any]:
         p = ctx.params
         order_id, generation = p["order_id"], ctx.generation
         reservation = durable_step(

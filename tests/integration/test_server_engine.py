@@ -97,3 +97,21 @@ def test_an_idle_connection_is_pinged_and_a_dropped_one_replaced(make_database: 
 def _connection_id(engine: Engine) -> int:
     with engine.begin() as conn:
         return int(conn.exec_driver_sql("SELECT CONNECTION_ID()").scalar_one())
+
+
+def test_a_connection_lost_mid_transaction_raises_the_database_error(make_database: DatabaseFactory) -> None:
+    """Regression (bench.chaos, issue 9): when the database dropped a connection inside a transaction,
+    the rollback listener of ``_reset_only_open_transactions`` touched the invalidated connection and
+    raised ``PendingRollbackError`` in place of the ``OperationalError``. The callers that retry a lost
+    connection (task acceptance: ``exc.connection_invalidated``) then answered 500 instead of retrying."""
+    engine = create_engine(make_database("mariadb"), pool_size=1)
+    try:
+        with pytest.raises(sa.exc.OperationalError) as raised, engine.begin() as conn:
+            connection_id = conn.exec_driver_sql("SELECT CONNECTION_ID()").scalar_one()
+            with sa.create_engine(engine.url, poolclass=sa.pool.NullPool).connect() as admin:
+                admin.exec_driver_sql(f"KILL {connection_id}")  # as a crash or a cut proxy does
+            conn.exec_driver_sql("SELECT 1")
+        assert raised.value.connection_invalidated
+        assert _connection_id(engine) != connection_id  # and the pool carries on with a new one
+    finally:
+        engine.dispose()

@@ -280,8 +280,16 @@ def test_orbit_outbox_consume(
     orders_of(biz, orders, tasks)
 
     failing = runner.invoke(
-        main, [*consume, "--handler", "tests.integration.outbox.inbox_handlers:broken", "--lease-seconds", "2",
-               "--json"], env=env,
+        main,
+        [
+            *consume,
+            "--handler",
+            "tests.integration.outbox.inbox_handlers:broken",
+            "--lease-seconds",
+            "2",
+            "--json",
+        ],
+        env=env,
     )  # fmt: skip  (a 2 s lease: both deliveries are still leased when a loaded machine reaches the second)
     assert failing.exit_code == 0, failing.output
     assert json.loads(failing.stdout)["failed"] == 2 and json.loads(failing.stdout)["acked"] == 0

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from orbit_client import (
@@ -90,6 +92,17 @@ def test_fault_hooks_are_off_unless_named() -> None:
     assert Faults.from_env({"ORBIT_OUTBOX_FAULT": "delay-before-send=0.5"}) == Faults(delay_before_send=0.5)
     with pytest.raises(ValueError, match="not a known fault hook"):
         Faults.from_env({"ORBIT_OUTBOX_FAULT": "pause"})
+
+
+def test_a_gated_fault_hook_pauses_once_per_arming(tmp_path: Path) -> None:
+    """``HOOK@FILE`` (bench.chaos): nothing happens until FILE exists; the next pass takes the arming."""
+    gate = tmp_path / "arm"
+    faults = Faults.from_env({"ORBIT_OUTBOX_FAULT": f"pause-after-commit@{gate}"})
+    assert faults == Faults(pause_after_commit=True, gate=str(gate))
+    assert not faults._armed()
+    gate.touch()
+    assert faults._armed() and not gate.exists()  # taken: the next pass runs normally again
+    assert not faults._armed()
 
 
 def test_outage_logs_once_per_wait_and_once_on_recovery(caplog: pytest.LogCaptureFixture) -> None:
