@@ -4,6 +4,7 @@ same event (they serialise on the inbox's unique key), and a business database o
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import threading
@@ -216,9 +217,10 @@ def test_results_from_a_real_server_apply_once_although_an_ack_is_lost(
         admin.create_subscription(ns.name, "results", queues=["default"])
     done, cancelled = finished_task(orbit, ns, succeed=True), finished_task(orbit, ns, succeed=False)
     orders_of(biz, orders, [done, cancelled])
-    with run_fault_proxy(orbit.base_url) as (proxy_url, proxy):
+    with run_fault_proxy(orbit.base_url) as (proxy_url, proxy), contextlib.ExitStack() as stack:
         lost = proxy.add("respond", path_contains="/ack", times=1, status=503, body={"code": "unavailable"})
         client = OrbitClient(proxy_url, api_key=ns.keys["work"], retry=RetryPolicy(max_attempts=1))
+        stack.callback(client.close)
         consumer = ResultConsumer(
             biz.engine,
             client,
@@ -226,7 +228,7 @@ def test_results_from_a_real_server_apply_once_although_an_ack_is_lost(
             "results",
             status_handler(orders, tables),
             tables=tables,
-            lease_seconds=0.5,
+            lease_seconds=2.0,  # long enough that a loaded machine applies both before it lapses
         )
         first = consumer.run_once()
         assert (first.applied, first.ack_failures) == (2, 1) and lost.hits == 1
@@ -246,9 +248,8 @@ def test_results_from_a_real_server_apply_once_although_an_ack_is_lost(
             2,
             1,
         )
-        time.sleep(0.6)
+        time.sleep(2.1)
         assert consumer.run_once().leased == 0  # acked for good
-        client.close()
     with biz.engine.connect() as conn:
         rows = {r.task_id: (r.status, r.applied) for r in conn.execute(sa.select(orders))}
         follow_ups = [r.params for r in conn.execute(sa.select(tables.outbox).order_by(tables.outbox.c.id))]
