@@ -323,6 +323,9 @@ def business_transactions(report: Report, engine: sa.Engine, n: int) -> OutboxTa
     orders = _orders_table(metadata)
     metadata.create_all(engine)
     tables = _new_outbox(engine)
+    keyed_tables = _new_outbox(
+        engine
+    )  # keyed rows apart: the relay rounds drain exactly the n rows of ``tables``
     insert = orders.insert()
     plain = with_enqueue = keyed = 0.0
     chunk = 50
@@ -344,7 +347,7 @@ def business_transactions(report: Report, engine: sa.Engine, n: int) -> OutboxTa
             for i in range(start, start + count):
                 with engine.begin() as conn:
                     conn.execute(insert, {"ref": f"order-k-{i}", "amount_cents": i})
-                    enqueue(conn, namespace=NS, queue=QUEUE, handler=HANDLER, params={"n": i}, tables=tables,
+                    enqueue(conn, namespace=NS, queue=QUEUE, handler=HANDLER, params={"n": i}, tables=keyed_tables,
                             ordering_key=f"customer-{i % 100}")  # fmt: skip
 
         plain += _timed(without)
