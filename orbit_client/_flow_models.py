@@ -526,6 +526,7 @@ class FlowGraph(_Wire):
         """Each reachable node's enclosing parallel nodes, outermost first; raise where blocks cross."""
         nodes = self.nodes
         blocks: dict[str, tuple[str, ...]] = {}
+        reached_from: dict[str, str] = {}
         # (node, its enclosing parallels, the node and field that led there)
         pending: list[tuple[str, tuple[str, ...], str | None]] = [(self.start, (), None)]
         while pending:
@@ -550,11 +551,12 @@ class FlowGraph(_Wire):
                 if known != stack:
                     raise ValueError(
                         f"{came_from or 'start'} leads to node {node_id!r} {_where(stack)}, but it is also "
-                        f"reached {_where(known)}: an edge may not leave or enter a parallel block except "
-                        "through its parallel and its join"
+                        f"reached {_where(known)} (from {reached_from[node_id]}): an edge may not leave or "
+                        "enter a parallel block except through its parallel and its join"
                     )
                 continue
             blocks[node_id] = stack
+            reached_from[node_id] = came_from or ("start" if node_id == self.start else "its parallel")
             if isinstance(node, EndNode):
                 continue
             if isinstance(node, ParallelNode):
