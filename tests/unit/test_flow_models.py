@@ -651,3 +651,36 @@ def test_responses_parse_and_ignore_unknown_fields() -> None:
     assert version.graph.digest() == version.digest
     assert {s.value for s in FlowInstanceStatus if s.is_terminal} == {"COMPLETED", "FAILED", "CANCELLED"}
     assert {s.value for s in FlowTokenState if s.is_final} == {"DONE", "CANCELLED"}
+
+
+# ------------------------------------------------------------------------------------------ README
+
+
+def _readme_section() -> str:
+    from pathlib import Path
+
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text(encoding="utf-8")
+    return readme.split("## Flows: graph format", 1)[1].split("\n## ", 1)[0]
+
+
+def test_the_readme_example_graph_is_valid() -> None:
+    import re
+
+    blocks = re.findall(r"```json\n(.*?)```", _readme_section(), flags=re.S)
+    assert len(blocks) == 1
+    graph = FlowGraph.model_validate_json(blocks[0])
+    assert {node.type for node in graph.nodes.values()} == {
+        "task", "signal", "timer", "parallel", "join", "poll", "choice", "end"
+    }  # fmt: skip
+    assert graph.enclosing_parallel("notify") == "fanout"
+
+
+def test_the_readme_documents_every_node_type_and_field() -> None:
+    section = _readme_section()
+    for model in (TaskNode, TimerNode, SignalNode, ParallelNode, JoinNode, PollNode, ChoiceNode, EndNode):
+        type_name = model.model_fields["type"].default
+        assert f"| `{type_name}` |" in section, f"README: no row for {type_name}"
+        for field in model.model_fields:
+            assert f"`{field}`" in section, f"README: field {field} of {type_name} is not documented"
+    for field in ChoiceRule.model_fields:
+        assert f"`{field}`" in section
