@@ -247,6 +247,13 @@ def test_a_graph_built_from_node_objects() -> None:
     ("graph", "message"),
     [
         ({"start": "nope", "nodes": {"a": END}}, "start 'nope' is not a node of the graph"),
+        (
+            {"start": "j", "nodes": {
+                "j": {"type": "join", "next": "p"},
+                "p": {"type": "parallel", "branches": ["b", "c"], "join": "j"},
+                "b": timer("j"), "c": timer("j")}},
+            "start 'j' is a join node",
+        ),
         ({"start": "a", "nodes": {"a": task("zz"), "e": END}}, "node 'a': next 'zz' is not a node"),
         (
             {"start": "a", "nodes": {"a": task("e", on_failure="gone"), "e": END}},
