@@ -232,12 +232,12 @@ TemplatePath = Annotated[str, Field(max_length=1000), AfterValidator(_syntax_onl
 
 
 class _Node(_Wire):
-    #: The node's references to other nodes: (field, node id), in field order.
     def references(self) -> list[tuple[str, str]]:
+        """The node's edges: ``(field, node id)`` pairs in field order (``("rules[0].next", "a")``)."""
         raise NotImplementedError
 
     def templates(self) -> list[tuple[str, Any]]:
-        """The node's templates and template paths: (field, value)."""
+        """The node's templates and template paths: ``(field, value)`` pairs (``("params", {...})``)."""
         return []
 
 
