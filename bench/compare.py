@@ -1,6 +1,7 @@
 """Orbit beside procrastinate, side by side in one run: hand-off, relay, worker, end to end.
 
-    python -m bench.compare [--n 2000] [--concurrency 4] [--skip-claim] [--only SECTION,...] [--json]
+    python -m bench.compare [--n 2000] [--concurrency 4] [--worker-rounds 3] [--skip-claim] [--only SECTION,...]
+                            [--json]
 
 Needs the ``bench`` extra (``pip install -e '.[bench]'``: procrastinate and psycopg), MariaDB at
 ``ORBIT_TEST_MYSQL_URL`` (default ``mysql+pymysql://root@127.0.0.1:3306``) and PostgreSQL at
@@ -18,7 +19,11 @@ Sections (``--only`` takes their names):
   plus ``enqueue`` (the ratio is the price of the hand-off); the relay draining ``--n`` rows at
   batch 1 and at batch 100; direct single submissions (8 threads) and, where the client has
   ``submit_tasks``, batch submissions of 100; one worker process (``--concurrency``) with a
-  no-op handler (processed/s from the database's timestamps); end to end: worker and relay
+  no-op handler (processed/s from the database's timestamps), ``--worker-rounds`` times, each
+  drain beside one of the peer's worker (alternating which goes first) when ``peer`` runs too,
+  so that the worker ratio is the median of ratios whose two drains met the same load (the
+  machine's speed moves by 2x within minutes; the peer section's own drain ran minutes
+  earlier), with the server + worker CPU per task; end to end: worker and relay
   processes running, ``--n`` business transactions with ``enqueue`` one after the other,
   until the last task has succeeded. Also the peak RSS of the server, relay (batch 500) and
   worker processes, and statements and round trips per submission (MariaDB's global
@@ -53,7 +58,7 @@ from typing import Any
 import httpx
 import sqlalchemy as sa
 
-from bench._support import MYSQL_SERVER, cli, orbit_server_processes, peak_rss_mb
+from bench._support import MYSQL_SERVER, cli, cpu_seconds, orbit_server_processes, peak_rss_mb
 from orbit_client import OrbitClient, RetryPolicy
 from outbox_adapter import Backoff, Outbox, OutboxTables, Relay, enqueue
 
@@ -213,7 +218,9 @@ def mysql_databases(*roles: str) -> Iterator[dict[str, str]]:
 # --------------------------------------------------------------------- peer
 
 
-def run_peer(report: Report, n: int, concurrency: int) -> None:
+@contextlib.contextmanager
+def peer_database(report: Report) -> Iterator[str]:
+    """A new PostgreSQL database with procrastinate's schema; yields its conninfo; drops it on exit."""
     import psycopg
 
     name = f"orbit_cmp_peer_{uuid.uuid4().hex[:8]}"
@@ -225,58 +232,99 @@ def run_peer(report: Report, n: int, concurrency: int) -> None:
             "fsync": admin.execute("SHOW fsync").fetchone()[0],  # type: ignore[index]
         }
     conninfo = f"{POSTGRES_CONNINFO} dbname={name}"
-    env = {**os.environ, "BENCH_PEER_CONNINFO": conninfo, "BENCH_PEER_CONCURRENCY": str(concurrency)}
-    os.environ["BENCH_PEER_CONNINFO"] = conninfo
+    os.environ["BENCH_PEER_CONNINFO"] = conninfo  # read by bench._peer_app at import
     try:
         from bench import _peer_app
 
-        app = _peer_app.app
-        noop = app.tasks["bench.noop"]
-        with app.open():
-            app.schema_manager.apply_schema()
-            elapsed = _timed(lambda: [noop.defer(n=i) for i in range(n)])
-        report.add("peer", "peer: defer", n / elapsed, "jobs/s", "each job its own transaction")
-
-        # One worker drains the n jobs; rate from the events' timestamps (no start-up counted).
-        worker = subprocess.Popen(
-            [sys.executable, "-m", "bench._peer_app"], env=env, stdout=subprocess.DEVNULL
-        )
-        worker_rss = _stop_when_exits(worker)
-        with psycopg.connect(conninfo) as conn:
-            first, last, done = conn.execute(
-                "SELECT min(at) FILTER (WHERE type = 'started'), max(at) FILTER (WHERE type = 'succeeded'), "
-                "count(*) FILTER (WHERE type = 'succeeded') FROM procrastinate_events"
-            ).fetchone()  # type: ignore[misc]
-        if done != n:
-            raise SystemExit(f"peer worker finished {done} of {n} jobs")
-        report.add("peer", "peer: worker processed", n / (last - first).total_seconds(), "jobs/s",
-                   f"1 worker process, concurrency {concurrency}")  # fmt: skip
-        report.add("peer", "peer: worker RSS", worker_rss, "MiB")
-
-        # End to end: the worker waits for jobs; defer n, one after the other, until all are done.
-        worker = subprocess.Popen(
-            [sys.executable, "-m", "bench._peer_app", "--wait"], env=env, stdout=subprocess.DEVNULL
-        )
-        try:
-            with psycopg.connect(conninfo, autocommit=True) as conn:
-
-                def succeeded() -> int:
-                    row = conn.execute("SELECT count(*) FROM procrastinate_jobs WHERE status = 'succeeded'")
-                    return int(row.fetchone()[0])  # type: ignore[index]
-
-                _wait_until(lambda: _worker_registered(conn), "the peer worker to start", timeout=60)
-                with app.open():
-                    started = time.perf_counter()
-                    for i in range(n):
-                        noop.defer(n=i)
-                    _wait_until(lambda: succeeded() >= 2 * n, "the peer's end-to-end jobs")
-                    elapsed = time.perf_counter() - started
-        finally:
-            _stop(worker)
-        report.add("peer", "peer: end to end", n / elapsed, "jobs/s", "defer → done, worker running")
+        with _peer_app.app.open():
+            _peer_app.app.schema_manager.apply_schema()
+        yield conninfo
     finally:
         with psycopg.connect(POSTGRES_CONNINFO, autocommit=True) as admin:
             admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+def _peer_last_job(conninfo: str) -> int:
+    import psycopg
+
+    with psycopg.connect(conninfo) as conn:
+        return int(conn.execute("SELECT coalesce(max(id), 0) FROM procrastinate_jobs").fetchone()[0])  # type: ignore[index]
+
+
+def peer_worker_drain(
+    conninfo: str, n: int, concurrency: int, *, after: int | None = None
+) -> tuple[float, float]:
+    """One worker process drains ``n`` no-op jobs: (jobs/s from the events' timestamps, so no start-up
+    is counted; the worker's peak RSS in MiB). ``after``: the jobs after that id are already deferred;
+    ``None``: defer ``n`` (untimed) first. Repeatable on one database."""
+    import psycopg
+
+    from bench import _peer_app
+
+    env = {**os.environ, "BENCH_PEER_CONNINFO": conninfo, "BENCH_PEER_CONCURRENCY": str(concurrency)}
+    if after is None:
+        after = _peer_last_job(conninfo)
+        with _peer_app.app.open():
+            for i in range(n):
+                _peer_app.noop.defer(n=i)
+    worker = subprocess.Popen([sys.executable, "-m", "bench._peer_app"], env=env, stdout=subprocess.DEVNULL)
+    rss = _stop_when_exits(worker)
+    with psycopg.connect(conninfo) as conn:
+        first, last, done = conn.execute(
+            "SELECT min(at) FILTER (WHERE type = 'started'), max(at) FILTER (WHERE type = 'succeeded'), "
+            "count(*) FILTER (WHERE type = 'succeeded') FROM procrastinate_events WHERE job_id > %s",
+            (after,),
+        ).fetchone()  # type: ignore[misc]
+    if done != n:
+        raise SystemExit(f"peer worker finished {done} of {n} jobs")
+    return n / (last - first).total_seconds(), rss
+
+
+def run_peer(report: Report, n: int, concurrency: int, conninfo: str) -> None:
+    import psycopg
+
+    from bench import _peer_app
+
+    env = {**os.environ, "BENCH_PEER_CONNINFO": conninfo, "BENCH_PEER_CONCURRENCY": str(concurrency)}
+    app = _peer_app.app
+    noop = app.tasks["bench.noop"]
+    after = _peer_last_job(conninfo)
+    with app.open():
+        elapsed = _timed(lambda: [noop.defer(n=i) for i in range(n)])
+    report.add("peer", "peer: defer", n / elapsed, "jobs/s", "each job its own transaction")
+
+    # One worker drains the n jobs; rate from the events' timestamps (no start-up counted).
+    rate, worker_rss = peer_worker_drain(conninfo, n, concurrency, after=after)
+    report.add("peer", "peer: worker processed", rate, "jobs/s",
+               f"1 worker process, concurrency {concurrency}")  # fmt: skip
+    report.add("peer", "peer: worker RSS", worker_rss, "MiB")
+
+    # End to end: the worker waits for jobs; defer n, one after the other, until all are done.
+    worker = subprocess.Popen(
+        [sys.executable, "-m", "bench._peer_app", "--wait"], env=env, stdout=subprocess.DEVNULL
+    )
+    try:
+        with psycopg.connect(conninfo, autocommit=True) as conn:
+
+            def all_succeeded() -> int:
+                row = conn.execute("SELECT count(*) FROM procrastinate_jobs WHERE status = 'succeeded'")
+                return int(row.fetchone()[0])  # type: ignore[index]
+
+            done_before = all_succeeded()  # the worker drain's
+
+            def succeeded() -> int:
+                return all_succeeded() - done_before
+
+            _wait_until(lambda: _worker_registered(conn), "the peer worker to start", timeout=60)
+            with app.open():
+                started = time.perf_counter()
+                for i in range(n):
+                    noop.defer(n=i)
+                _wait_until(lambda: succeeded() >= n, "the peer's end-to-end jobs")
+                elapsed = time.perf_counter() - started
+    finally:
+        _stop(worker)
+    report.add("peer", "peer: end to end", n / elapsed, "jobs/s", "defer → done, worker running")
 
 
 def _worker_registered(conn: Any) -> bool:
@@ -468,18 +516,24 @@ def _worker(base: str, key: str, queue: str, concurrency: int) -> subprocess.Pop
     )
 
 
-def worker_round(
-    report: Report, server: sa.Engine, base: str, keys: dict[str, str], n: int, concurrency: int
-) -> None:
-    queue = "worker"
+def _worker_queue(round_: int) -> str:
+    return "worker" if round_ == 1 else f"worker-{round_}"
+
+
+def _orbit_worker_drain(
+    server: sa.Engine, base: str, keys: dict[str, str], n: int, concurrency: int, queue: str, server_pid: int
+) -> tuple[float, float, float]:
+    """One worker process drains ``n`` tasks submitted (untimed) to the empty ``queue``: (tasks/s from
+    the database's timestamps, the worker's peak RSS in MiB, server + worker CPU ms per task)."""
     _submit_untimed(base, keys["submit"], n, queue)
-    with Cost(server, base) as cost:
-        worker = _worker(base, keys["work"], queue, concurrency)
-        try:
-            _wait_until(lambda: _succeeded(server, queue) >= n, "the worker to finish", every=0.2)
-            rss = peak_rss_mb(worker.pid)
-        finally:
-            _stop(worker)
+    server_cpu = cpu_seconds(server_pid)
+    worker = _worker(base, keys["work"], queue, concurrency)
+    try:
+        _wait_until(lambda: _succeeded(server, queue) >= n, "the worker to finish", every=0.2)
+        rss, worker_cpu = peak_rss_mb(worker.pid), cpu_seconds(worker.pid)
+        server_cpu = cpu_seconds(server_pid) - server_cpu
+    finally:
+        _stop(worker)
     with server.connect() as conn:
         first, last = conn.execute(
             sa.text(
@@ -488,10 +542,52 @@ def worker_round(
             ),
             {"q": queue},
         ).one()
-    report.add("orbit", "orbit: worker processed", n / (last - first).total_seconds(), "tasks/s",
-               f"1 worker process, concurrency {concurrency}")  # fmt: skip
+    return n / (last - first).total_seconds(), rss, (server_cpu + worker_cpu) / n * 1000
+
+
+def worker_rounds(
+    report: Report, server: sa.Engine, base: str, keys: dict[str, str], n: int, concurrency: int, *,
+    server_pid: int, rounds: int, peer: str | None,
+) -> None:  # fmt: skip
+    """``rounds`` drains of ``n`` tasks by one worker process, each beside a drain of ``n`` jobs by the
+    peer's worker (``peer``: its database's conninfo; ``None``: Orbit alone), in alternating order, so
+    that both meet the same load: this machine's speed moves by 2x within minutes, and a drain's
+    batches shrink when its threads wait for a core. The first round's cost is counted."""
+    orbit: list[float] = []
+    peers: list[float] = []
+    cpu: list[float] = []
+    load = [os.getloadavg()[0]]
+    for round_ in range(1, rounds + 1):
+        if peer is not None and round_ % 2 == 0:
+            peers.append(peer_worker_drain(peer, n, concurrency)[0])
+        if round_ == 1:
+            with Cost(server, base) as cost:
+                rate, rss, ms = _orbit_worker_drain(
+                    server, base, keys, n, concurrency, _worker_queue(1), server_pid
+                )
+        else:
+            rate, _rss, ms = _orbit_worker_drain(
+                server, base, keys, n, concurrency, _worker_queue(round_), server_pid
+            )
+        orbit.append(rate)
+        cpu.append(ms)
+        if peer is not None and round_ % 2 == 1:
+            peers.append(peer_worker_drain(peer, n, concurrency)[0])
+        load.append(os.getloadavg()[0])
+    report.meta["worker_rounds"] = {"orbit": orbit, "peer": peers, "cpu_ms_per_task": cpu, "loadavg_1m": load}
+    report.add("orbit", "orbit: worker processed", statistics.median(orbit), "tasks/s",
+               f"1 worker process, concurrency {concurrency}; median of {rounds}: "
+               + ", ".join(f"{r:.0f}" for r in orbit))  # fmt: skip
     cost.report(report, "task (worker: lease, start, complete)", n)
+    report.add("orbit", "orbit: worker CPU per task (server + worker)", statistics.median(cpu), "ms",
+               "median; grows as batches shrink under load")  # fmt: skip
     report.add("orbit", "orbit: worker RSS", rss, "MiB", "the bench's own progress polls count in the trips")
+    if peers:
+        report.add("orbit", "peer: worker processed, paired", statistics.median(peers), "jobs/s",
+                   "beside each Orbit drain: " + ", ".join(f"{r:.0f}" for r in peers))  # fmt: skip
+        ratios = [o / p for o, p in zip(orbit, peers, strict=True)]
+        report.add("orbit", "orbit worker / peer worker, paired", statistics.median(ratios), "×",
+                   "median of the rounds' ratios: " + ", ".join(f"{r:.2f}" for r in ratios))  # fmt: skip
 
 
 def end_to_end(
@@ -542,12 +638,15 @@ def relay_rss(business: sa.Engine, business_url: str, base: str, key: str, n: in
     return n / (time.perf_counter() - started), rss
 
 
-def run_orbit(report: Report, n: int, concurrency: int, serve_args: list[str], driver: str) -> None:
+def run_orbit(
+    report: Report, n: int, concurrency: int, serve_args: list[str], driver: str, *,
+    worker_rounds_: int = 3, peer: str | None = None,
+) -> None:  # fmt: skip
     with mysql_databases("server", "business") as urls:
         server_url = urls["server"]
         cli("migrate", url=server_url)
         cli("namespace", "create", NS, url=server_url)
-        for queue in (QUEUE, "worker", "e2e"):
+        for queue in (QUEUE, "e2e", *(_worker_queue(r) for r in range(1, worker_rounds_ + 1))):
             cli("queue", "create", NS, queue, url=server_url)
         keys = {
             role: cli("api-key", "create", NS, "--role", role, url=server_url) for role in ("submit", "work")
@@ -603,7 +702,8 @@ def run_orbit(report: Report, n: int, concurrency: int, serve_args: list[str], d
                 else:
                     report.add("orbit", "direct batch submissions", None, "tasks/s", "n/a (no submit_tasks)")
 
-                worker_round(report, server_db, base, keys, n, concurrency)
+                worker_rounds(report, server_db, base, keys, n, concurrency, server_pid=server.proc.pid,
+                              rounds=worker_rounds_, peer=peer)  # fmt: skip
                 end_to_end(report, business, urls["business"], server_db, base, keys, n, concurrency)
                 rate, rss = relay_rss(business, urls["business"], base, keys["submit"], n)
                 report.add(
@@ -717,7 +817,10 @@ def judge(report: Report) -> None:
     r.compare("relay batch 1", "peer: end to end")
     r.compare("direct single submissions", "server GET /healthz (base)")
     r.compare("direct batch submissions", "direct single submissions")
-    r.compare("orbit: worker processed", "peer: worker processed")
+    if r.value("peer: worker processed, paired") is not None:  # the peer's drains beside Orbit's
+        r.compare("orbit: worker processed", "peer: worker processed, paired")
+    else:
+        r.compare("orbit: worker processed", "peer: worker processed")
     r.compare("orbit: end to end", "peer: end to end")
     r.compare("claim of 100, 1M DELIVERED rows", "claim of 100, 1k DELIVERED rows (base)")
     b1, b100, peer_e2e = r.value("relay batch 1"), r.value("relay batch 100"), r.value("peer: end to end")
@@ -727,7 +830,12 @@ def judge(report: Report) -> None:
              lambda f: f.value is not None and f.value >= 2000 and (peer_e2e is None or f.value >= 3 * peer_e2e))  # fmt: skip
     r.target("relay batching gain (batch 100 / batch 1)", "≥ 10×", lambda f: (f.value or 0) >= 10)
     r.target("direct batch submissions", "≥ 4,000 tasks/s", lambda f: (f.value or 0) >= 4000)
-    r.target("orbit: worker processed", "≥ 1.0× peer", lambda f: None if f.ratio is None else f.ratio >= 1.0)
+    if r.value("orbit worker / peer worker, paired") is not None:  # the ratio that both drains' load shares
+        r.target("orbit worker / peer worker, paired", "≥ 1.0×", lambda f: (f.value or 0) >= 1.0)
+    else:
+        r.target(
+            "orbit: worker processed", "≥ 1.0× peer", lambda f: None if f.ratio is None else f.ratio >= 1.0
+        )
     r.target("orbit: end to end", "≥ 1.0× peer", lambda f: None if f.ratio is None else f.ratio >= 1.0)
     r.target("enqueue cost (time with / without)", "≤ 1.3×", lambda f: (f.value or 99) <= 1.3)
     r.target(
@@ -768,6 +876,8 @@ def main() -> None:
     parser.add_argument(
         "--concurrency", type=int, default=4, help="worker concurrency, both sides (default 4)"
     )
+    parser.add_argument("--worker-rounds", type=int, default=3,
+                        help="worker drains of --n tasks, each beside one of the peer's when the peer runs too (default 3)")  # fmt: skip
     parser.add_argument("--skip-claim", action="store_true", help="skip the 1M-row claim section")
     parser.add_argument(
         "--only", default=",".join(SECTIONS), help=f"sections to run, of {','.join(SECTIONS)}"
@@ -796,10 +906,13 @@ def main() -> None:
             ._mapping
         )
     admin.dispose()
-    if "peer" in sections:
-        run_peer(report, args.n, args.concurrency)
-    if "orbit" in sections:
-        run_orbit(report, args.n, args.concurrency, args.serve_args.split(), args.server_driver)
+    with contextlib.ExitStack() as stack:
+        peer = stack.enter_context(peer_database(report)) if "peer" in sections else None
+        if peer is not None:
+            run_peer(report, args.n, args.concurrency, peer)
+        if "orbit" in sections:
+            run_orbit(report, args.n, args.concurrency, args.serve_args.split(), args.server_driver,
+                      worker_rounds_=args.worker_rounds, peer=peer)  # fmt: skip
     if "claim" in sections:
         run_claim(report)
     judge(report)
