@@ -1,0 +1,1 @@
+"""Flows: durable multi-step workflows over Orbit tasks (README "Flows")."""
