@@ -48,8 +48,7 @@ import sqlalchemy as sa
 from prometheus_client import Counter
 from sqlalchemy.engine import Connection
 
-from orbit_client import SubmitOptions, TaskStatus, TaskSubmission
-from orbit_client._models import canonical_json
+from orbit_client import ChoiceNode, SubmitOptions, TaskStatus, TaskSubmission
 
 from .. import _faults, errors, execution, store
 from .._db import to_naive_utc
@@ -67,17 +66,26 @@ from ..schema import (
     submission_keys,
     tasks,
 )
-from . import hooks
+from . import hooks, paths
 
 __all__ = [
     "ADVANCES",
+    "FLOW_ACTOR",
+    "Advance",
     "EngineSettings",
     "FlowFailure",
+    "Outcome",
     "apply_event",
+    "begin",
+    "deliver_signal",
+    "enter",
     "enter_token",
+    "finish",
     "fire_timer",
+    "guarded",
     "load_graph",
     "match_signal",
+    "set_instance",
 ]
 
 log = logging.getLogger("orbit_server.flows")
@@ -108,7 +116,9 @@ ADVANCES = Counter(
 
 #: Most nodes one advance passes through without waiting (a cycle of choices would loop for ever).
 _MAX_HOPS = 1000
-_FLOW_ACTOR = "flow-engine"
+#: The actor of the engine's own changes in the history.
+FLOW_ACTOR = "flow-engine"
+_FLOW_ACTOR = FLOW_ACTOR
 
 
 @dataclass(frozen=True, slots=True)
@@ -323,57 +333,28 @@ def _set_instance(
 # ------------------------------------------------------------------ paths
 
 
-def _paths() -> Any:
-    from . import paths  # H1's module (README "Flows: graph format"); imported late: it has no server deps
-
-    return paths
-
-
-def _needs_scope_data(template: Any) -> bool:
-    text = json.dumps(template)
-    return "$.steps" in text or "$.signals" in text
+def _scope_for(adv: Advance, template: Any) -> Mapping[str, Any]:
+    """The scope a template or path needs: steps and signals are read only when it refers to them."""
+    if adv._scope is not None:
+        return adv._scope
+    text = template if isinstance(template, str) else json.dumps(template)
+    if "$.steps" in text or "$.signals" in text:
+        return adv.scope()
+    inst = adv.instance
+    return paths.make_scope(input=inst["input"], instance_id=inst["id"], flow=inst["flow_name"],
+                            version=inst["version_number"])  # fmt: skip
 
 
 def _render(adv: Advance, node_id: str, template: Any) -> Any:
-    paths = _paths()
-    scope = adv.scope() if _needs_scope_data(template) else _light_scope(adv)
     try:
-        return paths.render(template, scope)
-    except paths.PathMissing as exc:
-        raise FlowFailure(_path_error(node_id, exc)) from None
+        return paths.render(template, _scope_for(adv, template), node=node_id)
+    except paths.FlowPathError as exc:
+        raise FlowFailure(exc.as_error()) from None
 
 
-def _resolve(adv: Advance, node_id: str, path: str) -> Any:
-    paths = _paths()
-    scope = adv.scope() if path.startswith(("$.steps", "$.signals")) else _light_scope(adv)
-    return paths.resolve(path, scope)
-
-
-def _light_scope(adv: Advance) -> dict[str, Any]:
-    if adv._scope is not None:
-        return adv._scope
-    inst = adv.instance
-    return {
-        "input": inst["input"], "steps": {}, "signals": {},
-        "instance": {"id": inst["id"], "flow": inst["flow_name"], "version": inst["version_number"]},
-    }  # fmt: skip
-
-
-def _path_error(node_id: str, exc: Exception) -> dict[str, Any]:
-    path = getattr(exc, "path", None)
-    return {
-        "type": "flow_path_missing", "node": node_id, "path": path,
-        "message": f"node {node_id!r}: {exc}",
-    }  # fmt: skip
-
-
-def _json_equal(a: Any, b: Any) -> bool:
-    """JSON equality: ``1 == 1.0`` but ``true != 1`` (Python's ``==`` says ``True == 1``)."""
-
-    def text(value: Any) -> str:
-        return json.dumps(canonical_json(value), sort_keys=True, separators=(",", ":"))
-
-    return text(a) == text(b)
+def _failure(code: str, node_id: str, message: str, **extra: Any) -> FlowFailure:
+    """An instance error in the shape of :meth:`paths.FlowPathError.as_error`: code, message, node."""
+    return FlowFailure({"code": code, "message": f"node {node_id!r}: {message}", "node": node_id, **extra})
 
 
 # ------------------------------------------------------------------ entering nodes
@@ -449,33 +430,30 @@ def _enter(adv: Advance, token: dict[str, Any], node_id: str, *, event: str = "e
             return _arrive(adv, token, node_id, moved, event, data)
         if kind == "choice":
             token = _set_token(adv, token, event, data=data, state=ACTIVE, **moved)
-            chosen, rule = _choose(adv, node_id, node)
-            event, data, node_id = "chose", {"rule": rule, "next": chosen}, chosen
+            chosen = _choose(adv, node_id, node)
+            event, data, node_id = "chose", {"next": chosen}, chosen
             continue
         if kind == "end":
             status = node.get("status") or COMPLETED
             token = _set_token(adv, token, event, data=data, state=DONE, **moved)
             if token["parent_id"] is not None:
-                raise FlowFailure({"type": "flow_invalid", "node": node_id,
-                                   "message": f"node {node_id!r}: an end inside a parallel branch"})  # fmt: skip
-            _finish(
-                adv,
-                status,
-                output=_output(adv),
-                error=None if status == COMPLETED else _end_error(node_id, status),
-            )
+                raise _failure("flow_invalid", node_id, "an end inside a parallel branch")
+            output = _render(adv, node_id, node["output"]) if node.get("output") is not None else None
+            error = None if status == COMPLETED else {"code": "flow_ended", "node": node_id,
+                                                      "message": f"the flow reached end node {node_id!r} ({status})"}  # fmt: skip
+            _finish(adv, status, output=output, error=error)
             return token
-        raise FlowFailure({"type": "flow_invalid", "node": node_id, "message": f"unknown node type {kind!r}"})
-    raise FlowFailure({"type": "flow_loop", "node": node_id,
-                       "message": f"more than {_MAX_HOPS} nodes passed without a wait (a cycle of choices?)"})  # fmt: skip
+        raise _failure("flow_invalid", node_id, f"unknown node type {kind!r}")
+    raise _failure(
+        "flow_loop", node_id, f"more than {_MAX_HOPS} nodes passed without a wait (a cycle of choices?)"
+    )
 
 
-def _end_error(node_id: str, status: str) -> dict[str, Any]:
-    return {
-        "type": "flow_ended",
-        "node": node_id,
-        "message": f"the flow reached end node {node_id!r} ({status})",
-    }
+def enter(
+    adv: Advance, token: dict[str, Any], node_id: str, *, event: str = "entered", data: Any = None
+) -> dict[str, Any]:
+    """Move ``token`` onto ``node_id`` and do its work (see :func:`_enter`)."""
+    return _enter(adv, token, node_id, event=event, data=data)
 
 
 def _poll_label(node: Mapping[str, Any], round_: int) -> str:
@@ -486,38 +464,24 @@ def _timer_fire_at(adv: Advance, node_id: str, node: Mapping[str, Any]) -> datet
     if node.get("seconds") is not None:
         return adv.now + timedelta(seconds=float(node["seconds"]))
     path = node["until"]
-    paths = _paths()
     try:
-        value = _resolve(adv, node_id, path)
-    except paths.PathMissing as exc:
-        raise FlowFailure(_path_error(node_id, exc)) from None
-    when: datetime | None = None
-    if isinstance(value, str):
-        try:
-            when = datetime.fromisoformat(value.replace("z", "Z"))
-        except ValueError:
-            when = None
-    if when is None or when.tzinfo is None:
-        raise FlowFailure({"type": "flow_invalid_time", "node": node_id, "path": path,
-                           "message": f"node {node_id!r}: {path} is not an RFC 3339 time with an offset: {value!r}"})  # fmt: skip
+        when = paths.resolve_time(path, _scope_for(adv, path), node=node_id)
+    except paths.FlowPathError as exc:
+        raise FlowFailure(exc.as_error()) from None
     naive = to_naive_utc(when)
     assert naive is not None
     return naive
 
 
-def _choose(adv: Advance, node_id: str, node: Mapping[str, Any]) -> tuple[str, int | None]:
-    paths = _paths()
-    for index, rule in enumerate(node.get("rules") or []):
-        try:
-            value, present = _resolve(adv, node_id, rule["path"]), True
-        except paths.PathMissing:
-            value, present = None, False
-        if rule.get("present") is not None:
-            if bool(rule["present"]) == present:
-                return rule["next"], index
-        elif present and "equals" in rule and _json_equal(value, rule["equals"]):
-            return rule["next"], index
-    return node["default"], None
+def _choose(adv: Advance, node_id: str, node: Mapping[str, Any]) -> str:
+    choice = _CHOICES.get(id(node))
+    if choice is None or choice[0] is not node:
+        choice = _CHOICES[id(node)] = (node, ChoiceNode.model_validate(node))
+    return paths.choose(choice[1], _scope_for(adv, node))
+
+
+#: Parsed choice nodes, by the identity of their (cached, immutable) graph dict.
+_CHOICES: dict[int, tuple[Mapping[str, Any], ChoiceNode]] = {}
 
 
 def _arrive(adv: Advance, token: dict[str, Any], join_id: str, moved: dict[str, Any], event: str,
@@ -552,9 +516,13 @@ def _prepare_task(adv: Advance, token: Mapping[str, Any], node_id: str, node: Ma
     inst = adv.instance
     key = f"flow:{inst['id']}:{node_id}:{token['id']}.{activation}" + (f":{round_}" if round_ else "")
     params = _render(adv, node_id, node.get("params", {}))
-    concurrency_key = node.get("concurrency_key")
-    if concurrency_key is not None:
-        concurrency_key = _render(adv, node_id, concurrency_key)
+    template = node.get("concurrency_key")
+    try:
+        concurrency_key = paths.render_concurrency_key(
+            template, _scope_for(adv, template or ""), node=node_id
+        )
+    except paths.FlowPathError as exc:
+        raise FlowFailure(exc.as_error()) from None
     timeout = node.get("timeout_seconds")
     deadline = adv.now + timedelta(seconds=float(timeout)) if timeout is not None else None
     if node["type"] == "poll" and node.get("deadline_seconds") is not None:
@@ -570,17 +538,15 @@ def _prepare_task(adv: Advance, token: Mapping[str, Any], node_id: str, node: Ma
                                   concurrency_key=concurrency_key),
         )  # fmt: skip
     except ValueError as exc:
-        raise FlowFailure({"type": "flow_invalid_step", "node": node_id,
-                           "message": f"node {node_id!r}: its task is not valid: {exc}"}) from None  # fmt: skip
+        raise _failure("flow_invalid_step", node_id, f"its task is not valid: {exc}") from None
     found = adv.conn.execute(
         store.lookup_statement(adv.conn), {"ns": inst["namespace_id"], "key": key, "queue": submission.queue}
     ).mappings().one()  # fmt: skip
     if found["task_id"] is not None:
         return found["task_id"], {}
     if found["queue_id"] is None:
-        raise FlowFailure({"type": "queue_not_found", "node": node_id,
-                           "message": f"node {node_id!r}: queue {submission.queue!r} does not exist in namespace "
-                                      f"{inst['ns_name']!r}"})  # fmt: skip
+        raise _failure("queue_not_found", node_id,
+                       f"queue {submission.queue!r} does not exist in namespace {inst['ns_name']!r}")  # fmt: skip
     principal = store.Principal(
         key_id=0, namespace_id=inst["namespace_id"], namespace=inst["ns_name"], role="submit"
     )
@@ -672,19 +638,6 @@ def _cancel_timers(adv: Advance, token: Mapping[str, Any], kind: str) -> None:
 # ------------------------------------------------------------------ finishing
 
 
-def _output(adv: Advance) -> dict[str, Any]:
-    """The instance's output: the result of the newest successful step of each task node."""
-    out: dict[str, Any] = {}
-    for node_id, result in adv.conn.execute(
-        sa.select(flow_steps.c.node_id, flow_steps.c.result)
-        .where(flow_steps.c.instance_id == adv.instance["id"], flow_steps.c.status == TaskStatus.SUCCEEDED.value,
-               flow_steps.c.round == 0)
-        .order_by(flow_steps.c.id)
-    ):  # fmt: skip
-        out[node_id] = result
-    return out
-
-
 def _finish(adv: Advance, status: str, *, output: Any = None, error: Any = None, actor: str | None = None,
             reason: str | None = None) -> None:  # fmt: skip
     """End the instance: its status, its live tokens ``CANCELLED``, pending timers ``CANCELLED`` and a
@@ -700,6 +653,10 @@ def _finish(adv: Advance, status: str, *, output: Any = None, error: Any = None,
             .with_for_update()
         ).mappings()
     ]
+    # An ARRIVED token is finished once its join passed (its parent moved on); it waits only while
+    # its parent is still FORKED.
+    forked = {t["id"] for t in live if t["state"] == FORKED}
+    live = [t for t in live if t["state"] != ARRIVED or t["parent_id"] in forked]
     for token in live:
         _set_token(adv, token, "cancelled", state=CANCELLED, waiting_for=None, fire_at=None)
     conn.execute(
@@ -724,6 +681,10 @@ def _finish(adv: Advance, status: str, *, output: Any = None, error: Any = None,
     _set_instance(adv, event, data={"reason": reason} if reason else None, actor=actor, status=status, paused=False,
                   output=output, error=error, finished_at=adv.now,
                   **({"control_version": int(inst["control_version"]) + 1} if status == CANCELLED else {}))  # fmt: skip
+
+
+finish = _finish
+set_instance = _set_instance
 
 
 def _fail(adv: Advance, error: dict[str, Any]) -> None:
@@ -850,20 +811,13 @@ def _apply_result(adv: Advance, token: dict[str, Any], event: Mapping[str, Any])
     elif node.get("on_failure"):
         _enter(adv, token, node["on_failure"], event="task_failed", data=data)
     else:
-        raise FlowFailure({"type": "step_failed", "node": node_id, "task_id": event["task_id"], "status": status.value,
-                           "error": error, "message": f"step {node_id!r} ended {status.value}"})  # fmt: skip
+        raise _failure("step_failed", node_id, f"its task {event['task_id']} ended {status.value}",
+                       task_id=event["task_id"], status=status.value, task_error=error)  # fmt: skip
 
 
 def _poll_round_done(adv: Advance, token: dict[str, Any], node_id: str, node: Mapping[str, Any], status: TaskStatus,
                      result: Any, data: dict[str, Any]) -> None:  # fmt: skip
-    paths = _paths()
-    done = False
-    if status is TaskStatus.SUCCEEDED:
-        try:
-            done = paths.resolve(node["done_path"], {"result": result}) is True
-        except paths.PathMissing:
-            done = False
-    if done:
+    if status is TaskStatus.SUCCEEDED and paths.poll_done(node["done_path"], result):
         _enter(adv, token, node["next"], event="poll_done", data=data)
         return
     rounds = int(adv.conn.execute(
@@ -880,8 +834,8 @@ def _poll_round_done(adv: Advance, token: dict[str, Any], node_id: str, node: Ma
         if node.get("on_exhausted"):
             _enter(adv, token, node["on_exhausted"], event="poll_exhausted", data=data)
             return
-        raise FlowFailure({"type": "poll_exhausted", "node": node_id, "rounds": rounds,
-                           "message": f"poll {node_id!r} spent its budget ({rounds} rounds) without being done"})  # fmt: skip
+        raise _failure("poll_exhausted", node_id, f"the poll spent its budget ({rounds} rounds) without being done",
+                       rounds=rounds)  # fmt: skip
     token = _set_token(adv, token, "poll_round_finished", data=data, task_id=None, fire_at=next_at,
                        waiting_for=_poll_label(node, rounds + 1))  # fmt: skip
     _insert_timer(adv, token, "poll_round", next_at, round_=rounds + 1)
