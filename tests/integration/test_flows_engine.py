@@ -246,12 +246,12 @@ def test_a_poll_whose_task_keeps_failing_stops_at_its_budget_across_restarts(url
                     until(lambda: api.work(QUEUE, failing(), n=1, wait=0.1), what="a round's task")  # noqa: B023
                     want = "FAILED" if life == 2 else f"poll round {life + 2} of 3"
 
-                    def settled() -> bool:
+                    def settled(want: str = want) -> bool:
                         view = api.instance(instance_id)  # noqa: B023
                         return view["pending_events"] == 0 and want in (
                             view["status"],
                             view["tokens"][0]["waiting_for"],
-                        )  # noqa: B023
+                        )
 
                     until(settled, what=want)
                     continue
