@@ -73,6 +73,13 @@ def _finish(api: FlowApi, instance_id: str) -> None:
     until(done, timeout=30, what=f"instance {instance_id} to complete after the restart")
 
 
+def _start(api: FlowApi, key: str, answer: list[Any]) -> None:
+    try:
+        answer.append(api.post("submit", "/flows/chain/instances", {"input": {}}, **{"Idempotency-Key": key}))
+    except httpx.TransportError as exc:
+        answer.append(exc)
+
+
 @pytest.mark.parametrize("backend", ["sqlite", pytest.param("mariadb", marks=pytest.mark.mariadb)])
 def test_sigkill_at_every_point_of_an_advance_then_recovery(
     backend: str, make_database: DatabaseFactory, tmp_path: Path
@@ -109,18 +116,7 @@ def test_sigkill_at_every_point_of_an_advance_then_recovery(
                 key = str(uuid.uuid4())
                 gate.touch()
                 answer: list[Any] = []
-
-                def start() -> None:
-                    try:
-                        answer.append(
-                            api.post(
-                                "submit", "/flows/chain/instances", {"input": {}}, **{"Idempotency-Key": key}
-                            )
-                        )  # noqa: B023
-                    except httpx.TransportError as exc:
-                        answer.append(exc)  # noqa: B023
-
-                thread = threading.Thread(target=start)
+                thread = threading.Thread(target=_start, args=(api, key, answer))
                 thread.start()
                 server.wait_for(f"paused-at {point}")
             server.kill()
