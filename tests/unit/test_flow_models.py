@@ -247,6 +247,13 @@ def test_a_graph_built_from_node_objects() -> None:
     ("graph", "message"),
     [
         ({"start": "nope", "nodes": {"a": END}}, "start 'nope' is not a node of the graph"),
+        (
+            {"start": "j", "nodes": {
+                "j": {"type": "join", "next": "p"},
+                "p": {"type": "parallel", "branches": ["b", "c"], "join": "j"},
+                "b": timer("j"), "c": timer("j")}},
+            "start 'j' is a join node",
+        ),
         ({"start": "a", "nodes": {"a": task("zz"), "e": END}}, "node 'a': next 'zz' is not a node"),
         (
             {"start": "a", "nodes": {"a": task("e", on_failure="gone"), "e": END}},
@@ -684,3 +691,18 @@ def test_the_readme_documents_every_node_type_and_field() -> None:
             assert f"`{field}`" in section, f"README: field {field} of {type_name} is not documented"
     for field in ChoiceRule.model_fields:
         assert f"`{field}`" in section
+
+
+def test_json_schemas_describe_the_wire_in_both_directions() -> None:
+    """The OpenAPI document is built from these models: a dumped choice rule keeps its shape."""
+    out = FlowVersion.model_json_schema(mode="serialization")
+    rule = out["$defs"]["ChoiceRuleDump"]
+    assert rule["required"] == ["path", "next"] and set(rule["properties"]) == {
+        "path",
+        "equals",
+        "present",
+        "next",
+    }
+    assert "nodes" in out["$defs"]["FlowGraph"]["properties"]
+    inp = FlowPublish.model_json_schema()
+    assert set(inp["$defs"]["ChoiceRule"]["properties"]) == {"path", "equals", "present", "next"}
