@@ -349,3 +349,13 @@ def test_cancel_stops_tokens_timers_and_step_tasks(api: FlowApi) -> None:
     assert {t["state"] for t in cancelled["tokens"]} == {"CANCELLED"}
     assert api.get(f"/tasks/{task_id}").json()["status"] == "CANCELLED"
     assert api.lease(QUEUE, 10) == []
+
+
+def test_metrics_show_the_flow_backlog_and_advances(api: FlowApi, server: RunningServer) -> None:
+    flow = _flow()
+    api.publish(flow, {"start": "a", "nodes": {"a": {"type": "task", "queue": QUEUE, "handler": "h", "next": "e"},
+                                                 "e": {"type": "end"}}})  # fmt: skip
+    _drain(api, api.start(flow)["id"])
+    text = api.http["read"].get("/metrics").text
+    assert "orbit_flow_events_pending " in text
+    assert 'orbit_flow_advances_total{outcome="applied"}' in text
