@@ -112,12 +112,15 @@ def test_concurrent_fork_join_instances_on_two_server_processes(
 
         stop = threading.Event()
         handled = [0]
+        lock = threading.Lock()
 
         def work() -> None:
             worker = Worker(servers, keys)
             try:
                 while not stop.is_set():
-                    handled[0] += worker.round()
+                    n = worker.round()
+                    with lock:
+                        handled[0] += n
             finally:
                 worker.client.close()
 
