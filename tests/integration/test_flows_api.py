@@ -385,3 +385,36 @@ def test_a_paused_instance_keeps_signals_and_due_timers_for_its_resume(api: Flow
     assert done["output"] is None
     events = [h["event"] for h in api.history(instance["id"])]
     assert events.count("signal_received") == 2 and events.count("timer_fired") == 1  # received, consumed
+
+
+def test_nested_parallel_blocks_and_a_loop_back_make_new_activations(api: FlowApi) -> None:
+    flow = _flow()
+    api.publish(flow, {"start": "outer", "nodes": {
+        "outer": {"type": "parallel", "branches": ["inner", "solo"], "join": "outer_j"},
+        "inner": {"type": "parallel", "branches": ["x", "y"], "join": "inner_j"},
+        "x": {"type": "task", "queue": QUEUE, "handler": "x", "next": "inner_j"},
+        "y": {"type": "task", "queue": QUEUE, "handler": "y", "next": "inner_j"},
+        "inner_j": {"type": "join", "next": "outer_j"},
+        "solo": {"type": "task", "queue": QUEUE, "handler": "solo", "next": "outer_j"},
+        "outer_j": {"type": "join", "next": "again"},
+        "again": {"type": "task", "queue": QUEUE, "handler": "again", "max_attempts": 1, "next": "e",
+                  "on_failure": "route"},
+        "route": {"type": "choice", "rules": [{"path": "$.steps.again.status", "equals": "FAILED", "next": "again"}],
+                  "default": "e"},
+        "e": {"type": "end"}}})  # fmt: skip
+    tries = {"again": 0}
+
+    def handler(task: dict[str, Any]) -> tuple[str, Any]:
+        if task["handler"] == "again":
+            tries["again"] += 1
+            if tries["again"] == 1:
+                return failing()(task)
+        return ok()(task)
+
+    done = _drain(api, api.start(flow)["id"], handler)
+    assert done["status"] == "COMPLETED"
+    again = [s for s in done["steps"] if s["node"] == "again"]
+    assert [s["status"] for s in again] == ["FAILED", "SUCCEEDED"]
+    assert again[0]["activation"] < again[1]["activation"] and again[0]["token_id"] == again[1]["token_id"]
+    events = [h["event"] for h in api.history(done["id"])]
+    assert events.count("joined") == 2 and events.count("forked") == 4
