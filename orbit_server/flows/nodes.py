@@ -119,13 +119,14 @@ def enter(adv: Advance, token: dict[str, Any], node_id: str, *, event: str = "en
             event, data, node_id = "chose", {"next": chosen}, chosen
             continue
         if kind == "end":
-            status = node.get("status") or COMPLETED
-            token = set_token(adv, token, event, data=data, state=DONE, **moved)
+            # Decided (reads only) before anything is written: a failure here leaves the token where it was.
             if token["parent_id"] is not None:
                 raise failure("flow_invalid", node_id, "an end inside a parallel branch")
+            status = node.get("status") or COMPLETED
             output = render(adv, node_id, node["output"]) if node.get("output") is not None else None
             error = None if status == COMPLETED else {"code": "flow_ended", "node": node_id,
                                                       "message": f"the flow reached end node {node_id!r} ({status})"}  # fmt: skip
+            token = set_token(adv, token, event, data=data, state=DONE, **moved)
             finish(adv, status, output=output, error=error)
             return token
         raise failure("flow_invalid", node_id, f"unknown node type {kind!r}")
