@@ -30,7 +30,7 @@ from sqlalchemy.engine import Engine
 from starlette.concurrency import run_in_threadpool
 
 from .. import _faults
-from .._db import db_now
+from .._db import db_now_expression
 from ..execution import transact
 from ..schema import flow_events, flow_instances, flow_signals, flow_timers, flow_tokens
 from ..settings import ServerSettings
@@ -75,18 +75,35 @@ _SIGNAL_WAITS = (
 )
 
 
-def _due_timers(now: Any) -> sa.Select[Any]:
-    return (
-        sa.select(flow_timers.c.id)
-        .join(flow_instances, flow_instances.c.id == flow_timers.c.instance_id)
-        .where(
-            flow_timers.c.state == engine.PENDING,
-            flow_timers.c.fire_at <= now,
-            flow_instances.c.status == engine.RUNNING,
+#: Built once per dialect: the work of a pass in one statement, ``(kind, id)`` rows: pending events
+#: ("e"), due timers ("t") by the database clock, ACTIVE tokens ("a"), each at most BATCH.
+_WORK: dict[str, sa.CompoundSelect[Any]] = {}
+
+
+def _work_statement(db: Engine) -> sa.CompoundSelect[Any]:
+    name = db.dialect.name
+    statement = _WORK.get(name)
+    if statement is None:
+        due = (
+            sa.select(flow_timers.c.id)
+            .join(flow_instances, flow_instances.c.id == flow_timers.c.instance_id)
+            .where(
+                flow_timers.c.state == engine.PENDING,
+                flow_timers.c.fire_at <= db_now_expression(db.dialect),
+                flow_instances.c.status == engine.RUNNING,
+            )
+            .order_by(flow_timers.c.fire_at)
+            .limit(BATCH)
         )
-        .order_by(flow_timers.c.fire_at)
-        .limit(BATCH)
-    )
+
+        def part(kind: str, query: sa.Select[Any]) -> sa.Select[str, str]:
+            inner = query.subquery()
+            return sa.select(sa.literal(kind).label("kind"), sa.cast(inner.c.id, sa.String).label("id"))
+
+        statement = _WORK[name] = sa.union_all(
+            part("e", _PENDING_EVENTS), part("t", due), part("a", _ACTIVE_TOKENS)
+        )
+    return statement
 
 
 @dataclass
@@ -113,12 +130,13 @@ def run_pass(
 ) -> PassResult:  # fmt: skip
     """One pass of the loop (module docstring); an item that fails is logged and left for the next pass."""
     with db.connect() as conn:
-        now = db_now(conn)
-        events = list(conn.execute(_PENDING_EVENTS).scalars())
-        timers = list(conn.execute(_due_timers(now)).scalars())
-        active = list(conn.execute(_ACTIVE_TOKENS).scalars())
+        found: dict[str, list[str]] = {"e": [], "t": [], "a": []}
+        for kind, item in conn.execute(_work_statement(db)):
+            found[kind].append(item)
         waits = list(conn.execute(_SIGNAL_WAITS).scalars()) if scan_signals else []
         conn.rollback()
+    events, active = found["e"], found["a"]
+    timers = [int(t) for t in found["t"]]
     items: list[tuple[Callable[..., engine.Outcome], Any]] = [
         *((engine.apply_event, e) for e in events),
         *((engine.fire_timer, t) for t in timers),
