@@ -42,8 +42,10 @@ log = logging.getLogger("orbit_server.flows.loop")
 
 #: Most items of each kind one pass takes.
 BATCH = 200
-#: Passes between two scans for buffered signals that a waiting token could take.
+#: Seconds between two scans for buffered signals that a waiting token could take.
 _SIGNAL_SCAN_EVERY = 5.0
+#: Longest wait after failed passes, in seconds.
+_MAX_BACKOFF = 5.0
 
 _PENDING_EVENTS = (
     sa.select(flow_events.c.id)
@@ -189,26 +191,34 @@ async def run_flow_loop(db: Engine, settings: ServerSettings, on_created: Callab
     hooks.add_listener(wake)
     executor = ThreadPoolExecutor(max_workers=settings.flow_workers, thread_name_prefix="orbit-flow")
     last_scan = 0.0
+    failures = 0  # consecutive failed passes: the wait grows to 5 s and only the first logs a traceback
     try:
         while True:
             woken.clear()
             scan = time.monotonic() - last_scan >= _SIGNAL_SCAN_EVERY
+            wait = interval
             try:
                 result = await run_in_threadpool(
                     run_pass, db, engine_settings, executor=executor, scan_signals=scan
                 )
+                failures = 0
                 if scan:
                     last_scan = time.monotonic()
                 if result.created_tasks:
                     on_created()
-                if result.full or (result.handled and not result.failed):
-                    await asyncio.sleep(0)
-                    if result.full:
-                        continue
-            except Exception:
-                log.exception("a flow loop pass failed; the next one runs in %s s", interval)
+                if result.full:
+                    continue  # more is due at once
+            except Exception as exc:
+                failures += 1
+                wait = min(_MAX_BACKOFF, interval * 2 ** min(failures - 1, 16))
+                if failures == 1:
+                    log.exception("a flow loop pass failed; the next one runs in %s s", wait)
+                else:
+                    log.error("a flow loop pass failed again (%d in a row: %s); the next one runs in %s s",
+                              failures, type(exc).__name__, wait)  # fmt: skip
+                woken.clear()  # a failing database is not helped by passes on every wake-up
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(woken.wait(), interval)
+                await asyncio.wait_for(woken.wait(), wait)
     finally:
         hooks.remove_listener(wake)
         executor.shutdown(wait=False, cancel_futures=True)
