@@ -303,9 +303,10 @@ def failure(code: str, node_id: str, message: str, **extra: Any) -> FlowFailure:
 
 
 def finish(adv: Advance, status: str, *, output: Any = None, error: Any = None, actor: str | None = None,
-            reason: str | None = None) -> None:  # fmt: skip
+           reason: str | None = None, control: bool = False) -> None:  # fmt: skip
     """End the instance: its status, its live tokens ``CANCELLED``, pending timers ``CANCELLED`` and a
-    cancel request for every live step task, in this transaction."""
+    cancel request for every live step task, in this transaction. ``control``: a cancel through the API,
+    which bumps ``control_version`` too."""
     conn = adv.conn
     inst = adv.instance
     live = [
@@ -344,12 +345,12 @@ def finish(adv: Advance, status: str, *, output: Any = None, error: Any = None, 
     ]
     set_instance(adv, event, data={"reason": reason} if reason else None, actor=actor, status=status, paused=False,
                   output=output, error=error, finished_at=adv.now,
-                  **({"control_version": int(inst["control_version"]) + 1} if status == CANCELLED else {}))  # fmt: skip
+                  **({"control_version": int(inst["control_version"]) + 1} if control else {}))  # fmt: skip
 
 
 def fail(adv: Advance, error: dict[str, Any]) -> None:
-    log.info("flow instance failed instance_id=%s node=%s type=%s", adv.instance["id"], error.get("node"),
-             error.get("type"))  # fmt: skip
+    log.info("flow instance failed instance_id=%s node=%s code=%s", adv.instance["id"], error.get("node"),
+             error.get("code"))  # fmt: skip
     finish(adv, FAILED, error=error)
 
 

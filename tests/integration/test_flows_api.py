@@ -345,7 +345,7 @@ def test_cancel_stops_tokens_timers_and_step_tasks(api: FlowApi) -> None:
                  all(t["state"] != "ACTIVE" for t in v["tokens"]) and v)  # fmt: skip
     task_id = view["steps"][0]["task_id"]
     cancelled = api.control(instance["id"], "cancel", reason="customer asked")
-    assert cancelled["status"] == "CANCELLED"
+    assert cancelled["status"] == "CANCELLED" and cancelled["control_version"] == 2
     assert {t["state"] for t in cancelled["tokens"]} == {"CANCELLED"}
     assert api.get(f"/tasks/{task_id}").json()["status"] == "CANCELLED"
     assert api.lease(QUEUE, 10) == []
