@@ -418,3 +418,31 @@ def test_nested_parallel_blocks_and_a_loop_back_make_new_activations(api: FlowAp
     assert again[0]["activation"] < again[1]["activation"] and again[0]["token_id"] == again[1]["token_id"]
     events = [h["event"] for h in api.history(done["id"])]
     assert events.count("joined") == 2 and events.count("forked") == 4
+
+
+def test_listing_pages_newest_first_with_filters_and_a_bad_graph_is_422(api: FlowApi) -> None:
+    flow = _flow()
+    api.publish(flow, {"start": "e", "nodes": {"e": {"type": "end"}}})
+    ids = [api.start(flow)["id"] for _ in range(5)]
+    seen: list[str] = []
+    cursor = None
+    while True:
+        page = api.get("/flow-instances", flow=flow, limit=2, **({"cursor": cursor} if cursor else {})).json()
+        seen += [item["id"] for item in page["items"]]
+        cursor = page["next_cursor"]
+        if cursor is None:
+            break
+    assert sorted(seen) == sorted(
+        ids
+    )  # each once (newest first: SQLite's clock has milliseconds, ties may swap)
+    created = [api.instance(i)["created_at"] for i in seen]
+    assert created == sorted(created, reverse=True)
+    assert api.get("/flow-instances", flow=flow, status="RUNNING").json()["items"] == []
+    assert len(api.get("/flow-instances", flow=flow, status="COMPLETED").json()["items"]) == 5
+    assert api.get("/flow-instances", cursor="nope").json()["code"] == "invalid_cursor"
+    assert [f["name"] for f in api.get("/flows").json()].count(flow) == 1
+    bad = {"start": "a", "nodes": {"a": {"type": "task", "queue": QUEUE, "handler": "h", "next": "nowhere"}}}
+    r = api.post("submit", f"/flows/{flow}/versions", {"graph": bad})
+    assert r.status_code == 422 and "'a'" in r.text
+    assert api.get(f"/flows/{flow}/versions/1").json()["version"] == 1
+    assert api.get(f"/flows/{flow}/versions/2").json()["code"] == "flow_version_not_found"
