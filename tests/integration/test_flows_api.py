@@ -357,7 +357,7 @@ def test_metrics_show_the_flow_backlog_and_advances(api: FlowApi, server: Runnin
                                                  "e": {"type": "end"}}})  # fmt: skip
     _drain(api, api.start(flow)["id"])
     text = api.http["read"].get("/metrics").text
-    assert "orbit_flow_events_pending " in text
+    assert "orbit_flow_events_pending " in text and "orbit_flow_events_oldest_pending_age_seconds " in text
     assert 'orbit_flow_advances_total{outcome="applied"}' in text
 
 
