@@ -30,6 +30,7 @@ from orbit_client._exceptions import (
     SuccessorExistsError,
     UnprocessableEntityError,
 )
+from orbit_client._flows import FlowSignalResult, FlowStartResult
 from orbit_client._logs import JsonFormatter
 from orbit_client._models import (
     IDEMPOTENCY_KEY_MAX_LENGTH,
@@ -135,6 +136,8 @@ __all__ = [
     "FailBatch",
     "FailItem",
     "FailRequest",
+    "FlowSignalResult",
+    "FlowStartResult",
     "HeartbeatBatch",
     "HeartbeatItem",
     "HeartbeatRequest",
