@@ -111,7 +111,9 @@ def _summary(node: Mapping[str, Any]) -> str:
         text = f"{node.get('queue', '?')} · {node.get('handler', '?')}"
         return text if kind == "task" else f"{text} · ≤{node.get('max_rounds', '?')} rounds"
     if kind == "timer":
-        return f"{node['seconds']:g} s" if node.get("seconds") is not None else f"until {node.get('until', '?')}"
+        return (
+            f"{node['seconds']:g} s" if node.get("seconds") is not None else f"until {node.get('until', '?')}"
+        )
     if kind == "signal":
         timeout = node.get("timeout_seconds")
         return f"signal {node.get('signal', '?')}" + (f" · {timeout:g} s" if timeout is not None else "")
@@ -159,7 +161,11 @@ def _states(view: dict[str, NodeView], instance: Any, visited: Iterable[str]) ->
     for step in sorted(steps, key=lambda s: (str(s.get("created_at") or ""), s.get("activation") or 0)):
         node = step.get("node")
         if node in view and step.get("task_id"):
-            label = f"round {step['round']}" if step.get("round") is not None else f"activation {step.get('activation')}"
+            label = (
+                f"round {step['round']}"
+                if step.get("round") is not None
+                else f"activation {step.get('activation')}"
+            )
             view[node].steps.append(StepLink(str(step["task_id"]), str(step.get("status") or ""), label))
     seen = set(visited)
     for name, node in view.items():
