@@ -33,7 +33,9 @@ with OrbitClient(os.environ["ORBIT_URL"], api_key=os.environ["ORBIT_API_KEY"], t
         raise
     instance = started.instance
     # Signals are buffered, and the key is the signal's identity: a retry never approves twice.
-    client.signal_flow("shop", instance.id, "approve", {"by": "ops@example.com"}, idempotency_key=f"{key}:approve")
+    client.signal_flow(
+        "shop", instance.id, "approve", {"by": "ops@example.com"}, idempotency_key=f"{key}:approve"
+    )
 
     deadline = time.monotonic() + 30
     while not instance.steps and time.monotonic() < deadline:  # the engine advances within moments
