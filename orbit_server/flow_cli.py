@@ -166,7 +166,10 @@ def _show(instance: FlowInstance) -> None:
     click.echo("")
     _table(
         ["token id", "node", "state", "activation", "waiting for", "fires at (UTC)", "parent id", "task id"],
-        [[t.id, t.node, t.state, t.activation, t.waiting_for, t.fire_at, t.parent_id, t.task_id] for t in i.tokens],
+        [
+            [t.id, t.node, t.state, t.activation, t.waiting_for, t.fire_at, t.parent_id, t.task_id]
+            for t in i.tokens
+        ],
         title="tokens",
     )
     click.echo("")
@@ -184,7 +187,10 @@ def _show(instance: FlowInstance) -> None:
 def _history_rows(entries: Sequence[Any]) -> None:
     _table(
         ["at (UTC)", "event", "node", "activation", "from", "to", "actor", "data"],
-        [[e.at, e.event, e.node, e.activation, e.from_state, e.to_state, e.actor, _short(e.data)] for e in entries],
+        [
+            [e.at, e.event, e.node, e.activation, e.from_state, e.to_state, e.actor, _short(e.data)]
+            for e in entries
+        ],
     )
 
 
@@ -284,7 +290,9 @@ def flow_start(
     with _engine(database_url) as engine:
         with engine.begin() as conn:
             principal = _principal(conn, namespace_name)
-        instance, replayed = ops.start(engine, principal, name, body, _key(idempotency_key), actor=_actor(actor))
+        instance, replayed = ops.start(
+            engine, principal, name, body, _key(idempotency_key), actor=_actor(actor)
+        )
     if as_json:
         _print_json(instance)
         return
@@ -299,7 +307,9 @@ def flow_start(
 @click.option(
     "--status", type=click.Choice([s.value for s in FlowInstanceStatus], case_sensitive=False), default=None
 )
-@click.option("--key", "idempotency_key", default=None, help="Only the instance this idempotency key started.")
+@click.option(
+    "--key", "idempotency_key", default=None, help="Only the instance this idempotency key started."
+)
 @click.option("--limit", type=click.IntRange(1, 1000), default=50, show_default=True)
 @click.option("--cursor", default=None, help="The cursor printed under the previous page.")
 @_json_option
@@ -398,7 +408,9 @@ def _control_command(action: str, doc: str) -> Any:
     @_actor_option
     @_json_option
     @_database_url_option
-    def command(instance_id: str, reason: str | None, actor: str | None, as_json: bool, database_url: str) -> None:
+    def command(
+        instance_id: str, reason: str | None, actor: str | None, as_json: bool, database_url: str
+    ) -> None:
         body = _model(FlowControl, f"{action} request", reason=reason, actor=_actor(actor))
         with _engine(database_url) as engine:
             instance = ops.control(engine, instance_id, action, body)

@@ -78,7 +78,9 @@ def add_flow_pages(router: APIRouter, kit: ConsoleKit) -> None:
             error = exc.detail or exc.title
         next_url = None
         if next_cursor:
-            next_url = "/ui/flows?" + urlencode({**{k: v for k, v in filters.items() if v}, "cursor": next_cursor})
+            next_url = "/ui/flows?" + urlencode(
+                {**{k: v for k, v in filters.items() if v}, "cursor": next_cursor}
+            )
         return kit.render(
             request, "flows.html", 400 if error else 200, principal, session, page="flows", flows=flows,
             instances=items, filters=filters, next_url=next_url, first_page=not cursor, error=error,
@@ -119,13 +121,17 @@ def add_flow_pages(router: APIRouter, kit: ConsoleKit) -> None:
         )  # fmt: skip
 
     @router.get("/flow-instances/{instance_id}")
-    async def instance_page(request: Request, instance_id: str, done: str = "", history_cursor: str = "") -> Response:
+    async def instance_page(
+        request: Request, instance_id: str, done: str = "", history_cursor: str = ""
+    ) -> Response:
         found = await kit.signed_in(request)
         if found is None:
             return kit.to_login(request)
-        notice = {"paused": "Pause recorded.", "resumed": "Resume recorded.", "cancelled": "Cancel recorded."}.get(
-            done
-        )
+        notice = {
+            "paused": "Pause recorded.",
+            "resumed": "Resume recorded.",
+            "cancelled": "Cancel recorded.",
+        }.get(done)
         return await instance_response(request, *found, instance_id, history_cursor=history_cursor or None,
                                        notice=notice)  # fmt: skip
 
