@@ -450,3 +450,14 @@ async def test_a_body_that_is_not_an_instance_is_an_invalid_response(
     with pytest.raises(Exception) as info:
         await client.get_flow_instance("acme", INSTANCE_ID)
     assert getattr(info.value, "code", None) == "invalid_response"
+
+
+def test_the_async_client_has_every_flow_call_with_the_same_signature() -> None:
+    from orbit_client._flows import FlowMixin
+
+    names = [n for n in vars(FlowMixin) if not n.startswith("_") and callable(getattr(FlowMixin, n))]
+    assert len(names) == 13
+    for name in names:
+        sync, twin = getattr(OrbitClient, name), getattr(AsyncOrbitClient, name)
+        assert inspect.iscoroutinefunction(twin), name
+        assert inspect.signature(sync) == inspect.signature(twin), name
