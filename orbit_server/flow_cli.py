@@ -36,7 +36,7 @@ from orbit_client import (
 from . import store
 from .admin_cli import _actor, _actor_option, _cell, _json_option, _print_json, _table
 from .cli import _database_url_option, _engine, main
-from .flows import cli_ops as ops
+from . import flow_admin as ops
 
 __all__ = ["flow"]
 

@@ -25,7 +25,7 @@ from starlette.concurrency import run_in_threadpool
 from orbit_client import FlowControl, FlowInstanceStatus
 
 from .. import errors, store
-from ..flows import cli_ops as ops
+from .. import flow_admin as ops
 from . import flowgraph
 from ._session import Session
 
