@@ -88,9 +88,9 @@ def _instance(db: Engine, principal: store.Principal, instance_id: str) -> FlowI
 def publish(db: Engine, principal: store.Principal, name: str, body: FlowPublish) -> tuple[FlowVersion, bool]:
     """Publish a version (or find the identical graph's): ``(version, created)``, as ``POST .../versions``."""
     try:
-        return transact(db, flow_store.publish, principal, name, body)  # type: ignore[no-any-return]
+        return transact(db, flow_store.publish, principal, name, body)
     except sa.exc.IntegrityError:  # a concurrent first publish of this flow (or of this graph) won
-        return transact(db, flow_store.publish, principal, name, body)  # type: ignore[no-any-return]
+        return transact(db, flow_store.publish, principal, name, body)
 
 
 def start(
