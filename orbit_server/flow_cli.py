@@ -221,12 +221,12 @@ def flow_publish(
         with engine.begin() as conn:
             principal = flow_admin.cli_principal(conn, namespace_name)
         version, created = flow_admin.publish(engine, principal, name, body)
-    if as_json:
-        _print_json(version)
-        return
     what = "published as" if created else "unchanged: the same graph is"
     click.echo(f"flow {name!r} {what} version {version.version} (digest {version.digest[:12]})", err=True)
-    click.echo(version.version)
+    if as_json:
+        _print_json(version)
+    else:
+        click.echo(version.version)
 
 
 @flow.command("list")
@@ -290,12 +290,12 @@ def flow_start(
         with engine.begin() as conn:
             principal = flow_admin.cli_principal(conn, namespace_name)
         instance, replayed = flow_admin.start(engine, principal, name, body, key, settings)
-    if as_json:
-        _print_json(instance)
-        return
     how = "already started with this key" if replayed else "started"
     click.echo(f"flow {name!r} version {instance.version}: instance {how}, {instance.status.value}", err=True)
-    click.echo(instance.id)
+    if as_json:
+        _print_json(instance)
+    else:
+        click.echo(instance.id)
 
 
 @flow.command("instances")
@@ -403,13 +403,13 @@ def flow_signal(
         with engine.begin() as conn:
             principal = flow_admin.instance_principal(conn, instance_id)
         record, replayed = flow_admin.signal(engine, principal, instance_id, body, key, settings)
-    if as_json:
-        _print_json(record)
-        return
     how = "already recorded with this key" if replayed else "recorded"
     taken = f", taken by token {record.consumed_by_token}" if record.consumed_by_token else ", buffered"
     click.echo(f"signal {name!r} {how} for instance {instance_id}{taken}", err=True)
-    click.echo(record.id)
+    if as_json:
+        _print_json(record)
+    else:
+        click.echo(record.id)
 
 
 def _control_command(action: str, doc: str) -> Any:
