@@ -31,7 +31,7 @@ from . import _ids, errors, store
 from .execution import transact
 from .flows import control, engine, hooks
 from .flows import store as flow_store
-from .schema import flow_instances, namespaces
+from .schema import flow_history, flow_instances, namespaces
 from .settings import ServerSettings
 
 __all__ = [
@@ -42,6 +42,7 @@ __all__ = [
     "publish",
     "signal",
     "start",
+    "visited_nodes",
 ]
 
 _CONTROLS: dict[str, Callable[..., None]] = {
@@ -78,6 +79,19 @@ def instance_principal(conn: Connection, instance_id: str) -> store.Principal:
     if row is None:
         raise errors.FlowInstanceNotFound(f"no flow instance {instance_id!r}")
     return store.Principal(key_id=0, namespace_id=int(row[0]), namespace=str(row[1]), role="admin")
+
+
+def visited_nodes(conn: Connection, instance_id: str) -> set[str]:
+    """The nodes the instance's history names (every node a token was on), for the console's picture.
+
+    One ``SELECT DISTINCT`` over the instance's history rows; check the instance's namespace first.
+    """
+    query = (
+        sa.select(flow_history.c.node_id)
+        .distinct()
+        .where(flow_history.c.instance_id == instance_id, flow_history.c.node_id.is_not(None))
+    )
+    return {str(node) for node in conn.execute(query).scalars()}
 
 
 def _instance(db: Engine, principal: store.Principal, instance_id: str) -> FlowInstance:

@@ -99,16 +99,21 @@ def add_flow_pages(router: APIRouter, kit: ConsoleKit) -> None:
         history_cursor: str | None = None,
         **context: Any,
     ) -> Response:
-        def load(conn: Any) -> tuple[Any, Any, Any]:
+        def load(conn: Any) -> tuple[Any, Any, Any, set[str]]:
             instance = flow_store.get_instance(conn, principal, instance_id)
             version = flow_store.get_version(conn, principal, instance.flow, instance.version)
             history = flow_store.history(
                 conn, principal, instance_id, cursor=history_cursor, limit=_HISTORY_PAGE
             )
-            return instance, version, history
+            return instance, version, history, flow_admin.visited_nodes(conn, instance_id)
 
         try:
-            instance, version, history = await kit.read_db(load)
+            instance, version, history, visited = await kit.read_db(load)
+        except errors.InvalidCursor:
+            return kit.render(
+                request, "error.html", 400, principal, session,
+                message="That history link is not one this console made; open the instance again.",
+            )  # fmt: skip
         except errors.OrbitServerError as exc:
             if exc.status != 404:
                 raise
@@ -116,8 +121,7 @@ def add_flow_pages(router: APIRouter, kit: ConsoleKit) -> None:
                 request, "error.html", 404, principal, session,
                 message=f"No flow instance {instance_id!r} in namespace {principal.namespace!r}.",
             )  # fmt: skip
-        visited = {e.node for e in history.items if e.node}
-        graph = flowgraph.instance_graph(version.graph, instance, visited) if version is not None else None
+        graph = flowgraph.instance_graph(version.graph, instance, visited)
         return kit.render(
             request, "flow_instance.html", status, principal, session, page="flows", instance=instance,
             version=version, graph=graph, node_width=flowgraph.NODE_WIDTH, node_height=flowgraph.NODE_HEIGHT,

@@ -98,6 +98,8 @@ def test_list_and_instance_page_show_the_graph_with_node_states(server: RunningS
         assert "instance_started" in history and "signal_received" in history
         assert 'id="pause-form"' not in html  # a read key gets no forms
         assert client.get(f"/ui/tasks/{step['task_id']}").status_code == 200
+        bad = client.get(f"/ui/flow-instances/{instance['id']}", params={"history_cursor": "not-a-cursor"})
+        assert bad.status_code == 400 and "history link" in bad.text
 
 
 def test_pause_resume_and_cancel_are_audited_forms(server: RunningServer, api: FlowApi) -> None:
