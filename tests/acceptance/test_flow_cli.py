@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -149,3 +152,24 @@ def test_flow_commands(make_database: DatabaseFactory, kind: str, tmp_path: Path
         assert code == 1 and "no flow instance" in err
     code, _, err = _run("flow", "list", "--namespace", "nowhere", *db)
     assert code == 1
+
+
+def test_flow_commands_as_a_real_process(make_database: DatabaseFactory, tmp_path: Path) -> None:
+    """The installed entry point, with the database and namespace from the environment (as in --help)."""
+    url = make_database("sqlite").render_as_string(hide_password=False)
+    env = {**os.environ, "ORBIT_DATABASE_URL": url, "ORBIT_NAMESPACE": "shop"}
+
+    def run(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "orbit_server", *args], env=env, input=stdin,
+                              capture_output=True, text=True, timeout=60)  # fmt: skip
+
+    assert run("namespace", "create", "shop").returncode == 0
+    assert run("queue", "create", "shop", "fulfilment").returncode == 0
+    published = run("flow", "publish", "-", "--flow", "approval", stdin=json.dumps(GRAPH))
+    assert (published.returncode, published.stdout.strip()) == (0, "1"), published.stderr
+    started = run("flow", "start", "approval", "--key", "k-1", "--input", '{"order_id": 1}')
+    assert started.returncode == 0, started.stderr
+    shown = run("flow", "show", started.stdout.strip(), "--json")
+    assert shown.returncode == 0 and json.loads(shown.stdout)["flow"] == "approval"
+    gone = run("flow", "list", "--database-url", "mysql+pymysql://root@127.0.0.1:1/none")
+    assert gone.returncode == 3 and "cannot use the database" in gone.stderr
