@@ -173,3 +173,33 @@ def test_flow_commands_as_a_real_process(make_database: DatabaseFactory, tmp_pat
     assert shown.returncode == 0 and json.loads(shown.stdout)["flow"] == "approval"
     gone = run("flow", "list", "--database-url", "mysql+pymysql://root@127.0.0.1:1/none")
     assert gone.returncode == 3 and "cannot use the database" in gone.stderr
+
+
+def test_the_readme_flow_commands_run(make_database: DatabaseFactory, tmp_path: Path) -> None:
+    """The shell block of README "The orbit-server flow commands", as written, from the repository root."""
+    repo = Path(__file__).resolve().parents[2]
+    readme = (repo / "README.md").read_text(encoding="utf-8")
+    section = readme[readme.index("### The `orbit-server flow` commands") :]
+    block = section[section.index("```sh\n") + 6 : section.index("```\n", section.index("```sh\n") + 6)]
+    url = make_database("sqlite").render_as_string(hide_password=False)
+    script = block.replace("sqlite:///orbit.db", url)
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
+    setup = f"orbit-server namespace create shop --database-url {url} && " \
+            f"orbit-server queue create shop fulfilment --database-url {url}"  # fmt: skip
+    assert subprocess.run(["bash", "-c", setup], env=env, capture_output=True, timeout=60).returncode == 0
+    done = subprocess.run(["bash", "-euo", "pipefail", "-c", script], cwd=repo, env=env, capture_output=True,
+                          text=True, timeout=120)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    history = json.loads(done.stdout[done.stdout.index('{\n  "items"') :])["items"]
+    assert history[-1]["event"] == "instance_paused" and history[-1]["actor"].startswith("ops@example.com")
+    assert "ship\tWAITING" in done.stdout
+
+
+def test_the_example_graph_file_is_the_python_examples_graph() -> None:
+    repo = Path(__file__).resolve().parents[2]
+    source = (repo / "examples" / "flow_client_example.py").read_text(encoding="utf-8")
+    scope: dict[str, Any] = {}
+    exec(source.split("\nwith OrbitClient")[0], scope)  # the imports and GRAPH, nothing sent
+    assert (
+        json.loads((repo / "examples" / "order_approval.json").read_text(encoding="utf-8")) == scope["GRAPH"]
+    )
