@@ -10,6 +10,7 @@ from orbit_client._exceptions import (
     BadRequestError,
     ConcurrentUpdateError,
     ConflictError,
+    IdempotencyConflictError,
     IdempotencyKeyReusedError,
     InvalidTransitionError,
     LeaseLostError,
@@ -64,6 +65,7 @@ from orbit_client._flow_models import (
     canonical_graph_digest,
     parse_flow_path,
 )
+from orbit_client._flows import FlowSignalResult, FlowStartResult
 from orbit_client._logs import JsonFormatter
 from orbit_client._models import (
     IDEMPOTENCY_KEY_MAX_LENGTH,
@@ -187,7 +189,9 @@ __all__ = [
     "FlowPublish",
     "FlowSignal",
     "FlowSignalRecord",
+    "FlowSignalResult",
     "FlowStart",
+    "FlowStartResult",
     "FlowStep",
     "FlowSummary",
     "FlowToken",
@@ -196,6 +200,7 @@ __all__ = [
     "HeartbeatBatch",
     "HeartbeatItem",
     "HeartbeatRequest",
+    "IdempotencyConflictError",
     "IdempotencyKeyReusedError",
     "InvalidTransitionError",
     "JoinNode",
@@ -283,6 +288,7 @@ for _public in (
     AuthenticationError,
     BadRequestError,
     ConflictError,
+    IdempotencyConflictError,
     IdempotencyKeyReusedError,
     NotFoundError,
     OrbitAPIError,
