@@ -75,6 +75,7 @@ from orbit_client._models import (
     TaskSubmission,
     is_valid_idempotency_key,
 )
+from orbit_client._flows import AsyncFlowMixin, FlowMixin
 from orbit_client._queue_control import AsyncQueueControlMixin, QueueControlMixin
 from orbit_client._retry import RetryPolicy, _CallRetries
 from orbit_client._schedule_models import Schedule, ScheduleCreate, ScheduleOccurrence, ScheduleUpdate
@@ -587,7 +588,7 @@ class _BaseClient:
         )
 
 
-class OrbitClient(_BaseClient, QueueControlMixin):
+class OrbitClient(_BaseClient, QueueControlMixin, FlowMixin):
     """A blocking client for the Orbit HTTP API. Use it as a context manager, or call :meth:`close`.
 
     Every method raises :class:`~orbit_client.OrbitError` subclasses only: an
@@ -1270,7 +1271,7 @@ class OrbitClient(_BaseClient, QueueControlMixin):
         return self._parse_list(ScheduleOccurrence, self._request("GET", path, params=params))
 
 
-class AsyncOrbitClient(_BaseClient, AsyncQueueControlMixin):
+class AsyncOrbitClient(_BaseClient, AsyncQueueControlMixin, AsyncFlowMixin):
     """The asyncio twin of :class:`OrbitClient`: same methods, awaited; :meth:`aclose` to close.
 
     Use it as an async context manager. Constructor arguments, errors and retries are

@@ -17,8 +17,10 @@ caller used the client wrongly (usage)::
     │   │   ├── RequestInProgressError      409 request_in_progress: retryable
     │   │   ├── ConcurrentUpdateError       409 concurrent_update: retryable
     │   │   ├── LeaseLostError              409 lease_lost: the attempt no longer holds its lease
-    │   │   ├── InvalidTransitionError      409 invalid_transition: the task's state forbids it
-    │   │   └── SuccessorExistsError        409 successor_exists: the task was retried already
+    │   │   ├── InvalidTransitionError      409 invalid_transition: the task's (or flow's) state forbids it
+    │   │   ├── SuccessorExistsError        409 successor_exists: the task was retried already
+    │   │   └── IdempotencyConflictError    409 idempotency_conflict: a flow start/signal key reused
+    │   │                                       for another request: never retried
     │   ├── PayloadTooLargeError            413
     │   ├── UnprocessableEntityError        422
     │   │   └── IdempotencyKeyReusedError   422 idempotency_key_reused: never retried
@@ -52,6 +54,7 @@ __all__ = [
     "BadRequestError",
     "ConcurrentUpdateError",
     "ConflictError",
+    "IdempotencyConflictError",
     "IdempotencyKeyReusedError",
     "InvalidTransitionError",
     "LeaseLostError",
@@ -310,6 +313,21 @@ class SuccessorExistsError(ConflictError):
         return value if isinstance(value, str) else None
 
 
+class IdempotencyConflictError(ConflictError):
+    """409 ``idempotency_conflict``: the key already names a *different* flow start or signal.
+
+    The flow twin of :class:`IdempotencyKeyReusedError` (tasks answer 422 for the same mistake):
+    a flow start (``start_flow``) with another input or version, or a signal (``signal_flow``) with
+    another name or payload under a key the instance already recorded. Nothing was done;
+    ``outcome_known=True``, never retried (README "Flows: client and CLI").
+    """
+
+    hint = (
+        "this idempotency key already names a different flow start or signal; do not reuse keys, "
+        "and look the original up (find_flow_instance() for a start)"
+    )
+
+
 class PayloadTooLargeError(OrbitAPIError):
     """413: the request body or params exceed the server's size limit (README "HTTP API"). Not retryable."""
 
@@ -401,6 +419,7 @@ _BY_STATUS_AND_CODE: dict[tuple[int, str], type[OrbitAPIError]] = {
     (409, "lease_lost"): LeaseLostError,
     (409, "invalid_transition"): InvalidTransitionError,
     (409, "successor_exists"): SuccessorExistsError,
+    (409, "idempotency_conflict"): IdempotencyConflictError,
     (422, "idempotency_key_reused"): IdempotencyKeyReusedError,
 }
 
