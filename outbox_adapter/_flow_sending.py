@@ -25,7 +25,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from orbit_client import OrbitAPIError, OrbitClient, OrbitUsageError
+from orbit_client import OrbitAPIError, OrbitClient
 from outbox_adapter import _queries as q
 from outbox_adapter._outcomes import SendOutcome, Verdict, classify_error
 
@@ -46,7 +46,7 @@ class StartedInstance:
 
     @classmethod
     def of(cls, data: Any) -> StartedInstance:
-        """From a ``FlowInstance`` model or its JSON (either is accepted: ``orbit_client`` versions differ)."""
+        """From a ``FlowInstance`` (model or JSON)."""
         if not isinstance(data, dict):
             dump = getattr(data, "model_dump", None)
             data = dump(mode="json") if dump is not None else vars(data)
@@ -56,14 +56,6 @@ class StartedInstance:
             version=data.get("version"),
             input=data.get("input"),
         )
-
-
-def _body(claim: q.Claim) -> dict[str, Any]:
-    body: dict[str, Any] = {"input": claim.params if claim.params is not None else {}}
-    version = (claim.options or {}).get("version")
-    if version is not None:
-        body["version"] = version
-    return body
 
 
 def _dead_flow_hint(claim: q.Claim) -> str:
@@ -82,15 +74,17 @@ def start_flow(
 ) -> SendOutcome:
     """Start the flow instance of ``claim`` with its key; the classified outcome. Never raises."""
     assert claim.flow is not None
-    headers = {"Idempotency-Key": claim.idempotency_key}
-    if traceparent is not None:
-        headers["traceparent"] = traceparent
-        if tracestate:
-            headers["tracestate"] = tracestate
+    version = (claim.options or {}).get("version")
     try:
-        path = client._path("/v1/namespaces/{}/flows/{}/instances", claim.namespace, claim.flow)
-        response = client._request("POST", path, json=_body(claim), headers=headers)
-        started = StartedInstance.of(response.json())
+        result = client.start_flow(
+            claim.namespace,
+            claim.flow,
+            claim.params if claim.params is not None else {},
+            idempotency_key=claim.idempotency_key,
+            version=version,
+            traceparent=traceparent,
+            tracestate=tracestate,
+        )
     except OrbitAPIError as exc:
         if exc.code in _CONFLICT_CODES:
             return SendOutcome(
@@ -104,16 +98,13 @@ def start_flow(
                 verdict=Verdict.DEAD, status_code=404, error=f"{exc}; " + _dead_flow_hint(claim)
             )
         return classify_error(exc)
-    except (KeyError, TypeError, ValueError) as exc:  # a 2xx without an instance: it may exist
-        return SendOutcome(
-            verdict=Verdict.UNKNOWN,
-            error=f"unexpected answer to a flow start ({exc!r}); the instance may exist",
-        )
     except Exception as exc:
         return classify_error(exc)
-    replayed = response.status_code == 200
     return SendOutcome(
-        verdict=Verdict.DELIVERED, task_id=started.id, replayed=replayed, status_code=response.status_code
+        verdict=Verdict.DELIVERED,
+        task_id=result.instance.id,
+        replayed=result.replayed,
+        status_code=200 if result.replayed else 201,
     )
 
 
@@ -123,10 +114,8 @@ def find_flow_start(client: OrbitClient, namespace: str, idempotency_key: str) -
     Raises:
         OrbitError: the lookup failed (the server is unreachable, the key is refused, ...).
     """
-    path = client._path("/v1/namespaces/{}/flow-instances", namespace)
-    response = client._request("GET", path, params={"idempotency_key": idempotency_key, "limit": "1"})
-    items = response.json().get("items") or []
-    return StartedInstance.of(items[0]) if items else None
+    found = client.find_flow_instance(namespace, idempotency_key)
+    return StartedInstance.of(found) if found is not None else None
 
 
 def get_flow_instance(client: OrbitClient, namespace: str, instance_id: str) -> StartedInstance:
@@ -136,10 +125,7 @@ def get_flow_instance(client: OrbitClient, namespace: str, instance_id: str) -> 
         NotFoundError: no such instance in the namespace.
         OrbitError: as for every call.
     """
-    if not isinstance(instance_id, str) or not instance_id:
-        raise OrbitUsageError("a flow instance id is a non-empty string")
-    path = client._path("/v1/namespaces/{}/flow-instances/{}", namespace, instance_id)
-    return StartedInstance.of(client._request("GET", path).json())
+    return StartedInstance.of(client.get_flow_instance(namespace, instance_id))
 
 
 def same_start(found: StartedInstance, row_flow: str | None, row_input: Any) -> bool:
