@@ -18,7 +18,7 @@ import hashlib
 import json
 import re
 from collections.abc import Iterator, Mapping
-from typing import Annotated, Any, Literal, Self
+from typing import Annotated, Any, Literal, NotRequired, Self, cast
 
 from pydantic import (
     AfterValidator,
@@ -33,6 +33,7 @@ from pydantic import (
     model_serializer,
     model_validator,
 )
+from typing_extensions import TypedDict
 
 from ._models import (
     NAME_PATTERN,
@@ -231,12 +232,12 @@ TemplatePath = Annotated[str, Field(max_length=1000), AfterValidator(_syntax_onl
 
 
 class _Node(_Wire):
-    #: The node's references to other nodes: (field, node id), in field order.
     def references(self) -> list[tuple[str, str]]:
+        """The node's edges: ``(field, node id)`` pairs in field order (``("rules[0].next", "a")``)."""
         raise NotImplementedError
 
     def templates(self) -> list[tuple[str, Any]]:
-        """The node's templates and template paths: (field, value)."""
+        """The node's templates and template paths: ``(field, value)`` pairs (``("params", {...})``)."""
         return []
 
 
@@ -388,12 +389,19 @@ class PollNode(_TaskOptions, _Node):
         return refs
 
 
+class ChoiceRuleDump(TypedDict):
+    """A dumped :class:`ChoiceRule` (its serialization schema): exactly one of equals and present."""
+
+    path: str
+    equals: NotRequired[JsonValue]
+    present: NotRequired[bool]
+    next: str
+
+
 class ChoiceRule(_Wire):
     """One rule of a choice: ``path`` and exactly one of ``equals`` (JSON equality with the value at
     the path: ``1`` equals ``1.0``, ``true`` does not equal ``1``; a missing path does not match; ``null``
     is a value to compare with) or ``present`` (``true``: the path resolves; ``false``: it does not)."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True, json_schema_mode_override="validation")
 
     path: TemplatePath
     equals: JsonData = None
@@ -412,7 +420,7 @@ class ChoiceRule(_Wire):
         return self.present is not None
 
     @model_serializer(mode="wrap")
-    def _only_its_test(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+    def _only_its_test(self, handler: SerializerFunctionWrapHandler) -> ChoiceRuleDump:
         # Write exactly the test the rule has, so a dump validates again (``equals: null`` stays).
         data: dict[str, Any] = handler(self)
         if self.present is not None:
@@ -420,7 +428,7 @@ class ChoiceRule(_Wire):
         else:
             data.pop("present", None)
             data["equals"] = self.equals
-        return data
+        return cast(ChoiceRuleDump, data)
 
 
 class ChoiceNode(_Node):
@@ -476,6 +484,7 @@ class FlowGraph(_Wire):
 
     After validation the graph answers the engine's questions: :meth:`successors`,
     :meth:`join_of`, :meth:`parallel_of`, :meth:`enclosing_parallel`.
+    :meth:`canonical` is the form the server stores and digests.
     """
 
     start: NodeId
@@ -489,6 +498,8 @@ class FlowGraph(_Wire):
         nodes = self.nodes
         if self.start not in nodes:
             raise ValueError(f"start {self.start!r} is not a node of the graph")
+        if isinstance(nodes[self.start], JoinNode):
+            raise ValueError(f"start {self.start!r} is a join node: a flow cannot start at a join")
         step_nodes = frozenset(n for n, node in nodes.items() if isinstance(node, TaskNode | PollNode))
         parallel_of: dict[str, str] = {}
         for node_id, node in nodes.items():
@@ -526,6 +537,7 @@ class FlowGraph(_Wire):
         """Each reachable node's enclosing parallel nodes, outermost first; raise where blocks cross."""
         nodes = self.nodes
         blocks: dict[str, tuple[str, ...]] = {}
+        reached_from: dict[str, str] = {}
         # (node, its enclosing parallels, the node and field that led there)
         pending: list[tuple[str, tuple[str, ...], str | None]] = [(self.start, (), None)]
         while pending:
@@ -550,11 +562,12 @@ class FlowGraph(_Wire):
                 if known != stack:
                     raise ValueError(
                         f"{came_from or 'start'} leads to node {node_id!r} {_where(stack)}, but it is also "
-                        f"reached {_where(known)}: an edge may not leave or enter a parallel block except "
-                        "through its parallel and its join"
+                        f"reached {_where(known)} (from {reached_from[node_id]}): an edge may not leave or "
+                        "enter a parallel block except through its parallel and its join"
                     )
                 continue
             blocks[node_id] = stack
+            reached_from[node_id] = came_from or ("start" if node_id == self.start else "its parallel")
             if isinstance(node, EndNode):
                 continue
             if isinstance(node, ParallelNode):
@@ -568,30 +581,33 @@ class FlowGraph(_Wire):
         return blocks
 
     def _check_progress(self, blocks: dict[str, tuple[str, ...]], parallel_of: dict[str, str]) -> None:
-        """From every node, an end (outside blocks) or the block's join must be reachable."""
+        """From every node, an end (outside blocks) or the block's join must be reachable.
+
+        A walk back from the goals (ends; nodes with an edge to their own block's join) over the edges
+        that stay at one block level (a parallel counts as an edge to its join): linear in the graph.
+        """
         nodes = self.nodes
-        ahead: dict[str, list[str]] = {}
+        before: dict[str, list[str]] = {node_id: [] for node_id in nodes}
         good: set[str] = set()
         for node_id, node in nodes.items():
             stack = blocks[node_id]
             if isinstance(node, EndNode):
                 good.add(node_id)
-                ahead[node_id] = []
             elif isinstance(node, ParallelNode):
-                ahead[node_id] = [node.join]
+                before[node.join].append(node_id)
             else:
                 own_join = self.join_of(stack[-1]) if stack else None
-                targets = [t for _, t in node.references()]
-                if own_join in targets:
-                    good.add(node_id)  # it can arrive at its block's join
-                ahead[node_id] = [t for t in targets if t != own_join]
-        changed = True
-        while changed:
-            changed = False
-            for node_id, targets in ahead.items():
-                if node_id not in good and any(t in good for t in targets):
+                for _, target in node.references():
+                    if target == own_join:
+                        good.add(node_id)  # it can arrive at its block's join
+                    else:
+                        before[target].append(node_id)
+        frontier = list(good)
+        while frontier:
+            for node_id in before[frontier.pop()]:
+                if node_id not in good:
                     good.add(node_id)
-                    changed = True
+                    frontier.append(node_id)
         for node_id in nodes:
             if node_id not in good:
                 stack = blocks[node_id]
@@ -705,7 +721,8 @@ class FlowVersion(_Wire):
         namespace, flow: the flow it belongs to.
         version: 1, 2, ... in order of publication.
         digest: :func:`canonical_graph_digest` of ``graph``.
-        graph: the graph, in canonical form (:func:`canonical_graph`).
+        graph: the graph (the server stores it in canonical form, :func:`canonical_graph`; on the
+            wire every field is written out, defaults included).
         description: what the publisher said about it; ``None``: nothing.
         published_at: when (UTC, database clock).
         published_by: the API key's name (and actor) that published it; ``None`` when unknown.
