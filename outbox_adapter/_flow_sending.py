@@ -63,7 +63,7 @@ def _dead_flow_hint(claim: q.Claim) -> str:
     what = f"version {version} of flow {claim.flow!r}" if version else f"flow {claim.flow!r}"
     return (
         f"{what} of namespace {claim.namespace!r} does not exist for the relay's API key; if the name is right, "
-        f"publish it (`orbit-server flow publish {claim.namespace} {claim.flow} GRAPH.json`) and run "
+        f"publish it (`orbit-server flow publish GRAPH.json --flow {claim.flow} --namespace {claim.namespace}`) and run "
         f"`orbit-outbox retry {claim.id}`; if it is wrong, delete the row: `orbit-outbox purge --dead-older-than 0s "
         f"--row {claim.id} --reason TEXT` (audited)"
     )
