@@ -1,0 +1,60 @@
+"""Flow rows against a real Orbit server (README "Starting flows from the outbox"), on each business
+database: the relay starts one instance per row with the row's key, a resend replays it, an unknown
+flow ends the row DEAD, and reconcile finds an instance by the key."""
+
+from __future__ import annotations
+
+import sqlalchemy as sa
+
+from orbit_client import OrbitClient
+from outbox_adapter import Outbox, OutboxTables, enqueue_flow
+from tests.integration.outbox.conftest import Biz, Namespace, RelayFactory
+from tests.servers import RunningServer
+
+GRAPH = {
+    "start": "wait",
+    "nodes": {"wait": {"type": "timer", "seconds": 3600, "next": "done"}, "done": {"type": "end"}},
+}
+
+
+def test_the_relay_starts_one_instance_per_flow_row_and_reconcile_finds_it_by_key(
+    orbit: RunningServer, ns: Namespace, biz: Biz, tables: OutboxTables, make_relay: RelayFactory
+) -> None:
+    with OrbitClient(orbit.base_url, api_key=ns.keys["submit"]) as client:
+        client.publish_flow(ns.name, "parked", GRAPH)
+        with biz.engine.begin() as conn:
+            ids = [
+                enqueue_flow(conn, namespace=ns.name, flow="parked", input={"i": i}, idempotency_key=f"{ns.name}-{i}",
+                             tables=tables).id
+                for i in range(3)
+            ]  # fmt: skip
+            unknown = enqueue_flow(conn, namespace=ns.name, flow="never-published", tables=tables).id
+        stats = make_relay().run_once()
+        assert (stats.delivered, stats.dead) == (3, 1)
+        outbox = Outbox(biz.engine, tables=tables)
+        for i, row_id in enumerate(ids):
+            row = outbox.get(row_id)
+            instance = client.get_flow_instance(ns.name, row.orbit_task_id or "")
+            assert (instance.flow, instance.input, instance.idempotency_key) == (
+                "parked",
+                {"i": i},
+                f"{ns.name}-{i}",
+            )
+        assert "orbit-server flow publish" in (outbox.get(unknown).last_error or "")
+        # The record of a send lost (a relay that died after the server started the instance): the row is
+        # sent again with the same key and the server replays the same instance; nothing new is started.
+        o = tables.outbox
+        with biz.engine.begin() as conn:
+            conn.execute(sa.update(o).where(o.c.id == ids[0]).values(state="PENDING", orbit_task_id=None))
+        first = client.find_flow_instance(ns.name, f"{ns.name}-0")
+        assert make_relay().run_once().replayed == 1
+        assert outbox.get(ids[0]).orbit_task_id == (first.id if first else None)
+        # Outcome unknown and the budget spent: reconcile asks the server by the key.
+        with biz.engine.begin() as conn:
+            conn.execute(
+                sa.update(o).where(o.c.id == ids[1]).values(state="NEEDS_RECONCILE", orbit_task_id=None)
+            )
+        [decision] = outbox.reconcile(client, actor="test")
+        assert (decision.row_id, decision.decision, decision.applied) == (ids[1], "delivered", True)
+        page = client.list_flow_instances(ns.name, flow="parked")
+        assert len(page.items) == 3  # one instance per row, however often it was sent
