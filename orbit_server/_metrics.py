@@ -9,6 +9,7 @@ from __future__ import annotations
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
 from ._sampling import LEASE_EXPIRIES, SampledGauges
+from .flows.engine import ADVANCES as FLOW_ADVANCES
 
 __all__ = ["Metrics", "method_label"]
 
@@ -51,3 +52,4 @@ class Metrics:
         self.registry.register(self.sampled)
         self.registry.register(self.sampled.failures)
         self.registry.register(LEASE_EXPIRIES)
+        self.registry.register(FLOW_ADVANCES)

@@ -35,7 +35,7 @@ from sqlalchemy.engine import Connection
 from orbit_client import TaskStatus
 
 from ._db import db_now
-from .schema import event_deliveries, queues, subscriptions, tasks
+from .schema import event_deliveries, flow_events, queues, subscriptions, tasks
 
 __all__ = ["LEASE_EXPIRIES", "Sample", "SampledGauges", "lease_expired", "sample"]
 
@@ -71,6 +71,8 @@ class Sample:
     review_oldest: float | None = None
     #: subscription -> (unacked deliveries, age of the oldest in seconds or 0)
     deliveries: dict[str, tuple[int, float]] = field(default_factory=dict)
+    #: internal flow events recorded but not yet applied (the flow backlog)
+    flow_events_pending: int = 0
 
 
 def _as_datetime(value: Any) -> datetime:
@@ -121,6 +123,12 @@ def sample(conn: Connection) -> Sample:
             age = max(0.0, (now - _as_datetime(at)).total_seconds()) if at is not None else 0.0
             had, had_age = out.deliveries[subs[sid]]
             out.deliveries[subs[sid]] = (had + int(n), max(had_age, age))
+    # Served by ix_flow_events_pending (consumed_at, created_at): only the unconsumed rows are read.
+    out.flow_events_pending = int(
+        conn.execute(
+            sa.select(sa.func.count()).select_from(flow_events).where(flow_events.c.consumed_at.is_(None))
+        ).scalar_one()
+    )
     return out
 
 
@@ -187,6 +195,12 @@ class SampledGauges:
             oldest.add_metric([sub], age_seconds + since if n else 0.0)
         yield unacked
         yield oldest
+        yield GaugeMetricFamily(
+            "orbit_flow_events_pending",
+            "Task results recorded for flow instances and not yet applied to them (paused instances' "
+            "included): the flow engine's backlog, sampled.",
+            value=value.flow_events_pending,
+        )
         yield GaugeMetricFamily(
             "orbit_metrics_sampled_timestamp_seconds",
             "Unix time of the last successful sample of the task and delivery gauges.",

@@ -74,6 +74,8 @@ from ._sampling import sample as sample_gauges
 from .attempt_batches import attempt_batch_router
 from .batch_api import batch_router
 from .console import console_router
+from .flows.loop import run_flow_loop
+from .flows_api import flows_router
 from .queues_api import queues_router
 from .scheduler import run_scheduler
 from .schedules_api import schedules_router
@@ -444,9 +446,18 @@ def create_app(settings: ServerSettings | None = None, *, engine: Engine | None 
             scheduler = asyncio.create_task(
                 run_scheduler(the_engine, settings, wakeup.notify), name="orbit-scheduler"
             )
+        flow_loop = None
+        if settings.flow_interval_seconds > 0:
+            flow_loop = asyncio.create_task(
+                run_flow_loop(the_engine, settings, wakeup.notify), name="orbit-flow-loop"
+            )
         try:
             yield
         finally:
+            if flow_loop is not None:
+                flow_loop.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await flow_loop
             if scheduler is not None:
                 scheduler.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
@@ -961,6 +972,7 @@ def create_app(settings: ServerSettings | None = None, *, engine: Engine | None 
         batch_router(engine=the_engine, settings=settings, metrics=metrics, on_created=wakeup.notify)
     )
     app.include_router(schedules_router(engine=the_engine))
+    app.include_router(flows_router(engine_=the_engine, settings=settings, on_created=wakeup.notify))
     app.include_router(queues_router(engine=the_engine, on_resume=wakeup.notify))
     app.include_router(
         console_router(

@@ -15,7 +15,9 @@ with one statement per table instead of one per item:
    counts are checked (a mismatch raises :class:`errors.ConcurrentUpdate`: the whole request is
    rolled back and run again);
 4. one multi-row ``INSERT`` of the task events; for completes, the result events and their
-   deliveries in the same transaction (:func:`orbit_server.results.record_result_events`).
+   deliveries in the same transaction (:func:`orbit_server.results.record_result_events`), and for
+   the tasks that are flow steps one multi-row ``INSERT`` of their internal events
+   (:mod:`orbit_server.flows.hooks`; none for plain tasks).
 
 A start whose queue is paused is declined (the per-item start gives its lease back), and a
 complete deletes the concurrency permits of the tasks that hold one (:mod:`orbit_server.permits`).
@@ -39,6 +41,7 @@ from sqlalchemy.engine import Connection
 from orbit_client import AttemptState, AttemptStatus, CompleteItem, StartItem, TaskStatus
 
 from . import _ids, errors, execution, permits, results
+from .flows import hooks as flow_hooks
 from .schema import task_attempts, task_events, tasks
 
 __all__ = ["complete_all", "start_all"]
@@ -224,5 +227,9 @@ def complete_all(
     _update_tasks(conn, pairs, TaskStatus.SUCCEEDED, now, result=by_task, error=None, holds_permit=False)
     for task, attempt in pairs:
         task["result"] = found[attempt["id"]]
-    results.record_result_events(conn, namespace_id, [task for task, _ in pairs], now)
+    event_ids = results.record_result_events(conn, namespace_id, [task for task, _ in pairs], now)
+    steps = [(task, event_id) for (task, _), event_id in zip(pairs, event_ids, strict=True)
+             if task["flow_instance_id"] is not None]  # fmt: skip
+    if steps:  # flow steps: their internal events, in this transaction (orbit_server.flows.hooks)
+        flow_hooks.record_events(conn, steps, now)
     return [execution._state(task, attempt, status=AttemptStatus.SUCCEEDED) for task, attempt in pairs]

@@ -7,7 +7,11 @@ __all__ = [
     "AttemptNotFound",
     "ConcurrentUpdate",
     "DeliveryNotFound",
+    "FlowInstanceNotFound",
+    "FlowNotFound",
+    "FlowVersionNotFound",
     "Forbidden",
+    "IdempotencyConflict",
     "IdempotencyKeyInvalid",
     "IdempotencyKeyMissing",
     "IdempotencyKeyReused",
@@ -189,3 +193,24 @@ class SubscriptionExists(OrbitServerError):
 
 class DeliveryNotFound(OrbitServerError):
     status, code, title = 404, "delivery_not_found", "Delivery not found"
+
+
+# --- flows (README "Flows: running them") ---
+
+
+class FlowNotFound(OrbitServerError):
+    status, code, title = 404, "flow_not_found", "Flow not found"
+
+
+class FlowVersionNotFound(OrbitServerError):
+    status, code, title = 404, "flow_version_not_found", "Flow version not found"
+
+
+class FlowInstanceNotFound(OrbitServerError):
+    status, code, title = 404, "flow_instance_not_found", "Flow instance not found"
+
+
+class IdempotencyConflict(OrbitServerError):
+    """409: a flow start or signal reused an Idempotency-Key with a different request."""
+
+    status, code, title = 409, "idempotency_conflict", "Idempotency key already used for another request"

@@ -58,6 +58,7 @@ from orbit_client import (
 from . import _faults, _ids, errors, permits, results, store
 from ._db import db_now, is_lock_conflict, to_naive_utc, to_utc
 from ._sampling import lease_expired
+from .flows import hooks as flow_hooks
 from .schema import concurrency_permits, namespaces, queue_gates, queues, task_attempts, task_events, tasks
 
 __all__ = [
@@ -132,6 +133,11 @@ _TASK_COLUMNS = (
     tasks.c.backoff_base_seconds,
     tasks.c.backoff_cap_seconds,
     tasks.c.holds_permit,
+    # The flow step this task is (NULL for plain tasks): read with the row, so a terminal transition
+    # knows without a statement more whether it must write a flow event (orbit_server.flows.hooks).
+    tasks.c.flow_instance_id,
+    tasks.c.flow_token_id,
+    tasks.c.flow_activation,
 )
 
 P = ParamSpec("P")
@@ -188,6 +194,7 @@ def transact(
                     trans.rollback()
                     raise
                 trans.commit()
+                flow_hooks.after_commit(conn)
                 return value
         except errors.ConcurrentUpdate:
             log.debug("concurrent update; running %s again", work.__name__)
@@ -221,7 +228,8 @@ def apply_transition(
     ``task_events`` row in the same transaction (§4 of DESIGN, invariant 4 of seed 001).
     A transition to ``SUCCEEDED``, ``FAILED``, ``CANCELLED`` or ``NEEDS_REVIEW`` also writes
     its ``result_events`` row and the deliveries to matching subscriptions, in the same
-    transaction (:func:`orbit_server.results.record_result_event`; DESIGN §4, §6.2 of seed 001).
+    transaction (:func:`orbit_server.results.record_result_event`; DESIGN §4, §6.2 of seed 001),
+    and, for a flow step's task, its internal event (:mod:`orbit_server.flows.hooks`, §6.3).
 
     Args:
         task: the task row as read, with at least ``id``, ``status`` and ``state_version``.
@@ -260,7 +268,9 @@ def apply_transition(
         raise errors.ConcurrentUpdate(f"task {task['id']} changed while it was being updated")
     _append_event(conn, task["id"], version, event, current, to, now, actor=actor, reason=reason, data=data)
     if to in results.RESULT_STATUSES:
-        results.record_result_event(conn, task["id"], now)
+        event_id = results.record_result_event(conn, task["id"], now)
+        if task.get("flow_instance_id") is not None:  # a flow step: its internal event, same transaction
+            flow_hooks.record_events(conn, [({**task, **changes}, event_id)], now)
     return {**task, **changes}
 
 

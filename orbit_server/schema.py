@@ -22,6 +22,15 @@ __all__ = [
     "api_keys",
     "concurrency_permits",
     "event_deliveries",
+    "flow_definitions",
+    "flow_events",
+    "flow_history",
+    "flow_instances",
+    "flow_signals",
+    "flow_steps",
+    "flow_timers",
+    "flow_tokens",
+    "flow_versions",
     "metadata",
     "namespaces",
     "purge_runs",
@@ -165,6 +174,12 @@ tasks = sa.Table(
     # --- trace context (revision 0008): W3C traceparent/tracestate as submitted, NULL when none ---
     sa.Column("traceparent", Key(55), nullable=True),
     sa.Column("tracestate", Key(512), nullable=True),
+    # --- flows (revision 0009): the step of a flow instance this task is, NULL for plain tasks. Read with
+    # the task row by every transition, so a terminal one knows, without a statement more, that it must
+    # write a flow_events row (README "Flows: running them").
+    sa.Column("flow_instance_id", Key(36), nullable=True),
+    sa.Column("flow_token_id", Key(36), nullable=True),
+    sa.Column("flow_activation", sa.Integer, nullable=True),
     # Serves the lease query: one queue, due tasks in order.
     sa.Index("ix_tasks_claim", "queue_id", "status", "available_at"),
     sa.Index("ix_tasks_namespace_created", "namespace_id", "created_at"),
@@ -448,4 +463,201 @@ purge_runs = sa.Table(
     sa.Column("started_at", Timestamp, nullable=False),
     sa.Column("finished_at", Timestamp, nullable=True),
     sa.Index("ix_purge_runs_started", "started_at"),
+)
+
+
+# --- flows (revision 0009): DESIGN §12, seed 001 §4-§6.3 and invariants 9-12, the token engine of seed 002 ---
+
+flow_definitions = sa.Table(
+    "flow_definitions",
+    metadata,
+    sa.Column("id", BigId, primary_key=True, autoincrement=True),
+    sa.Column("namespace_id", sa.BigInteger, sa.ForeignKey("namespaces.id"), nullable=False),
+    sa.Column("name", Key(64), nullable=False),
+    # The newest version's number (versions are 1, 2, ...); bumped under this row's lock by a publish.
+    sa.Column("latest_version", sa.Integer, nullable=False),
+    sa.Column("created_at", Timestamp, nullable=False),
+    sa.Column("updated_at", Timestamp, nullable=False),
+    sa.UniqueConstraint("namespace_id", "name", name="uq_flow_definitions_namespace_name"),
+)
+
+# Immutable once written: a publish of the same graph (same digest) finds its version again.
+flow_versions = sa.Table(
+    "flow_versions",
+    metadata,
+    sa.Column("id", BigId, primary_key=True, autoincrement=True),
+    sa.Column("definition_id", sa.BigInteger, sa.ForeignKey("flow_definitions.id"), nullable=False),
+    sa.Column("version", sa.Integer, nullable=False),
+    sa.Column("graph", Json(), nullable=False),
+    # SHA-256 (hex) of the graph's canonical JSON.
+    sa.Column("digest", Key(64), nullable=False),
+    sa.Column("description", sa.Text, nullable=True),
+    sa.Column("published_at", Timestamp, nullable=False),
+    sa.Column("published_by", sa.String(255), nullable=True),
+    sa.UniqueConstraint("definition_id", "version", name="uq_flow_versions_definition_version"),
+    sa.UniqueConstraint("definition_id", "digest", name="uq_flow_versions_definition_digest"),
+)
+
+flow_instances = sa.Table(
+    "flow_instances",
+    metadata,
+    sa.Column("id", Key(36), primary_key=True),
+    sa.Column("namespace_id", sa.BigInteger, sa.ForeignKey("namespaces.id"), nullable=False),
+    sa.Column("definition_id", sa.BigInteger, sa.ForeignKey("flow_definitions.id"), nullable=False),
+    # Bound for life (invariant 10): publishing never changes a running instance.
+    sa.Column("version_id", sa.BigInteger, sa.ForeignKey("flow_versions.id"), nullable=False),
+    sa.Column("input", Json(), nullable=False),
+    # RUNNING, PAUSED, COMPLETED, FAILED, CANCELLED.
+    sa.Column("status", sa.String(16), nullable=False),
+    # The execution gate: a paused instance starts no task, timer or poll round (invariant 12).
+    sa.Column("paused", sa.Boolean, nullable=False, server_default=sa.false()),
+    # Bumped by every pause, resume and cancel, in the transaction that changes the gate.
+    sa.Column("control_version", sa.Integer, nullable=False),
+    # Bumped by every change of this row.
+    sa.Column("state_version", sa.Integer, nullable=False),
+    sa.Column("output", Json(), nullable=True),
+    sa.Column("error", Json(), nullable=True),
+    sa.Column("idempotency_key", Key(255), nullable=False),
+    # SHA-256 (hex) of the canonical JSON of the start request (flow, version asked for, input).
+    sa.Column("request_digest", Key(64), nullable=False),
+    sa.Column("created_by", sa.String(255), nullable=True),
+    sa.Column("created_at", Timestamp, nullable=False),
+    sa.Column("updated_at", Timestamp, nullable=False),
+    sa.Column("finished_at", Timestamp, nullable=True),
+    sa.Column("traceparent", Key(55), nullable=True),
+    sa.UniqueConstraint("namespace_id", "idempotency_key", name="uq_flow_instances_namespace_key"),
+    # Serves the listing, newest first.
+    sa.Index("ix_flow_instances_namespace_created", "namespace_id", "created_at", "id"),
+)
+
+# A position in an instance (seed 002 §4): every update is conditional on (id, version).
+flow_tokens = sa.Table(
+    "flow_tokens",
+    metadata,
+    sa.Column("id", Key(36), primary_key=True),
+    sa.Column("instance_id", Key(36), sa.ForeignKey("flow_instances.id"), nullable=False),
+    sa.Column("node_id", sa.String(64), nullable=False),
+    # ACTIVE (on node_id, its entry not done yet), WAITING, FORKED, ARRIVED, DONE, CANCELLED.
+    sa.Column("state", sa.String(16), nullable=False),
+    # Bumped each time the token enters a node: a task, timer or event belongs to one activation.
+    sa.Column("activation", sa.Integer, nullable=False),
+    sa.Column("version", sa.Integer, nullable=False),
+    # The token that forked this one (NULL for the root token).
+    sa.Column("parent_id", Key(36), nullable=True),
+    # For a FORKED token: children that have not arrived at the join yet (the join passes at 0).
+    sa.Column("children_open", sa.Integer, nullable=False, server_default="0"),
+    # The node's current task (task step, poll round), if any.
+    sa.Column("task_id", Key(36), nullable=True),
+    # What a WAITING token waits for: task, timer, signal:<name>, poll, review, join.
+    sa.Column("waiting_for", sa.String(80), nullable=True),
+    sa.Column("fire_at", Timestamp, nullable=True),
+    sa.Column("created_at", Timestamp, nullable=False),
+    sa.Column("updated_at", Timestamp, nullable=False),
+    sa.Index("ix_flow_tokens_instance", "instance_id", "created_at"),
+    sa.Index("ix_flow_tokens_parent", "parent_id"),
+    # Serves the recovery scan: ACTIVE tokens, and WAITING signal tokens.
+    sa.Index("ix_flow_tokens_state", "state", "waiting_for"),
+)
+
+# One row per task a node created: a task step (round 0) or a poll round (1, 2, ...).
+flow_steps = sa.Table(
+    "flow_steps",
+    metadata,
+    sa.Column("id", BigId, primary_key=True, autoincrement=True),
+    sa.Column("instance_id", Key(36), sa.ForeignKey("flow_instances.id"), nullable=False),
+    sa.Column("token_id", Key(36), nullable=False),
+    sa.Column("node_id", sa.String(64), nullable=False),
+    sa.Column("activation", sa.Integer, nullable=False),
+    sa.Column("round", sa.Integer, nullable=False, server_default="0"),
+    sa.Column("task_id", Key(36), nullable=False, unique=True),
+    # The task's outcome as the engine applied it (NULL until then).
+    sa.Column("status", sa.String(16), nullable=True),
+    sa.Column("result", Json(), nullable=True),
+    sa.Column("error", Json(), nullable=True),
+    sa.Column("created_at", Timestamp, nullable=False),
+    sa.Column("finished_at", Timestamp, nullable=True),
+    # A poll's budget is these rows (invariant 11): one per (token, activation, round), whatever restarts.
+    sa.UniqueConstraint("token_id", "activation", "round", name="uq_flow_steps_token_activation_round"),
+    sa.Index("ix_flow_steps_instance", "instance_id", "id"),
+)
+
+flow_timers = sa.Table(
+    "flow_timers",
+    metadata,
+    sa.Column("id", BigId, primary_key=True, autoincrement=True),
+    sa.Column("instance_id", Key(36), sa.ForeignKey("flow_instances.id"), nullable=False),
+    sa.Column("token_id", Key(36), nullable=False),
+    sa.Column("activation", sa.Integer, nullable=False),
+    # timer, signal_timeout, poll_round.
+    sa.Column("kind", sa.String(16), nullable=False),
+    sa.Column("round", sa.Integer, nullable=False, server_default="0"),
+    sa.Column("fire_at", Timestamp, nullable=False),
+    # PENDING, FIRED, CANCELLED.
+    sa.Column("state", sa.String(16), nullable=False),
+    sa.Column("created_at", Timestamp, nullable=False),
+    sa.Column("fired_at", Timestamp, nullable=True),
+    sa.UniqueConstraint("token_id", "activation", "kind", "round", name="uq_flow_timers_token_activation"),
+    # Serves the loop's claim of due timers.
+    sa.Index("ix_flow_timers_due", "state", "fire_at"),
+    sa.Index("ix_flow_timers_instance", "instance_id", "state"),
+)
+
+# Signals are buffered: kept unconsumed until a matching wait takes the oldest.
+flow_signals = sa.Table(
+    "flow_signals",
+    metadata,
+    sa.Column("id", BigId, primary_key=True, autoincrement=True),
+    sa.Column("instance_id", Key(36), sa.ForeignKey("flow_instances.id"), nullable=False),
+    # The Idempotency-Key it was sent with: a repeat is a replay.
+    sa.Column("identity", Key(255), nullable=False),
+    sa.Column("name", sa.String(64), nullable=False),
+    sa.Column("payload", Json(), nullable=True),
+    sa.Column("digest", Key(64), nullable=False),
+    sa.Column("actor", sa.String(255), nullable=True),
+    sa.Column("received_at", Timestamp, nullable=False),
+    sa.Column("consumed_by_token", Key(36), nullable=True),
+    sa.Column("consumed_activation", sa.Integer, nullable=True),
+    sa.Column("consumed_at", Timestamp, nullable=True),
+    sa.UniqueConstraint("instance_id", "identity", name="uq_flow_signals_instance_identity"),
+    sa.Index("ix_flow_signals_instance_name", "instance_id", "name", "consumed_at"),
+)
+
+# Internal events (seed 001 §6.3): written by a step task's terminal (or NEEDS_REVIEW) transition in its
+# transaction, consumed by the transaction that advances the token.
+flow_events = sa.Table(
+    "flow_events",
+    metadata,
+    # The result event's id: one internal event per task transition.
+    sa.Column("id", Key(36), primary_key=True),
+    sa.Column("instance_id", Key(36), nullable=False),
+    sa.Column("token_id", Key(36), nullable=False),
+    sa.Column("activation", sa.Integer, nullable=False),
+    sa.Column("task_id", Key(36), nullable=False),
+    sa.Column("status", sa.String(16), nullable=False),
+    sa.Column("state_version", sa.Integer, nullable=False),
+    sa.Column("created_at", Timestamp, nullable=False),
+    sa.Column("consumed_at", Timestamp, nullable=True),
+    # applied, stale (not the token's current activation or task), finished (instance over).
+    sa.Column("outcome", sa.String(16), nullable=True),
+    # Serves the loop: pending events, oldest first; and an instance's pending count.
+    sa.Index("ix_flow_events_pending", "consumed_at", "created_at"),
+    sa.Index("ix_flow_events_instance", "instance_id", "consumed_at"),
+)
+
+# Append-only, written in the transaction of every token and instance change (seed 002 §8).
+flow_history = sa.Table(
+    "flow_history",
+    metadata,
+    sa.Column("id", BigId, primary_key=True, autoincrement=True),
+    sa.Column("instance_id", Key(36), nullable=False),
+    sa.Column("at", Timestamp, nullable=False),
+    sa.Column("event", sa.String(32), nullable=False),
+    sa.Column("token_id", Key(36), nullable=True),
+    sa.Column("node_id", sa.String(64), nullable=True),
+    sa.Column("activation", sa.Integer, nullable=True),
+    sa.Column("from_state", sa.String(16), nullable=True),
+    sa.Column("to_state", sa.String(16), nullable=True),
+    sa.Column("actor", sa.String(255), nullable=True),
+    sa.Column("data", Json(), nullable=True),
+    sa.Index("ix_flow_history_instance", "instance_id", "id"),
 )

@@ -131,3 +131,18 @@ class ServerSettings(BaseSettings):
             "0 turns it off in this process (another server process may still run it)."
         ),
     )
+    flow_interval_seconds: float = Field(
+        default=0.2,
+        ge=0,
+        description=(
+            "Seconds between two passes of the flow loop inside the server, which applies task results to "
+            "flow instances, fires their timers and starts their poll rounds (a result written by this "
+            "process wakes it at once); 0 turns it off in this process (another server process may run it)."
+        ),
+    )
+    flow_workers: int = Field(
+        default=4,
+        ge=1,
+        le=64,
+        description="Threads of the flow loop that advance different flow instances at once, per process.",
+    )

@@ -56,6 +56,7 @@ __all__ = [
     "key_reused",
     "key_row",
     "list_tasks",
+    "lookup_statement",
     "queue_missing",
     "request_digest",
     "same_request",
@@ -469,6 +470,12 @@ def _lookup(conn: Connection) -> sa.Select[Any]:
         )
         statement = _LOOKUPS[name] = built
     return statement
+
+
+def lookup_statement(conn: Connection) -> sa.Select[Any]:
+    """The acceptance look-up (database clock, the key's digest and task, the queue's id: one round trip),
+    with ``:ns``, ``:key`` and ``:queue``; shared with the flow engine, which creates step tasks with it."""
+    return _lookup(conn)
 
 
 def _answer_is_exact(conn: Connection, submission: TaskSubmission) -> bool:
