@@ -65,6 +65,7 @@ from orbit_client._flow_models import (
     canonical_graph_digest,
     parse_flow_path,
 )
+from orbit_client._flows import FlowSignalResult, FlowStartResult
 from orbit_client._logs import JsonFormatter
 from orbit_client._models import (
     IDEMPOTENCY_KEY_MAX_LENGTH,
@@ -188,7 +189,9 @@ __all__ = [
     "FlowPublish",
     "FlowSignal",
     "FlowSignalRecord",
+    "FlowSignalResult",
     "FlowStart",
+    "FlowStartResult",
     "FlowStep",
     "FlowSummary",
     "FlowToken",

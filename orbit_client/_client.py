@@ -33,6 +33,7 @@ from orbit_client._exceptions import (
     OrbitUsageError,
     _api_error_class,
 )
+from orbit_client._flows import AsyncFlowMixin, FlowMixin
 from orbit_client._models import (
     MAX_ATTEMPT_BATCH_ITEMS,
     Attempt,
@@ -75,7 +76,6 @@ from orbit_client._models import (
     TaskSubmission,
     is_valid_idempotency_key,
 )
-from orbit_client._flows import AsyncFlowMixin, FlowMixin
 from orbit_client._queue_control import AsyncQueueControlMixin, QueueControlMixin
 from orbit_client._retry import RetryPolicy, _CallRetries
 from orbit_client._schedule_models import Schedule, ScheduleCreate, ScheduleOccurrence, ScheduleUpdate

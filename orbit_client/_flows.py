@@ -25,7 +25,6 @@ from pydantic import BaseModel, ConfigDict, JsonValue, ValidationError
 
 from . import _tracing
 from ._exceptions import OrbitError, OrbitUsageError
-from ._models import is_valid_idempotency_key
 from ._flow_models import (
     FlowControl,
     FlowGraph,
@@ -40,6 +39,7 @@ from ._flow_models import (
     FlowSummary,
     FlowVersion,
 )
+from ._models import is_valid_idempotency_key
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable
@@ -83,8 +83,6 @@ class FlowSignalResult(BaseModel):
 
 # --- request building (no I/O) ----------------------------------------------------------------------
 
-_Path = Callable[..., str] if TYPE_CHECKING else Any
-
 
 def _dump(model: type[BaseModel], what: str, **fields: Any) -> dict[str, Any]:
     """Validate ``fields`` as ``model``; the JSON body of the fields given (unset ones stay out).
@@ -127,17 +125,19 @@ def _key_headers(idempotency_key: str, traceparent: str | None = None, tracestat
     return headers
 
 
-def _flow_path(path: _Path, namespace: str, name: str, tail: str = "") -> str:
+def _flow_path(path: Callable[..., str], namespace: str, name: str, tail: str = "") -> str:
     return path("/v1/namespaces/{}/flows/{}" + tail, namespace, name)
 
 
-def _instance_path(path: _Path, namespace: str, instance_id: str, tail: str = "") -> str:
+def _instance_path(path: Callable[..., str], namespace: str, instance_id: str, tail: str = "") -> str:
     return path("/v1/namespaces/{}/flow-instances/{}" + tail, namespace, instance_id)
 
 
 def _check_version(version: int | None) -> None:
     if version is not None and (isinstance(version, bool) or not isinstance(version, int) or version < 1):
-        raise OrbitUsageError(f"version is a flow version number (1, 2, ...), not {version!r}; nothing was sent")
+        raise OrbitUsageError(
+            f"version is a flow version number (1, 2, ...), not {version!r}; nothing was sent"
+        )
 
 
 def _check_limit(limit: int) -> None:
@@ -198,7 +198,9 @@ def _instance_params(
             params["status"] = FlowInstanceStatus(status).value
         except ValueError:
             choices = ", ".join(s.value for s in FlowInstanceStatus)
-            raise OrbitUsageError(f"status must be one of {choices}, not {status!r}; nothing was sent") from None
+            raise OrbitUsageError(
+                f"status must be one of {choices}, not {status!r}; nothing was sent"
+            ) from None
     if idempotency_key is not None:
         params["idempotency_key"] = idempotency_key
     if cursor is not None:
@@ -216,23 +218,21 @@ def _replayed(response: httpx.Response) -> bool:
     return response.status_code == 200
 
 
-def _start_note(error: OrbitError, namespace: str, idempotency_key: str) -> OrbitError:
+def _start_note(error: OrbitError, namespace: str, idempotency_key: str) -> None:
     """Say how to settle an unknown start: the task hint names ``find_submission()``, flows differ."""
     if not error.outcome_known:
         error.add_note(
             "the flow instance may have been started: call start_flow again with the same idempotency key "
             f"(a replay answers the existing instance) or find_flow_instance({namespace!r}, {idempotency_key!r})"
         )
-    return error
 
 
-def _signal_note(error: OrbitError) -> OrbitError:
+def _signal_note(error: OrbitError) -> None:
     if not error.outcome_known:
         error.add_note(
             "the signal may have been recorded: send it again with the same idempotency key "
             "(a replay answers the recorded signal, never a second one)"
         )
-    return error
 
 
 # --- the mixins ---------------------------------------------------------------------------------------
@@ -248,7 +248,12 @@ class FlowMixin:
         _parse_list: Callable[..., Any]
 
     def publish_flow(
-        self, namespace: str, name: str, graph: FlowGraph | Mapping[str, Any], *, description: str | None = None
+        self,
+        namespace: str,
+        name: str,
+        graph: FlowGraph | Mapping[str, Any],
+        *,
+        description: str | None = None,
     ) -> FlowVersion:
         """Publish a version of flow ``name`` (``POST .../flows/{name}/versions``; ``submit`` key or above).
 
@@ -343,7 +348,8 @@ class FlowMixin:
         try:
             response = self._request("POST", path, json=body, headers=headers)
         except OrbitError as exc:
-            raise _start_note(exc, namespace, idempotency_key)
+            _start_note(exc, namespace, idempotency_key)
+            raise
         return FlowStartResult(
             instance=self._parse_model(FlowInstance, response), replayed=_replayed(response)
         )
@@ -358,7 +364,9 @@ class FlowMixin:
         _key_headers(idempotency_key)  # checks the key
         path = self._path("/v1/namespaces/{}/flow-instances", namespace)
         params = _instance_params(None, None, idempotency_key, 1, None)
-        page: FlowInstancePage = self._parse_model(FlowInstancePage, self._request("GET", path, params=params))
+        page: FlowInstancePage = self._parse_model(
+            FlowInstancePage, self._request("GET", path, params=params)
+        )
         return page.items[0] if page.items else None
 
     def signal_flow(
@@ -399,7 +407,8 @@ class FlowMixin:
         try:
             response = self._request("POST", path, json=body, headers=headers)
         except OrbitError as exc:
-            raise _signal_note(exc)
+            _signal_note(exc)
+            raise
         return FlowSignalResult(
             signal=self._parse_model(FlowSignalRecord, response), replayed=_replayed(response)
         )
@@ -510,7 +519,12 @@ class AsyncFlowMixin:
         _parse_list: Callable[..., Any]
 
     async def publish_flow(
-        self, namespace: str, name: str, graph: FlowGraph | Mapping[str, Any], *, description: str | None = None
+        self,
+        namespace: str,
+        name: str,
+        graph: FlowGraph | Mapping[str, Any],
+        *,
+        description: str | None = None,
     ) -> FlowVersion:
         """Async twin of :meth:`OrbitClient.publish_flow`."""
         path = _flow_path(self._path, namespace, name, "/versions")
@@ -551,7 +565,8 @@ class AsyncFlowMixin:
         try:
             response = await self._request("POST", path, json=body, headers=headers)
         except OrbitError as exc:
-            raise _start_note(exc, namespace, idempotency_key)
+            _start_note(exc, namespace, idempotency_key)
+            raise
         return FlowStartResult(
             instance=self._parse_model(FlowInstance, response), replayed=_replayed(response)
         )
@@ -582,7 +597,8 @@ class AsyncFlowMixin:
         try:
             response = await self._request("POST", path, json=body, headers=headers)
         except OrbitError as exc:
-            raise _signal_note(exc)
+            _signal_note(exc)
+            raise
         return FlowSignalResult(
             signal=self._parse_model(FlowSignalRecord, response), replayed=_replayed(response)
         )
@@ -639,5 +655,3 @@ class AsyncFlowMixin:
         path = _instance_path(self._path, namespace, instance_id, "/resume")
         body = _control_body(reason, actor)
         return self._parse_model(FlowInstance, await self._request("POST", path, json=body))  # type: ignore[no-any-return]
-
-

@@ -1,0 +1,435 @@
+"""``orbit-server flow ...``: publish flow versions, start, signal, pause, resume and cancel instances,
+and read their tokens, steps and history, on the database directly (like the other admin commands;
+README "Flows: client and CLI").
+
+Each command runs the same function as the API (:mod:`orbit_server.flows`), in its own transaction,
+with actor ``cli:<login name>`` unless ``--actor`` (or ``ORBIT_ADMIN_ACTOR``) says otherwise.
+Listings print a rich table on a terminal, tab-separated lines when piped, JSON with ``--json``
+(the API's wire shapes). Exit codes as for every ``orbit-server`` command: 0 done, 1 refused
+(unknown flow, version or instance, a finished instance, a key already used for another
+request), 2 bad usage (e.g. an invalid graph: the message names the node), 3 the database is
+unreachable.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import click
+from pydantic import BaseModel, ValidationError
+
+from orbit_client import (
+    FlowControl,
+    FlowGraph,
+    FlowInstance,
+    FlowInstanceStatus,
+    FlowPublish,
+    FlowSignal,
+    FlowStart,
+    is_valid_idempotency_key,
+)
+
+from . import store
+from .admin_cli import _actor, _actor_option, _cell, _json_option, _print_json, _table
+from .cli import _database_url_option, _engine, main
+from .flows import cli_ops as ops
+
+__all__ = ["flow"]
+
+
+# ------------------------------------------------------------------ input
+
+
+def _problems(exc: ValidationError) -> str:
+    return "; ".join(
+        f"{'.'.join(map(str, e['loc'])) or 'value'}: {e['msg']}"
+        for e in exc.errors(include_url=False, include_input=False)
+    )
+
+
+def _json_value(text: str, param_hint: str) -> Any:
+    """``text`` as JSON; ``@FILE`` reads FILE, ``@-`` standard input."""
+    if text.startswith("@"):
+        name = text[1:]
+        try:
+            text = sys.stdin.read() if name == "-" else Path(name).read_text(encoding="utf-8")
+        except OSError as exc:
+            raise click.BadParameter(f"cannot read {name}: {exc.strerror}", param_hint=param_hint) from None
+    try:
+        return json.loads(text)
+    except ValueError as exc:
+        raise click.BadParameter(f"not JSON: {exc}", param_hint=param_hint) from None
+
+
+def _model(model: type[BaseModel], what: str, **fields: Any) -> Any:
+    try:
+        return model(**fields)
+    except ValidationError as exc:
+        raise click.UsageError(f"invalid {what}: {_problems(exc)}") from None
+
+
+def _key(key: str, param_hint: str = "--key") -> str:
+    if not is_valid_idempotency_key(key):
+        raise click.BadParameter(
+            "1-255 printable ASCII characters without leading or trailing spaces", param_hint=param_hint
+        )
+    return key
+
+
+def _principal(conn: Any, namespace: str) -> store.Principal:
+    return store.Principal(
+        key_id=0, namespace_id=store.get_namespace_id(conn, namespace), namespace=namespace, role="admin"
+    )
+
+
+def _namespace_option(required: bool) -> Any:
+    return click.option(
+        "--namespace",
+        "namespace_name",
+        envvar="ORBIT_NAMESPACE",
+        show_envvar=True,
+        required=required,
+        default=None,
+        help="The namespace." if required else "Only this namespace.",
+    )
+
+
+# ----------------------------------------------------------------- output
+
+
+def _when(value: Any) -> str:
+    return _cell(value)
+
+
+def _where(instance: FlowInstance) -> str:
+    """The nodes its live tokens are on, with what they wait for."""
+    parts = []
+    for token in instance.tokens:
+        if token.state.value in ("ACTIVE", "WAITING"):
+            parts.append(token.node + (f" ({token.waiting_for})" if token.waiting_for else ""))
+    return ", ".join(parts)
+
+
+def _instance_rows(items: Sequence[FlowInstance]) -> None:
+    _table(
+        ["id", "namespace", "flow", "version", "status", "where", "pending", "created (UTC)", "finished (UTC)"],
+        [
+            [i.id, i.namespace, i.flow, i.version, i.status, _where(i), i.pending_events or "", i.created_at,
+             i.finished_at]
+            for i in items
+        ],
+    )  # fmt: skip
+
+
+def _short(value: Any) -> str:
+    if value is None:
+        return ""
+    text = json.dumps(value, ensure_ascii=False, sort_keys=True)
+    return text if len(text) <= 80 else text[:79] + "…"
+
+
+def _show(instance: FlowInstance) -> None:
+    i = instance
+    pending = ""
+    if i.pending_events:
+        pending = f"{i.pending_events} task result(s) recorded, not applied yet" + (
+            " (applied on resume)" if i.paused else ""
+        )
+    facts = [
+        ("id", i.id),
+        ("namespace", i.namespace),
+        ("flow", f"{i.flow} version {i.version}"),
+        ("status", i.status.value),
+        ("pending", pending),
+        ("idempotency key", i.idempotency_key or ""),
+        ("control version", str(i.control_version)),
+        ("state version", str(i.state_version)),
+        ("created", _when(i.created_at)),
+        ("updated", _when(i.updated_at)),
+        ("finished", _when(i.finished_at)),
+    ]
+    for name, value in facts:
+        if value:
+            click.echo(f"{name}:\t{value}")
+    click.echo("input:")
+    click.echo(json.dumps(i.input, indent=2, ensure_ascii=False))
+    if i.output is not None:
+        click.echo("output:")
+        click.echo(json.dumps(i.output, indent=2, ensure_ascii=False))
+    if i.error is not None:
+        click.echo("error:")
+        click.echo(json.dumps(i.error, indent=2, ensure_ascii=False))
+    click.echo("")
+    _table(
+        ["token id", "node", "state", "activation", "waiting for", "fires at (UTC)", "parent id", "task id"],
+        [
+            [t.id, t.node, t.state, t.activation, t.waiting_for, t.fire_at, t.parent_id, t.task_id]
+            for t in i.tokens
+        ],
+        title="tokens",
+    )
+    click.echo("")
+    _table(
+        ["node", "activation", "round", "task id", "status", "created (UTC)", "finished (UTC)", "result or error"],
+        [
+            [s.node, s.activation, s.round, s.task_id, s.status, s.created_at, s.finished_at,
+             _short(s.error if s.error is not None else s.result)]
+            for s in i.steps
+        ],
+        title="steps",
+    )  # fmt: skip
+
+
+def _history_rows(entries: Sequence[Any]) -> None:
+    _table(
+        ["at (UTC)", "event", "node", "activation", "from", "to", "actor", "data"],
+        [
+            [e.at, e.event, e.node, e.activation, e.from_state, e.to_state, e.actor, _short(e.data)]
+            for e in entries
+        ],
+    )
+
+
+# ---------------------------------------------------------------- commands
+
+
+@main.group()
+def flow() -> None:
+    """Publish flows and run, signal, pause, resume and cancel their instances (README "Flows")."""
+
+
+@flow.command("publish")
+@click.argument("file", type=click.Path(dir_okay=False, allow_dash=True))
+@click.option("--flow", "name", required=True, help="The flow's name (created with its first version).")
+@click.option("--description", default=None, help="A note stored with the version.")
+@_namespace_option(True)
+@_actor_option
+@_json_option
+@_database_url_option
+def flow_publish(
+    file: str, name: str, description: str | None, namespace_name: str, actor: str | None, as_json: bool,
+    database_url: str,
+) -> None:  # fmt: skip
+    """Publish FILE (a flow graph as JSON; - for standard input) as the next version of flow --flow.
+
+    The graph is checked first (the message names the node). Publishing a graph identical to an
+    existing version creates nothing and prints that version.
+    """
+    graph = _json_value(f"@{file}", "FILE")
+    body = _model(FlowPublish, "flow graph", graph=graph, description=description)
+    with _engine(database_url) as engine:
+        with engine.begin() as conn:
+            principal = _principal(conn, namespace_name)
+        version, created = ops.publish(engine, principal, name, body, actor=_actor(actor))
+    if as_json:
+        _print_json(version)
+        return
+    what = "published" if created else "unchanged: the same graph is already"
+    click.echo(f"flow {name!r} {what} version {version.version} (digest {version.digest[:12]})", err=True)
+    click.echo(version.version)
+
+
+@flow.command("list")
+@_namespace_option(False)
+@_json_option
+@_database_url_option
+def flow_list(namespace_name: str | None, as_json: bool, database_url: str) -> None:
+    """List the flows with their newest version."""
+    with _engine(database_url) as engine, engine.begin() as conn:
+        found = ops.list_flows(conn, _namespace_id(conn, namespace_name))
+    if as_json:
+        _print_json(found)
+        return
+    _table(
+        ["namespace", "flow", "newest version", "created (UTC)", "updated (UTC)"],
+        [[f.namespace, f.name, f.latest_version, f.created_at, f.updated_at] for f in found],
+    )
+
+
+@flow.command("versions")
+@click.argument("name", metavar="NAME")
+@_namespace_option(True)
+@_json_option
+@_database_url_option
+def flow_versions(name: str, namespace_name: str, as_json: bool, database_url: str) -> None:
+    """List the versions of flow NAME, newest first (with --json: their graphs too)."""
+    with _engine(database_url) as engine, engine.begin() as conn:
+        found = ops.list_versions(conn, _principal(conn, namespace_name), name)
+    if as_json:
+        _print_json(found)
+        return
+    _table(
+        ["version", "digest", "nodes", "published (UTC)", "by", "description"],
+        [[v.version, v.digest[:12], len(v.graph.nodes), v.published_at, v.published_by, v.description]
+         for v in found],
+    )  # fmt: skip
+
+
+@flow.command("start")
+@click.argument("name", metavar="NAME")
+@click.option("--input", "input_json", default="{}", show_default=True,
+              help="The instance's input: a JSON object, or @FILE (@- for standard input).")  # fmt: skip
+@click.option("--key", "idempotency_key", required=True,
+              help="Idempotency key: the same key starts one instance, however often it is sent.")  # fmt: skip
+@click.option("--version", type=click.IntRange(min=1), default=None, help="Flow version; default the newest.")
+@_namespace_option(True)
+@_actor_option
+@_json_option
+@_database_url_option
+def flow_start(
+    name: str, input_json: str, idempotency_key: str, version: int | None, namespace_name: str,
+    actor: str | None, as_json: bool, database_url: str,
+) -> None:  # fmt: skip
+    """Start an instance of flow NAME, once per --key; prints its id (a repeat prints the same id)."""
+    body = _model(FlowStart, "flow start", input=_json_value(input_json, "--input"),
+                  **({"version": version} if version is not None else {}))  # fmt: skip
+    with _engine(database_url) as engine:
+        with engine.begin() as conn:
+            principal = _principal(conn, namespace_name)
+        instance, replayed = ops.start(
+            engine, principal, name, body, _key(idempotency_key), actor=_actor(actor)
+        )
+    if as_json:
+        _print_json(instance)
+        return
+    how = "already started with this key" if replayed else "started"
+    click.echo(f"flow {name!r} version {instance.version}: instance {how}, {instance.status.value}", err=True)
+    click.echo(instance.id)
+
+
+@flow.command("instances")
+@_namespace_option(False)
+@click.option("--flow", "flow_name", default=None, help="Only this flow.")
+@click.option(
+    "--status", type=click.Choice([s.value for s in FlowInstanceStatus], case_sensitive=False), default=None
+)
+@click.option(
+    "--key", "idempotency_key", default=None, help="Only the instance this idempotency key started."
+)
+@click.option("--limit", type=click.IntRange(1, 1000), default=50, show_default=True)
+@click.option("--cursor", default=None, help="The cursor printed under the previous page.")
+@_json_option
+@_database_url_option
+def flow_instances(
+    namespace_name: str | None, flow_name: str | None, status: str | None, idempotency_key: str | None,
+    limit: int, cursor: str | None, as_json: bool, database_url: str,
+) -> None:  # fmt: skip
+    """List flow instances, newest first."""
+    with _engine(database_url) as engine, engine.begin() as conn:
+        page = ops.list_instances(
+            conn, _namespace_id(conn, namespace_name), flow=flow_name,
+            status=FlowInstanceStatus(status.upper()) if status else None, idempotency_key=idempotency_key,
+            limit=limit, cursor=cursor,
+        )  # fmt: skip
+    if as_json:
+        _print_json(page)
+        return
+    _instance_rows(page.items)
+    if page.next_cursor:
+        click.echo(f"more: --cursor {page.next_cursor}", err=True)
+
+
+@flow.command("show")
+@click.argument("instance_id", metavar="ID")
+@_json_option
+@_database_url_option
+def flow_show(instance_id: str, as_json: bool, database_url: str) -> None:
+    """Show instance ID: status, input, output or error, its tokens and its steps (with their tasks)."""
+    with _engine(database_url) as engine, engine.begin() as conn:
+        instance = ops.get_instance(conn, instance_id)
+    if as_json:
+        _print_json(instance)
+        return
+    _show(instance)
+
+
+@flow.command("history")
+@click.argument("instance_id", metavar="ID")
+@click.option("--limit", type=click.IntRange(1, 100_000), default=1000, show_default=True,
+              help="Most entries printed (oldest first).")  # fmt: skip
+@_json_option
+@_database_url_option
+def flow_history(instance_id: str, limit: int, as_json: bool, database_url: str) -> None:
+    """Print the history of instance ID, oldest first: every token and instance change."""
+    entries: list[Any] = []
+    cursor: str | None = None
+    with _engine(database_url) as engine:
+        while len(entries) < limit:
+            with engine.begin() as conn:  # one short transaction a page
+                page = ops.history(conn, instance_id, limit=min(1000, limit - len(entries)), cursor=cursor)
+            entries.extend(page.items)
+            cursor = page.next_cursor
+            if cursor is None:
+                break
+    if as_json:
+        _print_json({"items": entries, "next_cursor": cursor})
+        return
+    _history_rows(entries)
+    if cursor:
+        click.echo(f"more than {limit} entries: raise --limit", err=True)
+
+
+@flow.command("signal")
+@click.argument("instance_id", metavar="ID")
+@click.argument("name", metavar="NAME")
+@click.option("--key", "idempotency_key", required=True,
+              help="The signal's identity in the instance: sending it again is a replay.")  # fmt: skip
+@click.option("--payload", "payload_json", default=None, help="The signal's payload: JSON or @FILE.")
+@_actor_option
+@_json_option
+@_database_url_option
+def flow_signal(
+    instance_id: str, name: str, idempotency_key: str, payload_json: str | None, actor: str | None,
+    as_json: bool, database_url: str,
+) -> None:  # fmt: skip
+    """Send signal NAME to instance ID (buffered until a matching wait takes it)."""
+    fields: dict[str, Any] = {"name": name}
+    if payload_json is not None:
+        fields["payload"] = _json_value(payload_json, "--payload")
+    body = _model(FlowSignal, "signal", **fields)
+    with _engine(database_url) as engine:
+        record, replayed = ops.signal(engine, instance_id, body, _key(idempotency_key), actor=_actor(actor))
+    if as_json:
+        _print_json(record)
+        return
+    how = "already recorded with this key" if replayed else "recorded"
+    click.echo(f"signal {name!r} {how} for instance {instance_id}", err=True)
+    click.echo(record.id)
+
+
+def _control_command(action: str, doc: str) -> Any:
+    @flow.command(action, help=doc)
+    @click.argument("instance_id", metavar="ID")
+    @click.option("--reason", default=None, help="Why (kept in the instance's history).")
+    @_actor_option
+    @_json_option
+    @_database_url_option
+    def command(
+        instance_id: str, reason: str | None, actor: str | None, as_json: bool, database_url: str
+    ) -> None:
+        body = _model(FlowControl, f"{action} request", reason=reason, actor=_actor(actor))
+        with _engine(database_url) as engine:
+            instance = ops.control(engine, instance_id, action, body)
+        if as_json:
+            _print_json(instance)
+            return
+        click.echo(f"instance {instance.id} is {instance.status.value}", err=True)
+
+    return command
+
+
+flow_cancel = _control_command(
+    "cancel", "Cancel instance ID: its tokens and timers end, its live step tasks get a cancel request."
+)
+flow_pause = _control_command(
+    "pause", "Pause instance ID: no new task, timer or poll round; results in flight wait for the resume."
+)
+flow_resume = _control_command("resume", "Resume instance ID: pending results are applied, due timers fire.")
+
+
+def _namespace_id(conn: Any, name: str | None) -> int | None:
+    return None if name is None else store.get_namespace_id(conn, name)
