@@ -4,6 +4,8 @@ flow ends the row DEAD, and reconcile finds an instance by the key."""
 
 from __future__ import annotations
 
+from datetime import datetime
+
 import sqlalchemy as sa
 
 from orbit_client import OrbitClient
@@ -45,7 +47,13 @@ def test_the_relay_starts_one_instance_per_flow_row_and_reconcile_finds_it_by_ke
         # sent again with the same key and the server replays the same instance; nothing new is started.
         o = tables.outbox
         with biz.engine.begin() as conn:
-            conn.execute(sa.update(o).where(o.c.id == ids[0]).values(state="PENDING", orbit_task_id=None))
+            conn.execute(
+                sa.update(o)
+                .where(o.c.id == ids[0])
+                .values(
+                    state="PENDING", orbit_task_id=None, lease_token=None, available_at=datetime(2000, 1, 1)
+                )
+            )
         first = client.find_flow_instance(ns.name, f"{ns.name}-0")
         assert make_relay().run_once().replayed == 1
         assert outbox.get(ids[0]).orbit_task_id == (first.id if first else None)
