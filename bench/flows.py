@@ -199,7 +199,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         cli("namespace", "create", NS, url=url)
         cli("queue", "create", NS, QUEUE, url=url)
         keys = {role: cli("api-key", "create", NS, "--role", role, url=url) for role in ("submit", "work")}
-        engine = sa.create_engine(url)
+        engine = sa.create_engine(url, isolation_level="AUTOCOMMIT")  # each poll sees the latest commits
         with orbit_server_processes(url) as [server]:
             with OrbitClient(server.base, api_key=keys["submit"]) as client:
                 client.publish_flow(NS, FLOW, GRAPH, description="bench.flows: three task steps")

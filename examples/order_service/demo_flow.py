@@ -185,11 +185,11 @@ def summarise_flow(
 def _history_sample(
     client: OrbitClient, full: dict[str, FlowInstance], status_of: dict[str, Any]
 ) -> list[str]:
-    """One instance's history, one line per entry (a cancelled order's when there is one: its path is
-    the most telling), for the summary and the closing note."""
+    """One instance's history, one line per entry (a completed order's: its fork and join are the most
+    telling), for the summary and the closing note."""
     if not full:
         return []
-    order_id = next((o for o in full if status_of.get(o) == "CANCELLED"), next(iter(full)))
+    order_id = next((o for o in full if status_of.get(o) == "COMPLETED"), next(iter(full)))
     inst = full[order_id]
     page = client.get_flow_history(NAMESPACE, inst.id, limit=100)
     lines = [f"instance {inst.id} (order {order_id}, {inst.status.value})"]
