@@ -27,6 +27,7 @@ from outbox_adapter import (
     RowKind,
     enqueue,
     enqueue_flow,
+    enqueue_flow_async,
 )
 from tests.integration.outbox.conftest import Biz
 
@@ -297,3 +298,31 @@ def test_the_delivered_hook_is_told_the_row_started_a_flow(biz: Biz, tables: Out
         biz, tables, FakeFlows(), on_delivered=lambda conn, row: seen.append((row.kind, row.orbit_task_id))
     ).run_once()
     assert [kind for kind, _ in seen] == ["flow"] and seen[0][1].startswith("inst-")
+
+
+_ASYNC = {"sqlite": "sqlite+aiosqlite", "mariadb": "mysql+aiomysql", "postgres": "postgresql+psycopg"}
+
+
+async def test_async_enqueue_flow_commits_and_rolls_back_with_the_caller(
+    biz: Biz, tables: OutboxTables
+) -> None:
+    from sqlalchemy.ext.asyncio import AsyncSession, create_async_engine
+
+    engine = create_async_engine(biz.url.set(drivername=_ASYNC[biz.kind]))
+    try:
+        async with engine.connect() as conn:
+            await enqueue_flow_async(conn, namespace="shop", flow="f", input={"n": 1}, tables=tables)
+            await conn.rollback()
+        async with AsyncSession(engine) as session, session.begin():
+            entry = await enqueue_flow_async(session, namespace="shop", flow="f", input={"n": 2}, version=1,
+                                             tables=tables)  # fmt: skip
+    finally:
+        await engine.dispose()
+    [row] = Outbox(biz.engine, tables=tables).list_rows()
+    assert (row.id, row.kind, row.flow, row.params, row.options) == (
+        entry.id,
+        "flow",
+        "f",
+        {"n": 2},
+        {"version": 1},
+    )
