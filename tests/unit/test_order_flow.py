@@ -148,3 +148,30 @@ def test_the_consumer_applies_a_settled_outcome_once_and_never_over_a_final_orde
     )
     assert rows["o1"].failure_reason == "cancelled by the customer before the charge"
     assert rows["o2"].status == "COMPLETED"
+
+
+def test_the_order_api_writes_the_order_and_its_flow_start_in_one_transaction(engine: sa.Engine) -> None:
+    from examples.order_service.api import OrderRequest, _insert_order
+    from outbox_adapter import Outbox
+
+    Outbox(engine).migrate()
+    order = OrderRequest(sku="SAKE-純米-720", quantity=3, amount="87.48", customer="Chen Wei")  # type: ignore[arg-type]
+    with (
+        pytest.raises(RuntimeError),
+        engine.begin() as conn,
+    ):  # a rollback leaves neither the order nor the row
+        _insert_order(conn, order, "ORD-0", as_flow=True)
+        raise RuntimeError
+    with engine.begin() as conn:
+        order_id = _insert_order(conn, order, "ORD-1", as_flow=True).order_id
+    [row] = Outbox(engine).list_rows()
+    assert (row.kind, row.flow, row.idempotency_key, row.business_ref) == (
+        "flow",
+        flow.FLOW_NAME,
+        f"{order_id}:fulfil",
+        f"order:{order_id}",
+    )
+    assert row.params == {"order_id": order_id, "sku": "SAKE-純米-720", "quantity": 3, "amount": "87.48",
+                          "customer": "Chen Wei"}  # fmt: skip
+    with engine.connect() as conn:
+        assert conn.scalar(sa.select(sa.func.count()).select_from(business_orders)) == 1
