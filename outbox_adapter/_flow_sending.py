@@ -12,7 +12,8 @@ what came back                                 verdict             the row
                                                                    ``orbit_task_id``
 409 ``idempotency_conflict`` (the key started  ``RECONCILE``       ``NEEDS_RECONCILE``: a person decides
 another flow or input)
-404 (unknown namespace, flow or version)       ``DEAD``            ``DEAD``, with the command that fixes it
+404 (unknown namespace, flow or version, or  ``DEAD``            ``DEAD``, with the command that fixes it
+an older server without the flows API)
 anything else                                  as for a task       (``classify_error``)
 =============================================  ==================  ===========================================
 
@@ -92,6 +93,12 @@ def start_flow(
                 status_code=exc.status_code,
                 error=f"{exc} (the key already started another flow or input; settle the row with "
                 '`orbit-outbox resolve`, README "Outbox")',
+            )
+        if exc.status_code in (404, 405) and exc.code in (None, "", "not_found", "method_not_allowed"):
+            return SendOutcome(  # no such route: nothing was started
+                verdict=Verdict.DEAD,
+                status_code=exc.status_code,
+                error=f"{exc}; the Orbit server has no flows API: upgrade it, then run `orbit-outbox retry {claim.id}`",
             )
         if exc.status_code == 404:
             return SendOutcome(
