@@ -48,8 +48,9 @@ if TYPE_CHECKING:
 
 __all__ = ["FlowSignalResult", "FlowStartResult"]
 
-#: Most items a page of instances or history may ask for (``limit``).
-_PAGE_MAX = 1000
+#: Most items a page may ask for (``limit``): instances (they carry tokens and steps), history entries.
+_INSTANCES_MAX = 500
+_HISTORY_MAX = 1000
 
 
 class FlowStartResult(BaseModel):
@@ -140,9 +141,9 @@ def _check_version(version: int | None) -> None:
         )
 
 
-def _check_limit(limit: int) -> None:
-    if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= _PAGE_MAX:
-        raise OrbitUsageError(f"limit must be between 1 and {_PAGE_MAX}, not {limit!r}; nothing was sent")
+def _check_limit(limit: int, most: int) -> None:
+    if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= most:
+        raise OrbitUsageError(f"limit must be between 1 and {most}, not {limit!r}; nothing was sent")
 
 
 def _publish_body(graph: Any, description: str | None) -> dict[str, Any]:
@@ -189,7 +190,7 @@ def _instance_params(
     limit: int,
     cursor: str | None,
 ) -> dict[str, str]:
-    _check_limit(limit)
+    _check_limit(limit, _INSTANCES_MAX)
     params = {"limit": str(limit)}
     if flow is not None:
         params["flow"] = flow
@@ -209,7 +210,7 @@ def _instance_params(
 
 
 def _page_params(limit: int, cursor: str | None) -> dict[str, str]:
-    _check_limit(limit)
+    _check_limit(limit, _HISTORY_MAX)
     return {"limit": str(limit)} | ({"cursor": cursor} if cursor is not None else {})
 
 
@@ -432,14 +433,15 @@ class FlowMixin:
         flow: str | None = None,
         status: FlowInstanceStatus | str | None = None,
         idempotency_key: str | None = None,
-        limit: int = 100,
+        limit: int = 50,
         cursor: str | None = None,
     ) -> FlowInstancePage:
-        """A page of the namespace's instances, newest first (``GET .../flow-instances``).
+        """A page of the namespace's instances, newest first, each with its tokens and steps
+        (``GET .../flow-instances``).
 
         Args:
             flow, status, idempotency_key: filters; ``None`` means any.
-            limit: most instances on the page, 1-1000. Default 100.
+            limit: most instances on the page, 1-500. Default 50 (the server's default).
             cursor: the previous page's ``next_cursor``; ``None`` starts at the newest.
 
         Returns:
@@ -615,7 +617,7 @@ class AsyncFlowMixin:
         flow: str | None = None,
         status: FlowInstanceStatus | str | None = None,
         idempotency_key: str | None = None,
-        limit: int = 100,
+        limit: int = 50,
         cursor: str | None = None,
     ) -> FlowInstancePage:
         """Async twin of :meth:`OrbitClient.list_flow_instances`."""

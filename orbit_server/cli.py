@@ -318,3 +318,4 @@ from .schedule_cli import schedule  # noqa: E402 - it uses the helpers above
 main.add_command(schedule)
 main.add_command(retention_group)
 main.add_command(purge)
+from . import flow_cli as _flow_cli  # noqa: E402, F401 - flow publish/list/versions/start/instances/show/...

@@ -2,8 +2,9 @@
 and read their tokens, steps and history, on the database directly (like the other admin commands;
 README "Flows: client and CLI").
 
-Each command runs the same function as the API (:mod:`orbit_server.flows`), in its own transaction,
-with actor ``cli:<login name>`` unless ``--actor`` (or ``ORBIT_ADMIN_ACTOR``) says otherwise.
+Each command runs the same function as the API (:mod:`orbit_server.flow_admin`), in its own
+transaction; changes are audited with actor ``orbit-server cli`` (pause, resume and cancel:
+``cli:<login name> (orbit-server cli)``, or ``--actor`` / ``ORBIT_ADMIN_ACTOR`` instead of the login).
 Listings print a rich table on a terminal, tab-separated lines when piped, JSON with ``--json``
 (the API's wire shapes). Exit codes as for every ``orbit-server`` command: 0 done, 1 refused
 (unknown flow, version or instance, a finished instance, a key already used for another
@@ -24,7 +25,6 @@ from pydantic import BaseModel, ValidationError
 
 from orbit_client import (
     FlowControl,
-    FlowGraph,
     FlowInstance,
     FlowInstanceStatus,
     FlowPublish,
@@ -33,10 +33,11 @@ from orbit_client import (
     is_valid_idempotency_key,
 )
 
-from . import store
+from . import flow_admin
 from .admin_cli import _actor, _actor_option, _cell, _json_option, _print_json, _table
 from .cli import _database_url_option, _engine, main
-from .flows import cli_ops as ops
+from .flows import store as flow_store
+from .settings import ServerSettings
 
 __all__ = ["flow"]
 
@@ -80,22 +81,18 @@ def _key(key: str, param_hint: str = "--key") -> str:
     return key
 
 
-def _principal(conn: Any, namespace: str) -> store.Principal:
-    return store.Principal(
-        key_id=0, namespace_id=store.get_namespace_id(conn, namespace), namespace=namespace, role="admin"
-    )
+def _settings(database_url: str) -> Any:
+    """What step tasks inherit (max attempts, key window): the server's settings, read from ORBIT_*."""
+    try:
+        return flow_admin.engine_settings(ServerSettings(database_url=database_url))
+    except ValidationError as exc:
+        raise click.UsageError(f"the server settings (ORBIT_*) are invalid: {_problems(exc)}") from None
 
 
-def _namespace_option(required: bool) -> Any:
-    return click.option(
-        "--namespace",
-        "namespace_name",
-        envvar="ORBIT_NAMESPACE",
-        show_envvar=True,
-        required=required,
-        default=None,
-        help="The namespace." if required else "Only this namespace.",
-    )
+_namespace_option = click.option(
+    "--namespace", "namespace_name", envvar="ORBIT_NAMESPACE", show_envvar=True, required=True,
+    help="The namespace.",
+)  # fmt: skip
 
 
 # ----------------------------------------------------------------- output
@@ -206,59 +203,58 @@ def flow() -> None:
 @click.argument("file", type=click.Path(dir_okay=False, allow_dash=True))
 @click.option("--flow", "name", required=True, help="The flow's name (created with its first version).")
 @click.option("--description", default=None, help="A note stored with the version.")
-@_namespace_option(True)
-@_actor_option
+@_namespace_option
 @_json_option
 @_database_url_option
 def flow_publish(
-    file: str, name: str, description: str | None, namespace_name: str, actor: str | None, as_json: bool,
-    database_url: str,
-) -> None:  # fmt: skip
+    file: str, name: str, description: str | None, namespace_name: str, as_json: bool, database_url: str
+) -> None:
     """Publish FILE (a flow graph as JSON; - for standard input) as the next version of flow --flow.
 
     The graph is checked first (the message names the node). Publishing a graph identical to an
-    existing version creates nothing and prints that version.
+    existing version creates nothing and prints that version's number.
     """
     graph = _json_value(f"@{file}", "FILE")
-    body = _model(FlowPublish, "flow graph", graph=graph, description=description)
+    fields: dict[str, Any] = {"graph": graph} | ({"description": description} if description else {})
+    body = _model(FlowPublish, "flow graph", **fields)
     with _engine(database_url) as engine:
         with engine.begin() as conn:
-            principal = _principal(conn, namespace_name)
-        version, created = ops.publish(engine, principal, name, body, actor=_actor(actor))
+            principal = flow_admin.cli_principal(conn, namespace_name)
+        version, created = flow_admin.publish(engine, principal, name, body)
+    what = "published as" if created else "unchanged: the same graph is"
+    click.echo(f"flow {name!r} {what} version {version.version} (digest {version.digest[:12]})", err=True)
     if as_json:
         _print_json(version)
-        return
-    what = "published" if created else "unchanged: the same graph is already"
-    click.echo(f"flow {name!r} {what} version {version.version} (digest {version.digest[:12]})", err=True)
-    click.echo(version.version)
+    else:
+        click.echo(version.version)
 
 
 @flow.command("list")
-@_namespace_option(False)
+@_namespace_option
 @_json_option
 @_database_url_option
-def flow_list(namespace_name: str | None, as_json: bool, database_url: str) -> None:
-    """List the flows with their newest version."""
+def flow_list(namespace_name: str, as_json: bool, database_url: str) -> None:
+    """List the namespace's flows, by name, with their newest version."""
     with _engine(database_url) as engine, engine.begin() as conn:
-        found = ops.list_flows(conn, _namespace_id(conn, namespace_name))
+        found = flow_store.list_flows(conn, flow_admin.cli_principal(conn, namespace_name))
     if as_json:
         _print_json(found)
         return
     _table(
-        ["namespace", "flow", "newest version", "created (UTC)", "updated (UTC)"],
-        [[f.namespace, f.name, f.latest_version, f.created_at, f.updated_at] for f in found],
+        ["flow", "newest version", "created (UTC)", "updated (UTC)"],
+        [[f.name, f.latest_version, f.created_at, f.updated_at] for f in found],
     )
 
 
 @flow.command("versions")
 @click.argument("name", metavar="NAME")
-@_namespace_option(True)
+@_namespace_option
 @_json_option
 @_database_url_option
 def flow_versions(name: str, namespace_name: str, as_json: bool, database_url: str) -> None:
     """List the versions of flow NAME, newest first (with --json: their graphs too)."""
     with _engine(database_url) as engine, engine.begin() as conn:
-        found = ops.list_versions(conn, _principal(conn, namespace_name), name)
+        found = flow_store.list_versions(conn, flow_admin.cli_principal(conn, namespace_name), name)
     if as_json:
         _print_json(found)
         return
@@ -274,35 +270,36 @@ def flow_versions(name: str, namespace_name: str, as_json: bool, database_url: s
 @click.option("--input", "input_json", default="{}", show_default=True,
               help="The instance's input: a JSON object, or @FILE (@- for standard input).")  # fmt: skip
 @click.option("--key", "idempotency_key", required=True,
-              help="Idempotency key: the same key starts one instance, however often it is sent.")  # fmt: skip
+              help="Idempotency key: one instance per key, however often the command runs.")  # fmt: skip
 @click.option("--version", type=click.IntRange(min=1), default=None, help="Flow version; default the newest.")
-@_namespace_option(True)
-@_actor_option
+@_namespace_option
 @_json_option
 @_database_url_option
 def flow_start(
-    name: str, input_json: str, idempotency_key: str, version: int | None, namespace_name: str,
-    actor: str | None, as_json: bool, database_url: str,
+    name: str, input_json: str, idempotency_key: str, version: int | None, namespace_name: str, as_json: bool,
+    database_url: str,
 ) -> None:  # fmt: skip
-    """Start an instance of flow NAME, once per --key; prints its id (a repeat prints the same id)."""
-    body = _model(FlowStart, "flow start", input=_json_value(input_json, "--input"),
-                  **({"version": version} if version is not None else {}))  # fmt: skip
+    """Start an instance of flow NAME once per --key; prints its id (a repeat prints the same id)."""
+    fields: dict[str, Any] = {"input": _json_value(input_json, "--input")}
+    if version is not None:
+        fields["version"] = version
+    body = _model(FlowStart, "flow start", **fields)
+    key = _key(idempotency_key)
+    settings = _settings(database_url)
     with _engine(database_url) as engine:
         with engine.begin() as conn:
-            principal = _principal(conn, namespace_name)
-        instance, replayed = ops.start(
-            engine, principal, name, body, _key(idempotency_key), actor=_actor(actor)
-        )
-    if as_json:
-        _print_json(instance)
-        return
+            principal = flow_admin.cli_principal(conn, namespace_name)
+        instance, replayed = flow_admin.start(engine, principal, name, body, key, settings)
     how = "already started with this key" if replayed else "started"
     click.echo(f"flow {name!r} version {instance.version}: instance {how}, {instance.status.value}", err=True)
-    click.echo(instance.id)
+    if as_json:
+        _print_json(instance)
+    else:
+        click.echo(instance.id)
 
 
 @flow.command("instances")
-@_namespace_option(False)
+@_namespace_option
 @click.option("--flow", "flow_name", default=None, help="Only this flow.")
 @click.option(
     "--status", type=click.Choice([s.value for s in FlowInstanceStatus], case_sensitive=False), default=None
@@ -310,20 +307,20 @@ def flow_start(
 @click.option(
     "--key", "idempotency_key", default=None, help="Only the instance this idempotency key started."
 )
-@click.option("--limit", type=click.IntRange(1, 1000), default=50, show_default=True)
+@click.option("--limit", type=click.IntRange(1, 500), default=50, show_default=True)
 @click.option("--cursor", default=None, help="The cursor printed under the previous page.")
 @_json_option
 @_database_url_option
 def flow_instances(
-    namespace_name: str | None, flow_name: str | None, status: str | None, idempotency_key: str | None,
-    limit: int, cursor: str | None, as_json: bool, database_url: str,
+    namespace_name: str, flow_name: str | None, status: str | None, idempotency_key: str | None, limit: int,
+    cursor: str | None, as_json: bool, database_url: str,
 ) -> None:  # fmt: skip
-    """List flow instances, newest first."""
+    """List the namespace's flow instances, newest first, with the nodes their tokens are on."""
     with _engine(database_url) as engine, engine.begin() as conn:
-        page = ops.list_instances(
-            conn, _namespace_id(conn, namespace_name), flow=flow_name,
+        page = flow_store.list_instances(
+            conn, flow_admin.cli_principal(conn, namespace_name), flow=flow_name,
             status=FlowInstanceStatus(status.upper()) if status else None, idempotency_key=idempotency_key,
-            limit=limit, cursor=cursor,
+            cursor=cursor, limit=limit,
         )  # fmt: skip
     if as_json:
         _print_json(page)
@@ -340,7 +337,9 @@ def flow_instances(
 def flow_show(instance_id: str, as_json: bool, database_url: str) -> None:
     """Show instance ID: status, input, output or error, its tokens and its steps (with their tasks)."""
     with _engine(database_url) as engine, engine.begin() as conn:
-        instance = ops.get_instance(conn, instance_id)
+        instance = flow_store.get_instance(
+            conn, flow_admin.instance_principal(conn, instance_id), instance_id
+        )
     if as_json:
         _print_json(instance)
         return
@@ -349,18 +348,22 @@ def flow_show(instance_id: str, as_json: bool, database_url: str) -> None:
 
 @flow.command("history")
 @click.argument("instance_id", metavar="ID")
-@click.option("--limit", type=click.IntRange(1, 100_000), default=1000, show_default=True,
-              help="Most entries printed (oldest first).")  # fmt: skip
+@click.option("--limit", type=click.IntRange(min=1), default=1000, show_default=True,
+              help="Most entries printed, oldest first.")  # fmt: skip
 @_json_option
 @_database_url_option
 def flow_history(instance_id: str, limit: int, as_json: bool, database_url: str) -> None:
-    """Print the history of instance ID, oldest first: every token and instance change."""
+    """Print the history of instance ID, oldest first: every change of the instance and its tokens."""
     entries: list[Any] = []
     cursor: str | None = None
     with _engine(database_url) as engine:
+        with engine.begin() as conn:
+            principal = flow_admin.instance_principal(conn, instance_id)
         while len(entries) < limit:
             with engine.begin() as conn:  # one short transaction a page
-                page = ops.history(conn, instance_id, limit=min(1000, limit - len(entries)), cursor=cursor)
+                page = flow_store.history(
+                    conn, principal, instance_id, cursor=cursor, limit=min(1000, limit - len(entries))
+                )
             entries.extend(page.items)
             cursor = page.next_cursor
             if cursor is None:
@@ -379,26 +382,34 @@ def flow_history(instance_id: str, limit: int, as_json: bool, database_url: str)
 @click.option("--key", "idempotency_key", required=True,
               help="The signal's identity in the instance: sending it again is a replay.")  # fmt: skip
 @click.option("--payload", "payload_json", default=None, help="The signal's payload: JSON or @FILE.")
-@_actor_option
 @_json_option
 @_database_url_option
 def flow_signal(
-    instance_id: str, name: str, idempotency_key: str, payload_json: str | None, actor: str | None,
-    as_json: bool, database_url: str,
-) -> None:  # fmt: skip
-    """Send signal NAME to instance ID (buffered until a matching wait takes it)."""
+    instance_id: str,
+    name: str,
+    idempotency_key: str,
+    payload_json: str | None,
+    as_json: bool,
+    database_url: str,
+) -> None:
+    """Send signal NAME to instance ID (buffered until a matching wait takes it); prints the signal's id."""
     fields: dict[str, Any] = {"name": name}
     if payload_json is not None:
         fields["payload"] = _json_value(payload_json, "--payload")
     body = _model(FlowSignal, "signal", **fields)
+    key = _key(idempotency_key)
+    settings = _settings(database_url)
     with _engine(database_url) as engine:
-        record, replayed = ops.signal(engine, instance_id, body, _key(idempotency_key), actor=_actor(actor))
+        with engine.begin() as conn:
+            principal = flow_admin.instance_principal(conn, instance_id)
+        record, replayed = flow_admin.signal(engine, principal, instance_id, body, key, settings)
+    how = "already recorded with this key" if replayed else "recorded"
+    taken = f", taken by token {record.consumed_by_token}" if record.consumed_by_token else ", buffered"
+    click.echo(f"signal {name!r} {how} for instance {instance_id}{taken}", err=True)
     if as_json:
         _print_json(record)
-        return
-    how = "already recorded with this key" if replayed else "recorded"
-    click.echo(f"signal {name!r} {how} for instance {instance_id}", err=True)
-    click.echo(record.id)
+    else:
+        click.echo(record.id)
 
 
 def _control_command(action: str, doc: str) -> Any:
@@ -411,9 +422,12 @@ def _control_command(action: str, doc: str) -> Any:
     def command(
         instance_id: str, reason: str | None, actor: str | None, as_json: bool, database_url: str
     ) -> None:
-        body = _model(FlowControl, f"{action} request", reason=reason, actor=_actor(actor))
+        body = _model(FlowControl, f"{action} request", reason=reason or None, actor=_actor(actor))
+        settings = _settings(database_url)
         with _engine(database_url) as engine:
-            instance = ops.control(engine, instance_id, action, body)
+            with engine.begin() as conn:
+                principal = flow_admin.instance_principal(conn, instance_id)
+            instance = flow_admin.control_instance(engine, principal, instance_id, action, body, settings)
         if as_json:
             _print_json(instance)
             return
@@ -429,7 +443,3 @@ flow_pause = _control_command(
     "pause", "Pause instance ID: no new task, timer or poll round; results in flight wait for the resume."
 )
 flow_resume = _control_command("resume", "Resume instance ID: pending results are applied, due timers fire.")
-
-
-def _namespace_id(conn: Any, name: str | None) -> int | None:
-    return None if name is None else store.get_namespace_id(conn, name)

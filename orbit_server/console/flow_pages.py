@@ -24,8 +24,9 @@ from starlette.concurrency import run_in_threadpool
 
 from orbit_client import FlowControl, FlowInstanceStatus
 
-from .. import errors, store
-from ..flows import cli_ops as ops
+from .. import errors, flow_admin, store
+from ..flows import engine as flow_engine
+from ..flows import store as flow_store
 from . import flowgraph
 from ._session import Session
 
@@ -40,6 +41,8 @@ class ConsoleKit:
     """What the flow pages use of :func:`~orbit_server.console.routes.console_router`'s plumbing."""
 
     engine: Engine
+    settings: flow_engine.EngineSettings
+    on_created: Callable[[], None]
     render: Callable[..., Response]
     redirect: Callable[[str], Response]
     signed_in: Callable[[Request], Awaitable[tuple[store.Principal, Session] | None]]
@@ -66,9 +69,9 @@ def add_flow_pages(router: APIRouter, kit: ConsoleKit) -> None:
         next_cursor = None
         try:
             wanted = FlowInstanceStatus(status) if status else None
-            flows = await kit.read_db(ops.list_flows, principal.namespace_id)
+            flows = await kit.read_db(flow_store.list_flows, principal)
             page = await kit.read_db(
-                ops.list_instances, principal.namespace_id, flow=filters["flow"] or None, status=wanted,
+                flow_store.list_instances, principal, flow=filters["flow"] or None, status=wanted,
                 idempotency_key=idempotency_key or None, limit=_PAGE_SIZE, cursor=cursor or None,
             )  # fmt: skip
             items, next_cursor = page.items, page.next_cursor
@@ -96,15 +99,21 @@ def add_flow_pages(router: APIRouter, kit: ConsoleKit) -> None:
         history_cursor: str | None = None,
         **context: Any,
     ) -> Response:
-        def load(conn: Any) -> tuple[Any, Any, Any]:
-            instance = ops.get_instance(conn, instance_id, namespace_id=principal.namespace_id)
-            version = ops.get_version(conn, principal.namespace_id, instance.flow, instance.version)
-            history = ops.history(conn, instance_id, limit=_HISTORY_PAGE, cursor=history_cursor,
-                                  namespace_id=principal.namespace_id)  # fmt: skip
-            return instance, version, history
+        def load(conn: Any) -> tuple[Any, Any, Any, set[str]]:
+            instance = flow_store.get_instance(conn, principal, instance_id)
+            version = flow_store.get_version(conn, principal, instance.flow, instance.version)
+            history = flow_store.history(
+                conn, principal, instance_id, cursor=history_cursor, limit=_HISTORY_PAGE
+            )
+            return instance, version, history, flow_admin.visited_nodes(conn, instance_id)
 
         try:
-            instance, version, history = await kit.read_db(load)
+            instance, version, history, visited = await kit.read_db(load)
+        except errors.InvalidCursor:
+            return kit.render(
+                request, "error.html", 400, principal, session,
+                message="That history link is not one this console made; open the instance again.",
+            )  # fmt: skip
         except errors.OrbitServerError as exc:
             if exc.status != 404:
                 raise
@@ -112,8 +121,7 @@ def add_flow_pages(router: APIRouter, kit: ConsoleKit) -> None:
                 request, "error.html", 404, principal, session,
                 message=f"No flow instance {instance_id!r} in namespace {principal.namespace!r}.",
             )  # fmt: skip
-        visited = {e.node for e in history.items if e.node}
-        graph = flowgraph.instance_graph(version.graph, instance, visited) if version is not None else None
+        graph = flowgraph.instance_graph(version.graph, instance, visited)
         return kit.render(
             request, "flow_instance.html", status, principal, session, page="flows", instance=instance,
             version=version, graph=graph, node_width=flowgraph.NODE_WIDTH, node_height=flowgraph.NODE_HEIGHT,
@@ -147,11 +155,12 @@ def add_flow_pages(router: APIRouter, kit: ConsoleKit) -> None:
                     request, principal, session, instance_id, 422,
                     action_error="Give a reason: it is kept in the instance's history.",
                 )  # fmt: skip
-            body = FlowControl(reason=reason[:2000], actor=f"api_key:{principal.key_id}")
+            body = FlowControl(reason=reason[:2000])  # audited as api_key:<id>, as through the API
             try:
                 await run_in_threadpool(
-                    ops.control, kit.engine, instance_id, action, body, namespace_id=principal.namespace_id
-                )
+                    flow_admin.control_instance, kit.engine, principal, instance_id, action, body, kit.settings,
+                    on_created=kit.on_created,
+                )  # fmt: skip
             except errors.OrbitServerError as exc:
                 return await instance_response(
                     request, principal, session, instance_id, exc.status, action_error=exc.detail or exc.title

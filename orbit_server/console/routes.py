@@ -531,6 +531,16 @@ def console_router(
             return response
         return redirect("/ui/api-keys")
 
+    from ..flow_admin import engine_settings
+    from .flow_pages import ConsoleKit, add_flow_pages
+
+    add_flow_pages(
+        router,
+        ConsoleKit(
+            engine=engine, settings=engine_settings(settings), on_created=on_created, render=render,
+            redirect=redirect, signed_in=signed_in, to_login=to_login, action=action, read_db=read_db,
+        ),
+    )  # fmt: skip
     return router
 
 

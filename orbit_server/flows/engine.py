@@ -192,18 +192,20 @@ def _instance_statement(conn: Connection, *, exclusive: bool) -> sa.Select[Any]:
     return statement
 
 
-#: version id -> graph (versions are immutable, so the cache never goes stale).
-_GRAPHS: dict[int, dict[str, Any]] = {}
+#: (database URL, version id) -> graph. A version never changes, so the cache never goes stale; the URL
+#: keeps apart several databases served from one process (tests, tools).
+_GRAPHS: dict[tuple[Any, int], dict[str, Any]] = {}
 
 
 def load_graph(conn: Connection, version_id: int) -> dict[str, Any]:
     """The graph JSON of a flow version (cached in the process: a version never changes)."""
-    graph = _GRAPHS.get(version_id)
+    key = (conn.engine.url, version_id)
+    graph = _GRAPHS.get(key)
     if graph is None:
         graph = conn.execute(_GRAPH, {"id": version_id}).scalar_one()
         if len(_GRAPHS) >= 1000:
             _GRAPHS.clear()
-        _GRAPHS[version_id] = graph
+        _GRAPHS[key] = graph
     return graph
 
 

@@ -69,8 +69,9 @@ __all__ = [
 
 
 def actor_of(principal: Principal, actor: str | None = None) -> str:
-    """Who did it, for the audit: the actor named in the request, and the API key."""
-    key = f"api_key:{principal.key_id}"
+    """Who did it, for the audit: the actor named in the request, and the API key (``orbit-server cli`` for
+    the command line's principal, key id 0, as in :mod:`orbit_server.schedules`)."""
+    key = f"api_key:{principal.key_id}" if principal.key_id else "orbit-server cli"
     return f"{actor} ({key})" if actor else key
 
 

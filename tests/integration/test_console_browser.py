@@ -205,3 +205,60 @@ def test_a_read_key_sees_no_action_buttons(page: Any, server: RunningServer, see
     shot(page, "task-read-key")
     page.click("header button:has-text('Sign out')")
     page.wait_for_url("**/ui/login")
+
+
+def test_a_flow_instance_page_draws_the_graph_links_the_steps_and_pauses(
+    page: Any, server: RunningServer, seed: Seeder
+) -> None:
+    from tests.flow_support import FlowApi, until
+
+    graph = {
+        "start": "approval",
+        "nodes": {
+            "approval": {"type": "signal", "signal": "approve", "next": "fanout", "timeout_seconds": 3600,
+                         "on_timeout": "refund"},
+            "fanout": {"type": "parallel", "branches": ["ship", "mail"], "join": "joined"},
+            "ship": {"type": "task", "queue": "default", "handler": "orders.ship", "next": "joined"},
+            "mail": {"type": "timer", "seconds": 3600, "next": "joined"},
+            "joined": {"type": "join", "next": "done"},
+            "refund": {"type": "end", "status": "FAILED"},
+            "done": {"type": "end"},
+        },
+    }  # fmt: skip
+    api = FlowApi(server.base_url, "shop", server.keys)
+    try:
+        api.publish("order-browser", graph)
+        instance = api.start("order-browser", {"order_id": 1001}, key="order-1001-flow")
+        r = api.post("submit", f"/flow-instances/{instance['id']}/signals", {"name": "approve"},
+                     **{"Idempotency-Key": "approve"})  # fmt: skip
+        assert r.status_code == 201, r.text
+        task_id = until(lambda: api.instance(instance["id"])["steps"], what="the ship step")[0]["task_id"]
+    finally:
+        api.close()
+    sign_in(page, server.keys["admin"])
+    page.click("nav >> text=Flows")
+    page.wait_for_url("**/ui/flows")
+    assert "order-browser" in page.locator("#flows").inner_text()
+    shot(page, "flows")
+    page.click(f"a[href='/ui/flow-instances/{instance['id']}']")
+    assert page.locator("#instance-status").inner_text() == "RUNNING"
+    graph_box = page.locator("svg#graph")
+    assert graph_box.is_visible() and graph_box.bounding_box()["width"] > 800
+    states = {
+        node: page.locator(f"svg#graph g[data-node={node}]").get_attribute("data-state")
+        for node in ("approval", "fanout", "ship", "mail", "joined", "done")
+    }
+    assert states == {"approval": "passed", "fanout": "forked", "ship": "waiting", "mail": "waiting",
+                      "joined": "pending", "done": "pending"}  # fmt: skip
+    assert "signal_received" in page.locator("#history").inner_text()
+    shot(page, "flow-instance")
+    page.click("svg#graph g[data-node=ship]")  # the node is a link to its step's task
+    page.wait_for_url(f"**/ui/tasks/{task_id}")
+    assert page.locator("#task-status").inner_text() == "WAITING"
+    page.go_back()
+    page.fill("#pause-form input[name=reason]", "stock audit")
+    page.click("#pause-form button[type=submit]")
+    page.wait_for_url("**?done=paused")
+    assert page.locator("#instance-status").inner_text() == "PAUSED"
+    assert "instance_paused" in page.locator("#history").inner_text()
+    shot(page, "flow-instance-paused")

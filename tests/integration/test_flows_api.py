@@ -349,3 +349,39 @@ def test_cancel_stops_tokens_timers_and_step_tasks(api: FlowApi) -> None:
     assert {t["state"] for t in cancelled["tokens"]} == {"CANCELLED"}
     assert api.get(f"/tasks/{task_id}").json()["status"] == "CANCELLED"
     assert api.lease(QUEUE, 10) == []
+
+
+def test_metrics_show_the_flow_backlog_and_advances(api: FlowApi, server: RunningServer) -> None:
+    flow = _flow()
+    api.publish(flow, {"start": "a", "nodes": {"a": {"type": "task", "queue": QUEUE, "handler": "h", "next": "e"},
+                                                 "e": {"type": "end"}}})  # fmt: skip
+    _drain(api, api.start(flow)["id"])
+    text = api.http["read"].get("/metrics").text
+    assert "orbit_flow_events_pending " in text
+    assert 'orbit_flow_advances_total{outcome="applied"}' in text
+
+
+def test_a_paused_instance_keeps_signals_and_due_timers_for_its_resume(api: FlowApi) -> None:
+    flow = _flow()
+    api.publish(flow, {"start": "fork", "nodes": {
+        "fork": {"type": "parallel", "branches": ["wait", "nap"], "join": "j"},
+        "wait": {"type": "signal", "signal": "go", "next": "j"},
+        "nap": {"type": "timer", "seconds": 0.1, "next": "j"},
+        "j": {"type": "join", "next": "e"},
+        "e": {"type": "end"}}})  # fmt: skip
+    instance = api.start(flow)
+    until(lambda: sorted(t["waiting_for"] or "" for t in api.instance(instance["id"])["tokens"])
+          == ["join", "signal:go", "timer"])  # fmt: skip
+    api.control(instance["id"], "pause")
+    record = api.signal(instance["id"], "go", {"why": "paused"})
+    assert record["consumed_at"] is None  # recorded only
+    view = api.instance(instance["id"])
+    timer = next(t for t in view["tokens"] if t["waiting_for"] == "timer")
+    until(lambda: datetime.fromisoformat(timer["fire_at"]) < datetime.now(UTC) - timedelta(seconds=0.3))
+    view = api.instance(instance["id"])  # the timer fell due while paused: it waits for the resume
+    assert view["status"] == "PAUSED" and any(t["waiting_for"] == "timer" for t in view["tokens"])
+    api.control(instance["id"], "resume")
+    done = api.wait_status(instance["id"], "COMPLETED")
+    assert done["output"] is None
+    events = [h["event"] for h in api.history(instance["id"])]
+    assert events.count("signal_received") == 2 and events.count("timer_fired") == 1  # received, consumed

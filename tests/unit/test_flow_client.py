@@ -382,7 +382,7 @@ async def test_get_and_list_instances(client: Calls, mock: respx.MockRouter) -> 
     }  # fmt: skip
     await client.list_flow_instances("acme", status=FlowInstanceStatus.PAUSED)
     assert route.calls.last.request.url.params["status"] == "PAUSED"
-    for bad in ({"limit": 0}, {"limit": 1001}, {"status": "BOGUS"}):
+    for bad in ({"limit": 0}, {"limit": 501}, {"status": "BOGUS"}):
         with pytest.raises(OrbitUsageError):
             await client.list_flow_instances("acme", **bad)
 
