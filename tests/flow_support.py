@@ -119,6 +119,15 @@ class FlowApi:
         r = self.post("work", f"{path}/{action}", body)
         assert r.status_code == 200, r.text
 
+    def finish_only(self, grant: dict[str, Any], outcome: Outcome) -> None:
+        """Report the outcome of an attempt already started."""
+        attempt = grant["attempt"]
+        action, value = outcome
+        body = {"lease_token": attempt["lease_token"]}
+        body.update({"result": value} if action == "complete" else {"error": value})
+        r = self.post("work", f"/attempts/{attempt['id']}/{action}", body)
+        assert r.status_code == 200, r.text
+
     def work(self, queue: str, handler: Callable[[dict[str, Any]], Outcome], *, n: int = 10,
              wait: float = 0.2) -> list[dict[str, Any]]:  # fmt: skip
         """Lease up to ``n`` tasks (long-polling ``wait`` s), run ``handler(task)`` on each; return the tasks."""

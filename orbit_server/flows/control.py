@@ -163,7 +163,8 @@ def cancel(conn: Connection, principal: Principal, instance_id: str, body: FlowC
     adv = _locked(conn, principal, instance_id, settings, actor_of(principal, body.actor))
     if adv.instance["status"] in engine.FINISHED:
         raise _finished(adv, "cancelled")
-    engine.finish(adv, engine.CANCELLED, reason=body.reason or "cancelled through the API", actor=adv.actor)
+    engine.finish(adv, engine.CANCELLED, reason=body.reason or "cancelled through the API", actor=adv.actor,
+                  control=True)  # fmt: skip
     adv.flush()
 
 

@@ -30,7 +30,7 @@ from sqlalchemy.engine import Engine
 from starlette.concurrency import run_in_threadpool
 
 from .. import _faults
-from .._db import db_now
+from .._db import db_now_expression
 from ..execution import transact
 from ..schema import flow_events, flow_instances, flow_signals, flow_timers, flow_tokens
 from ..settings import ServerSettings
@@ -42,8 +42,10 @@ log = logging.getLogger("orbit_server.flows.loop")
 
 #: Most items of each kind one pass takes.
 BATCH = 200
-#: Passes between two scans for buffered signals that a waiting token could take.
+#: Seconds between two scans for buffered signals that a waiting token could take.
 _SIGNAL_SCAN_EVERY = 5.0
+#: Longest wait after failed passes, in seconds.
+_MAX_BACKOFF = 5.0
 
 _PENDING_EVENTS = (
     sa.select(flow_events.c.id)
@@ -75,18 +77,35 @@ _SIGNAL_WAITS = (
 )
 
 
-def _due_timers(now: Any) -> sa.Select[Any]:
-    return (
-        sa.select(flow_timers.c.id)
-        .join(flow_instances, flow_instances.c.id == flow_timers.c.instance_id)
-        .where(
-            flow_timers.c.state == engine.PENDING,
-            flow_timers.c.fire_at <= now,
-            flow_instances.c.status == engine.RUNNING,
+#: Built once per dialect: the work of a pass in one statement, ``(kind, id)`` rows: pending events
+#: ("e"), due timers ("t") by the database clock, ACTIVE tokens ("a"), each at most BATCH.
+_WORK: dict[str, sa.CompoundSelect[Any]] = {}
+
+
+def _work_statement(db: Engine) -> sa.CompoundSelect[Any]:
+    name = db.dialect.name
+    statement = _WORK.get(name)
+    if statement is None:
+        due = (
+            sa.select(flow_timers.c.id)
+            .join(flow_instances, flow_instances.c.id == flow_timers.c.instance_id)
+            .where(
+                flow_timers.c.state == engine.PENDING,
+                flow_timers.c.fire_at <= db_now_expression(db.dialect),
+                flow_instances.c.status == engine.RUNNING,
+            )
+            .order_by(flow_timers.c.fire_at)
+            .limit(BATCH)
         )
-        .order_by(flow_timers.c.fire_at)
-        .limit(BATCH)
-    )
+
+        def part(kind: str, query: sa.Select[Any]) -> sa.Select[str, str]:
+            inner = query.subquery()
+            return sa.select(sa.literal(kind).label("kind"), sa.cast(inner.c.id, sa.String).label("id"))
+
+        statement = _WORK[name] = sa.union_all(
+            part("e", _PENDING_EVENTS), part("t", due), part("a", _ACTIVE_TOKENS)
+        )
+    return statement
 
 
 @dataclass
@@ -113,12 +132,13 @@ def run_pass(
 ) -> PassResult:  # fmt: skip
     """One pass of the loop (module docstring); an item that fails is logged and left for the next pass."""
     with db.connect() as conn:
-        now = db_now(conn)
-        events = list(conn.execute(_PENDING_EVENTS).scalars())
-        timers = list(conn.execute(_due_timers(now)).scalars())
-        active = list(conn.execute(_ACTIVE_TOKENS).scalars())
+        found: dict[str, list[str]] = {"e": [], "t": [], "a": []}
+        for kind, item in conn.execute(_work_statement(db)):
+            found[kind].append(item)
         waits = list(conn.execute(_SIGNAL_WAITS).scalars()) if scan_signals else []
         conn.rollback()
+    events, active = found["e"], found["a"]
+    timers = [int(t) for t in found["t"]]
     items: list[tuple[Callable[..., engine.Outcome], Any]] = [
         *((engine.apply_event, e) for e in events),
         *((engine.fire_timer, t) for t in timers),
@@ -171,26 +191,34 @@ async def run_flow_loop(db: Engine, settings: ServerSettings, on_created: Callab
     hooks.add_listener(wake)
     executor = ThreadPoolExecutor(max_workers=settings.flow_workers, thread_name_prefix="orbit-flow")
     last_scan = 0.0
+    failures = 0  # consecutive failed passes: the wait grows to 5 s and only the first logs a traceback
     try:
         while True:
             woken.clear()
             scan = time.monotonic() - last_scan >= _SIGNAL_SCAN_EVERY
+            wait = interval
             try:
                 result = await run_in_threadpool(
                     run_pass, db, engine_settings, executor=executor, scan_signals=scan
                 )
+                failures = 0
                 if scan:
                     last_scan = time.monotonic()
                 if result.created_tasks:
                     on_created()
-                if result.full or (result.handled and not result.failed):
-                    await asyncio.sleep(0)
-                    if result.full:
-                        continue
-            except Exception:
-                log.exception("a flow loop pass failed; the next one runs in %s s", interval)
+                if result.full:
+                    continue  # more is due at once
+            except Exception as exc:
+                failures += 1
+                wait = min(_MAX_BACKOFF, interval * 2 ** min(failures - 1, 16))
+                if failures == 1:
+                    log.exception("a flow loop pass failed; the next one runs in %s s", wait)
+                else:
+                    log.error("a flow loop pass failed again (%d in a row: %s); the next one runs in %s s",
+                              failures, type(exc).__name__, wait)  # fmt: skip
+                woken.clear()  # a failing database is not helped by passes on every wake-up
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(woken.wait(), interval)
+                await asyncio.wait_for(woken.wait(), wait)
     finally:
         hooks.remove_listener(wake)
         executor.shutdown(wait=False, cancel_futures=True)

@@ -39,7 +39,7 @@ from orbit_client import (
 )
 
 from .. import _ids, errors
-from .._db import db_now, to_utc
+from .._db import as_db_time, db_now, db_now_expression, to_utc
 from ..schema import (
     flow_definitions,
     flow_events,
@@ -226,11 +226,44 @@ def find_start(conn: Connection, principal: Principal, key: str, digest: str) ->
     if found is None:
         return None
     if found.request_digest != digest:
-        raise errors.IdempotencyConflict(
-            "this Idempotency-Key already started an instance with another flow, version or input; "
-            "use a new key for a new instance"
-        )
+        raise _conflict()
     return str(found.id)
+
+
+def _conflict() -> errors.IdempotencyConflict:
+    return errors.IdempotencyConflict(
+        "this Idempotency-Key already started an instance with another flow, version or input; "
+        "use a new key for a new instance"
+    )
+
+
+#: :func:`start`'s look-up, built once per dialect: the clock, the key's instance and digest, the flow
+#: and the version asked for (``:version`` NULL: the newest), in one round trip of scalar subqueries.
+_START_LOOKUP: dict[str, sa.Select[Any]] = {}
+
+
+def _start_lookup(conn: Connection) -> sa.Select[Any]:
+    statement = _START_LOOKUP.get(conn.dialect.name)
+    if statement is None:
+        i, d, v = flow_instances, flow_definitions, flow_versions
+        ns, name = sa.bindparam("ns", type_=sa.BigInteger), sa.bindparam("name", type_=sa.String)
+        asked = sa.bindparam("version", type_=sa.Integer)
+        is_key = sa.and_(i.c.namespace_id == ns, i.c.idempotency_key == sa.bindparam("key", type_=sa.String))
+        is_flow = sa.and_(d.c.namespace_id == ns, d.c.name == name)
+        built: sa.Select[Any] = sa.select(
+            db_now_expression(conn.dialect).label("now"),
+            sa.select(i.c.id).where(is_key).scalar_subquery().label("instance_id"),
+            sa.select(i.c.request_digest).where(is_key).scalar_subquery().label("request_digest"),
+            sa.select(d.c.id).where(is_flow).scalar_subquery().label("definition_id"),
+            sa.select(d.c.latest_version).where(is_flow).scalar_subquery().label("latest_version"),
+            sa.select(v.c.id)
+            .select_from(v.join(d, d.c.id == v.c.definition_id))
+            .where(is_flow, v.c.version == sa.func.coalesce(asked, d.c.latest_version))
+            .scalar_subquery()
+            .label("version_id"),
+        )
+        statement = _START_LOOKUP[conn.dialect.name] = built
+    return statement
 
 
 def start(
@@ -252,40 +285,37 @@ def start(
         sqlalchemy.exc.IntegrityError: a concurrent start with the same key committed first.
     """
     digest = start_digest(name, body)
-    existing = find_start(conn, principal, key, digest)
-    if existing is not None:
-        return existing, True, engine.Outcome("none")
-    definition = _definition(conn, principal.namespace_id, name)
-    if definition is None:
+    found = conn.execute(_start_lookup(conn), {"ns": principal.namespace_id, "key": key, "name": name,
+                                               "version": body.version}).mappings().one()  # fmt: skip
+    if found["instance_id"] is not None:
+        if found["request_digest"] != digest:
+            raise _conflict()
+        return found["instance_id"], True, engine.Outcome("none")
+    if found["definition_id"] is None:
         raise _flow_missing(principal, name)
-    number = body.version or int(definition["latest_version"])
-    version = conn.execute(
-        sa.select(flow_versions.c.id, flow_versions.c.version).where(
-            flow_versions.c.definition_id == definition["id"], flow_versions.c.version == number
-        )
-    ).first()  # fmt: skip
-    if version is None:
-        raise errors.FlowVersionNotFound(f"flow {name!r} has no version {number}")
-    now = db_now(conn)
+    if found["version_id"] is None:
+        raise errors.FlowVersionNotFound(f"flow {name!r} has no version {body.version}")
+    version_id, number = int(found["version_id"]), int(body.version or found["latest_version"])
+    now = as_db_time(found["now"])
     instance_id = str(uuid.uuid4())
     row = {
-        "id": instance_id, "namespace_id": principal.namespace_id, "definition_id": definition["id"],
-        "version_id": version.id, "input": body.input, "status": engine.RUNNING, "paused": False,
+        "id": instance_id, "namespace_id": principal.namespace_id, "definition_id": found["definition_id"],
+        "version_id": version_id, "input": body.input, "status": engine.RUNNING, "paused": False,
         "control_version": 1, "state_version": 1, "output": None, "error": None, "idempotency_key": key,
         "request_digest": digest, "created_by": actor_of(principal), "created_at": now, "updated_at": now,
         "finished_at": None, "traceparent": traceparent,
     }  # fmt: skip
     conn.execute(flow_instances.insert(), row)
-    graph = engine.load_graph(conn, version.id)
+    graph = engine.load_graph(conn, version_id)
     token = {
         "id": str(uuid.uuid4()), "instance_id": instance_id, "node_id": graph["start"], "state": engine.ACTIVE,
         "activation": 0, "version": 1, "parent_id": None, "children_open": 0, "task_id": None,
         "waiting_for": None, "fire_at": None, "created_at": now, "updated_at": now,
     }  # fmt: skip
     conn.execute(flow_tokens.insert(), token)
-    instance = {**row, "ns_name": principal.namespace, "flow_name": name, "version_number": version.version}
+    instance = {**row, "ns_name": principal.namespace, "flow_name": name, "version_number": number}
     adv = engine.Advance(conn, instance, graph, now, settings, actor=actor_of(principal))
-    adv.record("instance_started", to_state=engine.RUNNING, data={"version": version.version})
+    adv.record("instance_started", to_state=engine.RUNNING, data={"version": number})
     adv.record("token_created", token, to_state=engine.ACTIVE)
     adv.actor = engine.FLOW_ACTOR
     engine.guarded(adv, engine.enter, adv, token, graph["start"])

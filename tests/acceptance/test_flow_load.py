@@ -1,6 +1,7 @@
 """Many concurrent instances of a fork-4/join flow on MariaDB with two ``orbit-server serve`` processes, one
 of them SIGKILLed and restarted under load (issue 13): every instance completes, each join passes exactly
-once, no token is lost or duplicated and no activation gets a second task.
+once, each timer (claimed by either process) fires once, no token is lost or duplicated and no activation
+gets a second task.
 
 ``ORBIT_TEST_FLOW_INSTANCES`` sets the count: 150 by default (to keep ``make test`` short), 1000 for the
 issue's full run (``ORBIT_TEST_FLOW_INSTANCES=1000``).
@@ -32,7 +33,8 @@ GRAPH = {"start": "fork", "nodes": {
     "fork": {"type": "parallel", "branches": BRANCHES, "join": "j"},
     **{b: {"type": "task", "queue": QUEUE, "handler": b, "retry_safe": True, "max_attempts": 10,
            "params": {"n": "$.input.n"}, "next": "j"} for b in BRANCHES},
-    "j": {"type": "join", "next": "e"},
+    "j": {"type": "join", "next": "settle"},
+    "settle": {"type": "timer", "seconds": 0.05, "next": "e"},
     "e": {"type": "end"}}}  # fmt: skip
 
 
@@ -153,6 +155,8 @@ def test_concurrent_fork_join_instances_on_two_server_processes(
             tokens = Counter(conn.execute(sa.select(flow_tokens.c.instance_id, flow_tokens.c.state)).all())
             assert all(tokens[(i, "DONE")] == 1 and tokens[(i, "ARRIVED")] == 4 for i in ids)
             assert sum(tokens.values()) == 5 * count
+            fired = Counter(conn.execute(sa.select(flow_history.c.instance_id).where(flow_history.c.event == "timer_fired")).scalars())  # fmt: skip
+            assert fired == dict.fromkeys(ids, 1)
             joined = Counter(conn.execute(sa.select(flow_history.c.instance_id).where(flow_history.c.event == "joined")).scalars())  # fmt: skip
             assert joined == dict.fromkeys(ids, 1)
             assert conn.execute(sa.select(sa.func.count()).select_from(flow_events)

@@ -345,7 +345,7 @@ def test_cancel_stops_tokens_timers_and_step_tasks(api: FlowApi) -> None:
                  all(t["state"] != "ACTIVE" for t in v["tokens"]) and v)  # fmt: skip
     task_id = view["steps"][0]["task_id"]
     cancelled = api.control(instance["id"], "cancel", reason="customer asked")
-    assert cancelled["status"] == "CANCELLED"
+    assert cancelled["status"] == "CANCELLED" and cancelled["control_version"] == 2
     assert {t["state"] for t in cancelled["tokens"]} == {"CANCELLED"}
     assert api.get(f"/tasks/{task_id}").json()["status"] == "CANCELLED"
     assert api.lease(QUEUE, 10) == []
@@ -385,3 +385,64 @@ def test_a_paused_instance_keeps_signals_and_due_timers_for_its_resume(api: Flow
     assert done["output"] is None
     events = [h["event"] for h in api.history(instance["id"])]
     assert events.count("signal_received") == 2 and events.count("timer_fired") == 1  # received, consumed
+
+
+def test_nested_parallel_blocks_and_a_loop_back_make_new_activations(api: FlowApi) -> None:
+    flow = _flow()
+    api.publish(flow, {"start": "outer", "nodes": {
+        "outer": {"type": "parallel", "branches": ["inner", "solo"], "join": "outer_j"},
+        "inner": {"type": "parallel", "branches": ["x", "y"], "join": "inner_j"},
+        "x": {"type": "task", "queue": QUEUE, "handler": "x", "next": "inner_j"},
+        "y": {"type": "task", "queue": QUEUE, "handler": "y", "next": "inner_j"},
+        "inner_j": {"type": "join", "next": "outer_j"},
+        "solo": {"type": "task", "queue": QUEUE, "handler": "solo", "next": "outer_j"},
+        "outer_j": {"type": "join", "next": "again"},
+        "again": {"type": "task", "queue": QUEUE, "handler": "again", "max_attempts": 1, "next": "e",
+                  "on_failure": "route"},
+        "route": {"type": "choice", "rules": [{"path": "$.steps.again.status", "equals": "FAILED", "next": "again"}],
+                  "default": "e"},
+        "e": {"type": "end"}}})  # fmt: skip
+    tries = {"again": 0}
+
+    def handler(task: dict[str, Any]) -> tuple[str, Any]:
+        if task["handler"] == "again":
+            tries["again"] += 1
+            if tries["again"] == 1:
+                return failing()(task)
+        return ok()(task)
+
+    done = _drain(api, api.start(flow)["id"], handler)
+    assert done["status"] == "COMPLETED"
+    again = [s for s in done["steps"] if s["node"] == "again"]
+    assert [s["status"] for s in again] == ["FAILED", "SUCCEEDED"]
+    assert again[0]["activation"] < again[1]["activation"] and again[0]["token_id"] == again[1]["token_id"]
+    events = [h["event"] for h in api.history(done["id"])]
+    assert events.count("joined") == 2 and events.count("forked") == 4
+
+
+def test_listing_pages_newest_first_with_filters_and_a_bad_graph_is_422(api: FlowApi) -> None:
+    flow = _flow()
+    api.publish(flow, {"start": "e", "nodes": {"e": {"type": "end"}}})
+    ids = [api.start(flow)["id"] for _ in range(5)]
+    seen: list[str] = []
+    cursor = None
+    while True:
+        page = api.get("/flow-instances", flow=flow, limit=2, **({"cursor": cursor} if cursor else {})).json()
+        seen += [item["id"] for item in page["items"]]
+        cursor = page["next_cursor"]
+        if cursor is None:
+            break
+    assert sorted(seen) == sorted(
+        ids
+    )  # each once (newest first: SQLite's clock has milliseconds, ties may swap)
+    created = [api.instance(i)["created_at"] for i in seen]
+    assert created == sorted(created, reverse=True)
+    assert api.get("/flow-instances", flow=flow, status="RUNNING").json()["items"] == []
+    assert len(api.get("/flow-instances", flow=flow, status="COMPLETED").json()["items"]) == 5
+    assert api.get("/flow-instances", cursor="nope").json()["code"] == "invalid_cursor"
+    assert [f["name"] for f in api.get("/flows").json()].count(flow) == 1
+    bad = {"start": "a", "nodes": {"a": {"type": "task", "queue": QUEUE, "handler": "h", "next": "nowhere"}}}
+    r = api.post("submit", f"/flows/{flow}/versions", {"graph": bad})
+    assert r.status_code == 422 and "'a'" in r.text
+    assert api.get(f"/flows/{flow}/versions/1").json()["version"] == 1
+    assert api.get(f"/flows/{flow}/versions/2").json()["code"] == "flow_version_not_found"

@@ -5,6 +5,7 @@ concurrent arrivals, a timer claimed by two engines, a poll's budget across serv
 
 from __future__ import annotations
 
+import re
 import threading
 import uuid
 from collections import Counter
@@ -279,3 +280,40 @@ def test_tokens_are_rows_with_versions(quiet: tuple[RunningServer, FlowApi]) -> 
         stale = conn.execute(flow_tokens.update().where(flow_tokens.c.id == token["id"], flow_tokens.c.version == 1)
                              .values(version=2, node_id="b"))  # fmt: skip
         assert stale.rowcount == 0
+
+
+def test_a_plain_task_s_complete_gets_no_statement_from_flows(quiet: tuple[RunningServer, FlowApi]) -> None:
+    """The hot path of plain tasks is untouched: a step task's complete runs exactly one statement more
+    (its internal event), a plain task's none that touches a flow table."""
+    server, api = quiet
+    queue = _queue(server, api)
+    flow = f"hot{uuid.uuid4().hex[:6]}"
+    api.publish(flow, _two_steps(queue))
+    api.start(flow)
+    r = api.post(
+        "submit", "/tasks", {"queue": queue, "handler": "plain"}, **{"Idempotency-Key": str(uuid.uuid4())}
+    )
+    assert r.status_code == 201, r.text
+    grants = {g["task"]["handler"]: g for g in api.lease(queue, 2)}
+    seen: list[str] = []
+
+    def record(_conn: Any, _cursor: Any, statement: str, *_args: Any) -> None:
+        seen.append(statement)
+
+    counts = {}
+    for handler in ("plain", "a"):
+        api.finish(grants[handler], ("skip", None))  # started
+        sa.event.listen(server.engine, "before_cursor_execute", record)
+        try:
+            api.finish_only(grants[handler], ("complete", {"ok": True}))
+        finally:
+            sa.event.remove(server.engine, "before_cursor_execute", record)
+        counts[handler] = list(seen)
+        seen.clear()
+    touches_flows = re.compile(r"\b(INTO|FROM|UPDATE|JOIN)\s+flow_", re.IGNORECASE)
+    assert not any(touches_flows.search(statement) for statement in counts["plain"]), counts["plain"]
+    flow_statements = [s for s in counts["a"] if touches_flows.search(s)]
+    assert len(flow_statements) == 1 and flow_statements[0].lstrip().upper().startswith(
+        "INSERT INTO FLOW_EVENTS"
+    )
+    assert len(counts["a"]) == len(counts["plain"]) + 1

@@ -47,7 +47,8 @@ KINDS = [
 
 
 def _real_objects(server: RunningServer) -> tuple[dict[str, str], str]:
-    """Make a namespace with a task, a running attempt, a subscription and a schedule; their ids."""
+    """Make a namespace with a task, a running attempt, a subscription, a schedule and a flow instance;
+    their ids."""
     namespace = f"fuzz-{uuid.uuid4().hex[:8]}"
     keys = server.add_namespace(namespace, ("default",))
     admin = keys["admin"]
@@ -69,6 +70,11 @@ def _real_objects(server: RunningServer) -> tuple[dict[str, str], str]:
         assert http.post("/subscriptions", json={"name": "fuzz"}).status_code == 201
         schedule = {"name": "fuzz", "queue": "default", "handler": "h", "interval_seconds": 3600}
         assert http.post("/schedules", json=schedule).status_code == 201
+        graph = {"start": "a", "nodes": {"a": {"type": "task", "queue": "default", "handler": "h", "next": "e"},
+                                         "e": {"type": "end"}}}  # fmt: skip
+        assert http.post("/flows/fuzz/versions", json={"graph": graph}).status_code == 201
+        instance = http.post("/flows/fuzz/instances", json={"input": {}}, headers={"Idempotency-Key": key})
+        assert instance.status_code == 201, instance.text
     ids = {
         "namespace": namespace,
         "queue": "default",
@@ -76,6 +82,8 @@ def _real_objects(server: RunningServer) -> tuple[dict[str, str], str]:
         "attempt_id": attempt["id"],
         "idempotency_key": key,
         "name": "fuzz",
+        "instance_id": instance.json()["id"],
+        "version": "1",
     }
     return ids, admin
 

@@ -187,20 +187,7 @@ def upgrade() -> None:
 
 
 def downgrade() -> None:
-    for index, table in (
-        ("ix_flow_history_instance", "flow_history"),
-        ("ix_flow_events_instance", "flow_events"),
-        ("ix_flow_events_pending", "flow_events"),
-        ("ix_flow_signals_instance_name", "flow_signals"),
-        ("ix_flow_timers_instance", "flow_timers"),
-        ("ix_flow_timers_due", "flow_timers"),
-        ("ix_flow_steps_instance", "flow_steps"),
-        ("ix_flow_tokens_state", "flow_tokens"),
-        ("ix_flow_tokens_parent", "flow_tokens"),
-        ("ix_flow_tokens_instance", "flow_tokens"),
-        ("ix_flow_instances_namespace_created", "flow_instances"),
-    ):
-        op.drop_index(index, table_name=table)
+    # Dropping a table drops its indexes (MySQL/MariaDB refuse to drop one a foreign key needs first).
     for table in (
         "flow_history", "flow_events", "flow_signals", "flow_timers", "flow_steps", "flow_tokens",
         "flow_instances", "flow_versions", "flow_definitions",
