@@ -54,7 +54,7 @@ from orbit_client import OrbitClient
 
 from . import flow as fulfilment_flow
 from .db import business_engine, business_orders, create_business_tables, provider_calls, provider_effects
-from .demo_flow import check_flow, send_cancels, show_flow, summarise_flow
+from .demo_flow import Canceller, check_flow, show_flow, summarise_flow
 from .tracing import TRACE_FILE_ENV, load_spans, order_trace, render_tree
 
 ORDERS_CSV = Path(__file__).parent / "data" / "orders.csv"
@@ -299,6 +299,9 @@ def main(argv: list[str] | None = None) -> int:
 
         console.rule(f"Place {len(orders)} orders through the order API")
         placed: dict[str, str] = {}
+        # With --flow, the customers of orders ending in 3 change their mind at once: a cancel signal right
+        # after the order, honoured while the flow waits before the charge.
+        canceller = Canceller(orbit_url, keys["submit"]) if args.flow else None
 
         def place(row: dict[str, str]) -> None:
             body = {"sku": row["sku"], "quantity": int(row["quantity"]), "amount": row["amount"],
@@ -309,19 +312,14 @@ def main(argv: list[str] | None = None) -> int:
                     response = http.post("/orders", json=body, headers={"Idempotency-Key": row["order_ref"]})
                     response.raise_for_status()
                 placed[row["order_ref"]] = response.json()["order_id"]
+            if canceller is not None and row["order_ref"].endswith("3"):
+                canceller.request(placed[row["order_ref"]])
 
         with ThreadPoolExecutor(max_workers=8) as pool:
             list(pool.map(place, orders))
 
         order_ids = list(placed.values())
-        cancels: list[str] = []
-        if (
-            args.flow
-        ):  # a few customers change their mind at once: a cancel signal, honoured before the charge
-            cancels = [placed[ref] for ref in sorted(placed) if ref.endswith("3")]
-            threading.Thread(
-                target=send_cancels, args=(orbit_url, keys["submit"], cancels), daemon=True
-            ).start()
+        cancels = canceller.requested if canceller is not None else []
         relay_killed = worker_killed = False
         deadline = time.monotonic() + args.timeout
         columns = (TextColumn("[progress.description]{task.description}"), BarColumn(), MofNCompleteColumn(),

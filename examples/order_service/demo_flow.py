@@ -11,7 +11,10 @@ no cancelled order was; only orders whose customer asked to cancel are cancelled
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import queue
+import threading
 import time
 from collections import Counter
 from typing import Any
@@ -25,7 +28,7 @@ from orbit_client import FlowInstance, OrbitClient, OrbitError
 from .db import business_orders, provider_calls, provider_effects
 from .flow import CANCEL_SIGNAL, FLOW_NAME, NAMESPACE, QUEUE, STEP_HANDLERS
 
-__all__ = ["check_flow", "send_cancels", "show_flow", "summarise_flow"]
+__all__ = ["Canceller", "check_flow", "show_flow", "summarise_flow"]
 
 log = logging.getLogger("order_service.demo")
 PROVIDERS = ("reserve", "charge", "receipt", "notify", "remind", "release")
@@ -43,26 +46,45 @@ def fulfilment_key(order_id: str) -> str:
     return f"{order_id}:fulfil"
 
 
-def send_cancels(orbit_url: str, api_key: str, order_ids: list[str], *, timeout: float = 60.0) -> None:
-    """Send ``cancel`` to each order's instance as soon as the relay has started it (found by its
-    start key). The signal's key is per order, so a resend is a replay. Runs in a thread of the demo."""
-    deadline = time.monotonic() + timeout
-    with OrbitClient(orbit_url, api_key=api_key) as client:
-        waiting = list(order_ids)
-        while waiting and time.monotonic() < deadline:
-            for order_id in list(waiting):
-                try:
-                    found = client.find_flow_instance(NAMESPACE, fulfilment_key(order_id))
-                    if found is None:
-                        continue
-                    client.signal_flow(NAMESPACE, found.id, CANCEL_SIGNAL, {"reason": "the customer changed their mind"},
-                                       idempotency_key=f"{order_id}:cancel")  # fmt: skip
-                except OrbitError as exc:  # the server restarting, or the instance finished already
-                    log.warning("cancel of %s not sent yet: %s", order_id, exc)
-                    if getattr(exc, "code", None) != "invalid_transition":
-                        continue
-                waiting.remove(order_id)
-            time.sleep(0.05)
+class Canceller:
+    """Sends ``cancel`` to an order's instance as soon as the relay has started it (found by its start
+    key), from a thread of its own. The signal's key is per order, so a resend is a replay."""
+
+    def __init__(self, orbit_url: str, api_key: str, *, timeout: float = 60.0) -> None:
+        self.requested: list[str] = []
+        self._waiting: queue.SimpleQueue[str] = queue.SimpleQueue()
+        self._orbit_url, self._api_key, self._timeout = orbit_url, api_key, timeout
+        threading.Thread(target=self._run, daemon=True, name="demo-canceller").start()
+
+    def request(self, order_id: str) -> None:
+        """Cancel ``order_id`` (asked by its customer right after ordering)."""
+        self.requested.append(order_id)
+        self._waiting.put(order_id)
+
+    def _run(self) -> None:
+        pending: dict[str, float] = {}  # order id -> give up at (monotonic)
+        with OrbitClient(self._orbit_url, api_key=self._api_key) as client:
+            while True:
+                with contextlib.suppress(queue.Empty):
+                    while True:
+                        pending[self._waiting.get(timeout=0.05)] = time.monotonic() + self._timeout
+                for order_id, give_up in list(pending.items()):
+                    if self._send(client, order_id) or time.monotonic() > give_up:
+                        del pending[order_id]
+
+    @staticmethod
+    def _send(client: OrbitClient, order_id: str) -> bool:
+        """Whether the cancel is settled: sent (or the instance already finished)."""
+        try:
+            found = client.find_flow_instance(NAMESPACE, fulfilment_key(order_id))
+            if found is None:
+                return False
+            client.signal_flow(NAMESPACE, found.id, CANCEL_SIGNAL, {"reason": "the customer changed their mind"},
+                               idempotency_key=f"{order_id}:cancel")  # fmt: skip
+        except OrbitError as exc:  # the server restarting, or the instance finished already
+            log.warning("cancel of %s not sent yet: %s", order_id, exc)
+            return getattr(exc, "code", None) == "invalid_transition"
+        return True
 
 
 def _instances(client: OrbitClient, wanted: set[str]) -> dict[str, list[FlowInstance]]:
@@ -162,6 +184,8 @@ def summarise_flow(
         "orders_pending": statuses.get("PENDING", 0),
         "cancel_requested": len(cancels),
         "cancelled_without_request": len(cancelled - set(cancels)),
+        # Asked to cancel, but the signal came after the cancel window: charged and completed (legitimate).
+        "cancel_too_late": len(set(cancels) - cancelled),
         "flow_instances": sum(len(v) for v in instances.values()),
         "duplicate_instances": sum(len(v) - 1 for v in instances.values() if len(v) > 1),
         "orders_without_instance": len(wanted - set(instances)),
@@ -220,7 +244,7 @@ def show_flow(s: dict[str, Any], ok: bool) -> None:
     out = Console()
     table = Table("measure", "value", title="Order service demo (fulfilment as a flow)")
     for key in ("orders_total", "orders_completed", "orders_failed", "orders_cancelled", "orders_needs_review",
-                "orders_pending", "cancel_requested", "flow_instances", "duplicate_instances", "steps",
+                "orders_pending", "cancel_requested", "cancel_too_late", "flow_instances", "duplicate_instances", "steps",
                 "tasks_created", "duplicate_tasks", "faults_injected", "elapsed_s"):  # fmt: skip
         table.add_row(key, str(s[key]))
     table.add_row("instance status", ", ".join(f"{k} {v}" for k, v in sorted(s["instance_status"].items())))

@@ -160,8 +160,10 @@ def assert_flow_invariants(s: dict[str, Any]) -> None:
         and s["cancelled_orders_released"]
     )
     assert s["cancelled_without_request"] == 0
-    # The customers who cancelled did so at once, well inside the cancel window: all of them are CANCELLED.
-    assert s["orders_cancelled"] == s["cancel_requested"] >= 1
+    # The customers cancelled right after ordering, inside the cancel window; on a loaded machine a signal may
+    # come after the window (the order is then charged and completes): never more than half of them.
+    assert s["orders_cancelled"] + s["cancel_too_late"] == s["cancel_requested"] >= 2
+    assert s["orders_cancelled"] >= s["cancel_requested"] / 2
     # The worker was killed after the charge and before its journal entry: the rerun was answered from
     # the provider's record, not charged twice.
     assert s["provider_requests"].get("replayed", 0) >= 1
