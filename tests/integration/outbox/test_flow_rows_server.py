@@ -4,6 +4,7 @@ flow ends the row DEAD, and reconcile finds an instance by the key."""
 
 from __future__ import annotations
 
+import json
 from datetime import datetime
 
 import sqlalchemy as sa
@@ -66,3 +67,32 @@ def test_the_relay_starts_one_instance_per_flow_row_and_reconcile_finds_it_by_ke
         assert (decision.row_id, decision.decision, decision.applied) == (ids[1], "delivered", True)
         page = client.list_flow_instances(ns.name, flow="parked")
         assert len(page.items) == 3  # one instance per row, however often it was sent
+
+
+def test_orbit_outbox_relays_and_shows_flow_rows(orbit: RunningServer, ns: Namespace, biz: Biz) -> None:
+    from click.testing import CliRunner
+
+    from outbox_adapter.cli import main
+
+    table = f"cli_{ns.name[3:]}"
+    db = ["--database-url", biz.url.render_as_string(hide_password=False), "--table", table]
+    env = {"ORBIT_URL": orbit.base_url, "ORBIT_API_KEY": ns.keys["submit"], "ORBIT_OUTBOX_BACKOFF_BASE": "0"}
+    runner = CliRunner()
+    assert runner.invoke(main, ["migrate", *db]).exit_code == 0
+    with OrbitClient(orbit.base_url, api_key=ns.keys["submit"]) as client:
+        client.publish_flow(ns.name, "parked", GRAPH)
+    with biz.engine.begin() as conn:
+        row_id = enqueue_flow(
+            conn, namespace=ns.name, flow="parked", input={"x": 1}, tables=OutboxTables(name=table)
+        ).id
+    relayed = runner.invoke(main, ["relay", *db, "--once", "--json"], env=env, catch_exceptions=False)
+    assert json.loads(relayed.stdout)["delivered"] == 1
+    [shown] = json.loads(runner.invoke(main, ["list", *db, "--json"], catch_exceptions=False).stdout)
+    assert (shown["id"], shown["kind"], shown["flow"], shown["state"]) == (
+        row_id,
+        "flow",
+        "parked",
+        "DELIVERED",
+    )
+    table_view = runner.invoke(main, ["list", *db], env={"COLUMNS": "250"}, catch_exceptions=False).stdout
+    assert f"{ns.name}/flow:parked" in table_view and "(flow start)" in table_view
