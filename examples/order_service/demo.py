@@ -192,6 +192,11 @@ def main(argv: list[str] | None = None) -> int:
         'and print one order\'s trace as a tree at the end (README "Tracing")',
     )
     parser.add_argument(
+        "--kill-server",
+        action="store_true",
+        help="also SIGKILL the Orbit server mid-way (1 s after the last order, or a third terminal) and restart it",
+    )
+    parser.add_argument(
         "--flow",
         action="store_true",
         help='fulfil each order as an instance of the order-fulfilment flow (README "The order service as a flow")',
@@ -320,7 +325,9 @@ def main(argv: list[str] | None = None) -> int:
 
         order_ids = list(placed.values())
         cancels = canceller.requested if canceller is not None else []
+        placed_at = time.monotonic()
         relay_killed = worker_killed = False
+        server_killed = not args.kill_server
         deadline = time.monotonic() + args.timeout
         columns = (TextColumn("[progress.description]{task.description}"), BarColumn(), MofNCompleteColumn(),
                    TimeElapsedColumn())  # fmt: skip
@@ -349,6 +356,16 @@ def main(argv: list[str] | None = None) -> int:
                 scrape(endpoints, scraped)
                 if done == len(order_ids):
                     break
+                # A second after the last order was placed (or a third of them terminal, if sooner): every order
+                # is still in flight then; a count of terminal orders alone can jump past any threshold at once.
+                if not server_killed and (done >= len(order_ids) // 3 or time.monotonic() - placed_at >= 1.0):
+                    server.kill()  # mid-way: tasks leased, results unapplied, timers pending, signals waiting
+                    server.start()
+                    wait_for_http(f"{orbit_url}/readyz", server.proc)  # type: ignore[arg-type]
+                    server_killed, faults = True, faults + 1
+                    progress.console.log(
+                        f"SIGKILLed the Orbit server with {done} of {len(order_ids)} orders terminal; restarted it"
+                    )
                 for p in processes:
                     if (
                         p.proc is not None

@@ -137,7 +137,7 @@ def test_a_database_that_does_not_exist_is_one_line_that_says_what_to_do(
     assert len(done.stderr.strip().splitlines()) == 1
 
 
-def assert_flow_invariants(s: dict[str, Any]) -> None:
+def assert_flow_invariants(s: dict[str, Any], *, faults: int = 2) -> None:
     """The invariants of ``--flow`` (README "The order service as a flow"), as the demo checks them."""
     assert s["mode"] == "flow" and s["orders_total"] == ORDERS
     terminal = ("orders_completed", "orders_failed", "orders_cancelled", "orders_needs_review")
@@ -150,9 +150,8 @@ def assert_flow_invariants(s: dict[str, Any]) -> None:
         and s["tasks_created"] == s["steps"] >= 5 * ORDERS - 2 * s["orders_cancelled"]
     )
     assert s["status_mismatches"] == []
-    assert (
-        s["faults_injected"] == 2
-    )  # the relay (between a flow start and its record) and the worker (mid-charge)
+    # The relay (between a flow start and its record), the worker (mid-charge), with --kill-server the server.
+    assert s["faults_injected"] == faults
     assert all(n <= 1 for n in s["provider_max_per_order"].values()), s["provider_max_per_order"]
     assert (
         s["completed_orders_charged_once"]
@@ -170,10 +169,10 @@ def assert_flow_invariants(s: dict[str, Any]) -> None:
     assert s["history_sample"] and "COMPLETED" in s["history_sample"][0]
 
 
-def test_demo_as_a_flow_on_sqlite(tmp_path: Path) -> None:
-    """``make demo DEMO_ARGS=--flow``: every order an instance of the order-fulfilment flow, with the
-    relay and the worker SIGKILLed mid-way, and cancel signals from a few customers."""
-    assert_flow_invariants(run_demo(tmp_path, "--flow"))
+def test_demo_as_a_flow_on_sqlite_with_a_server_crash(tmp_path: Path) -> None:
+    """``make demo DEMO_ARGS="--flow --kill-server"``: every order an instance of the order-fulfilment flow,
+    with the relay, the worker and the Orbit server SIGKILLed mid-way, and cancel signals from a few customers."""
+    assert_flow_invariants(run_demo(tmp_path, "--flow", "--kill-server"), faults=3)
 
 
 @pytest.mark.mariadb
