@@ -35,7 +35,7 @@ from sqlalchemy.engine import Connection
 from orbit_client import TaskStatus
 
 from ._db import db_now
-from .schema import event_deliveries, flow_events, queues, subscriptions, tasks
+from .schema import event_deliveries, flow_events, flow_instances, queues, subscriptions, tasks
 
 __all__ = ["LEASE_EXPIRIES", "Sample", "SampledGauges", "lease_expired", "sample"]
 
@@ -73,6 +73,8 @@ class Sample:
     deliveries: dict[str, tuple[int, float]] = field(default_factory=dict)
     #: internal flow events recorded but not yet applied (the flow backlog)
     flow_events_pending: int = 0
+    #: age of the oldest of them whose instance is not paused, in seconds (``None``: none)
+    flow_events_oldest: float | None = None
 
 
 def _as_datetime(value: Any) -> datetime:
@@ -129,6 +131,14 @@ def sample(conn: Connection) -> Sample:
             sa.select(sa.func.count()).select_from(flow_events).where(flow_events.c.consumed_at.is_(None))
         ).scalar_one()
     )
+    if out.flow_events_pending:  # a paused instance's results wait for its resume on purpose: not counted
+        oldest_event = conn.execute(
+            sa.select(sa.func.min(flow_events.c.created_at))
+            .join(flow_instances, flow_instances.c.id == flow_events.c.instance_id)
+            .where(flow_events.c.consumed_at.is_(None), flow_instances.c.status != "PAUSED")
+        ).scalar()
+        if oldest_event is not None:
+            out.flow_events_oldest = max(0.0, (now - _as_datetime(oldest_event)).total_seconds())
     return out
 
 
@@ -200,6 +210,13 @@ class SampledGauges:
             "Task results recorded for flow instances and not yet applied to them (paused instances' "
             "included): the flow engine's backlog, sampled.",
             value=value.flow_events_pending,
+        )
+        flow_age = value.flow_events_oldest
+        yield GaugeMetricFamily(
+            "orbit_flow_events_oldest_pending_age_seconds",
+            "Seconds the oldest task result of a flow instance that is not paused has waited to be applied "
+            "(0: none), sampled.",
+            value=flow_age + since if flow_age is not None else 0.0,
         )
         yield GaugeMetricFamily(
             "orbit_metrics_sampled_timestamp_seconds",

@@ -13,7 +13,7 @@ from datetime import timedelta
 from typing import Annotated, Any
 
 import sqlalchemy as sa
-from fastapi import APIRouter, Header, Path, Query, Request, Response
+from fastapi import APIRouter, Body, Header, Path, Query, Request, Response
 from sqlalchemy.engine import Engine
 
 from orbit_client import (
@@ -50,6 +50,8 @@ _PROBLEM: dict[str, Any] = {"model": Problem, "content": {"application/problem+j
 _ERRORS: dict[int | str, dict[str, Any]] = {status: _PROBLEM for status in (400, 401, 403, 404, 422)}
 _WRITE_ERRORS: dict[int | str, dict[str, Any]] = {**_ERRORS, 409: _PROBLEM}
 IdempotencyKey = Annotated[str | None, Header(alias="Idempotency-Key")]
+#: The body of cancel, pause and resume: ``{"reason", "actor"}``, both optional; no body means ``{}``.
+ControlBody = Annotated[FlowControl | None, Body()]
 
 
 def _key(request: Request, key: str | None, what: str) -> str:
@@ -203,15 +205,19 @@ def flows_router(*, engine_: Engine, settings: ServerSettings, on_created: Calla
             return flow_store.history(conn, caller, instance_id, cursor=cursor, limit=limit)
 
     def controlled(
-        work: Callable[..., None], namespace: str, instance_id: str, body: FlowControl, caller: Principal
+        work: Callable[..., None],
+        namespace: str,
+        instance_id: str,
+        body: FlowControl | None,
+        caller: Principal,
     ) -> FlowInstance:
         authorize(caller, namespace, "admin")
-        transact(db, work, caller, instance_id, body, engine_settings)
+        transact(db, work, caller, instance_id, body or FlowControl(), engine_settings)
         return instance(caller, instance_id)
 
     @router.post("/flow-instances/{instance_id}/cancel", response_model=FlowInstance, responses=_WRITE_ERRORS)
     def cancel_instance(
-        namespace: NamespaceName, instance_id: str, body: FlowControl, caller: Caller
+        namespace: NamespaceName, instance_id: str, caller: Caller, body: ControlBody = None
     ) -> FlowInstance:
         """Cancel (``admin``): the instance, its tokens and timers ``CANCELLED``, its live step tasks asked
         to stop; ``409 invalid_transition`` when it is finished."""
@@ -219,7 +225,7 @@ def flows_router(*, engine_: Engine, settings: ServerSettings, on_created: Calla
 
     @router.post("/flow-instances/{instance_id}/pause", response_model=FlowInstance, responses=_WRITE_ERRORS)
     def pause_instance(
-        namespace: NamespaceName, instance_id: str, body: FlowControl, caller: Caller
+        namespace: NamespaceName, instance_id: str, caller: Caller, body: ControlBody = None
     ) -> FlowInstance:
         """Pause (``admin``; idempotent): no new task, timer or poll round; results in flight are recorded
         and applied on resume. ``409 invalid_transition`` when it is finished."""
@@ -227,7 +233,7 @@ def flows_router(*, engine_: Engine, settings: ServerSettings, on_created: Calla
 
     @router.post("/flow-instances/{instance_id}/resume", response_model=FlowInstance, responses=_WRITE_ERRORS)
     def resume_instance(
-        namespace: NamespaceName, instance_id: str, body: FlowControl, caller: Caller
+        namespace: NamespaceName, instance_id: str, caller: Caller, body: ControlBody = None
     ) -> FlowInstance:
         """Resume (``admin``; idempotent): pending results, due timers and buffered signals are applied."""
         result = controlled(control.resume, namespace, instance_id, body, caller)

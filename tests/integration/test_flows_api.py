@@ -316,6 +316,10 @@ def test_pause_with_results_in_flight_then_resume(api: FlowApi, server: RunningS
     paused = api.control(instance["id"], "pause", reason="maintenance", actor="ops")
     assert paused["status"] == "PAUSED" and paused["paused"] and paused["control_version"] == 2
     assert api.control(instance["id"], "pause")["control_version"] == 2  # idempotent
+    r = api.http["admin"].post(
+        f"/v1/namespaces/{api.ns}/flow-instances/{instance['id']}/pause"
+    )  # no body at all
+    assert r.status_code == 200 and r.json()["control_version"] == 2
     for grant in grants:  # the result in flight is recorded, the flow does not advance
         api.finish(grant, ("complete", {"ok": 1}))
     view = until(lambda: (v := api.instance(instance["id"]))["pending_events"] == 1 and v)
@@ -357,7 +361,7 @@ def test_metrics_show_the_flow_backlog_and_advances(api: FlowApi, server: Runnin
                                                  "e": {"type": "end"}}})  # fmt: skip
     _drain(api, api.start(flow)["id"])
     text = api.http["read"].get("/metrics").text
-    assert "orbit_flow_events_pending " in text
+    assert "orbit_flow_events_pending " in text and "orbit_flow_events_oldest_pending_age_seconds " in text
     assert 'orbit_flow_advances_total{outcome="applied"}' in text
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import re
 import threading
+import time
 import uuid
 from collections import Counter
 from collections.abc import Iterator
@@ -47,8 +48,10 @@ def url(request: pytest.FixtureRequest, make_database: DatabaseFactory) -> URL:
 
 @pytest.fixture(scope="module")
 def quiet(url: URL) -> Iterator[tuple[RunningServer, FlowApi]]:
-    """A server whose flow loop is off: the tests advance the flows themselves."""
-    with run_server(url, flow_interval_seconds=0) as server:
+    """A server whose flow loop is off: the tests advance the flows themselves. Its other background work
+    (sweep, scheduler, metric samples) is off too, so the statements a test sees on its engine are its own."""
+    with run_server(url, flow_interval_seconds=0, sweep_interval_seconds=0, scheduler_interval_seconds=0,
+                    metrics_sample_interval_seconds=0) as server:  # fmt: skip
         namespace = f"ns{uuid.uuid4().hex[:6]}"
         api = FlowApi(server.base_url, namespace, server.add_namespace(namespace, queues=(QUEUE,)))
         yield server, api
@@ -196,7 +199,8 @@ def test_a_timer_claimed_by_two_engines_fires_once(quiet: tuple[RunningServer, F
 
     def run(n: int) -> None:
         barrier.wait()
-        for _ in range(200):
+        deadline = time.monotonic() + 20  # until every timer fired (each is due 0.2 s after its start)
+        while time.monotonic() < deadline:
             result = run_pass(engines[n], SETTINGS)
             fired[n] += result.handled
             with engines[n].connect() as conn:
