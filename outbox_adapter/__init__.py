@@ -25,7 +25,13 @@ _missing: ModuleNotFoundError | None = None
 
 try:
     from outbox_adapter._consumer import DEFAULT_MAX_DELIVERIES, ResultConsumer
-    from outbox_adapter._enqueue import DEFAULT_MAX_PARAMS_BYTES, enqueue, enqueue_async
+    from outbox_adapter._enqueue import (
+        DEFAULT_MAX_PARAMS_BYTES,
+        enqueue,
+        enqueue_async,
+        enqueue_flow,
+        enqueue_flow_async,
+    )
     from outbox_adapter._exceptions import (
         InvalidStateError,
         OutboxDatabaseError,
@@ -53,7 +59,7 @@ try:
     from outbox_adapter._outcomes import Backoff
     from outbox_adapter._relay import DEFAULT_MAX_ATTEMPTS, Relay
     from outbox_adapter._settings import OutboxSettings
-    from outbox_adapter._tables import DEFAULT_TABLE_NAME, InboxOutcome, OutboxState, OutboxTables
+    from outbox_adapter._tables import DEFAULT_TABLE_NAME, InboxOutcome, OutboxState, OutboxTables, RowKind
 except ModuleNotFoundError as exc:  # a client-only install: say which extra, on first use
     if (exc.name or "").split(".")[0] not in _OUTBOX_DEPENDENCIES:
         raise
@@ -91,9 +97,12 @@ __all__ = [
     "RelayMetrics",
     "RelayStats",
     "ResultConsumer",
+    "RowKind",
     "RowNotFoundError",
     "enqueue",
     "enqueue_async",
+    "enqueue_flow",
+    "enqueue_flow_async",
     "head_revision",
 ]
 
@@ -136,6 +145,7 @@ if _missing is None:
         Relay,
         RelayStats,
         ResultConsumer,
+        RowKind,
         RowNotFoundError,
     ):
         _public.__module__ = "outbox_adapter"

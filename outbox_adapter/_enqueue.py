@@ -40,12 +40,12 @@ from outbox_adapter._exceptions import OutboxDatabaseError, OutboxUsageError, Pa
 from outbox_adapter._models import OutboxEntry
 from outbox_adapter._ordering import insert_keyed_row, take_ordering_key
 from outbox_adapter._queries import insert_row
-from outbox_adapter._tables import OutboxTables
+from outbox_adapter._tables import OutboxTables, RowKind
 
 if TYPE_CHECKING:
     from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
 
-__all__ = ["DEFAULT_MAX_PARAMS_BYTES", "enqueue", "enqueue_async"]
+__all__ = ["DEFAULT_MAX_PARAMS_BYTES", "enqueue", "enqueue_async", "enqueue_flow", "enqueue_flow_async"]
 
 #: Largest params accepted by default, in bytes of compact UTF-8 JSON (64 KiB). Keep it well
 #: under the server's body limit (``ORBIT_MAX_BODY_BYTES``, default 256 KiB); pass a
@@ -64,6 +64,34 @@ def _default_tables() -> OutboxTables:
     return _DEFAULT_TABLES
 
 
+def _check_params(params: Any, max_params_bytes: int, label: str) -> None:
+    """JSON data the server stores unchanged, at most ``max_params_bytes``; else :class:`OutboxUsageError`."""
+    try:
+        # The server's own rules (orbit_client.check_json_data), so that a row the relay could never
+        # deliver, or a database could not hold the same way, is refused here, on every database.
+        check_json_data(params)
+    except ValueError as exc:
+        raise OutboxUsageError(
+            f"{label} cannot be stored and sent unchanged: {exc}; nothing was written "
+            '(README "HTTP API", JSON data)'
+        ) from None
+    try:
+        encoded = json.dumps(params, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+    except (TypeError, ValueError) as exc:
+        raise OutboxUsageError(
+            f"{label} must be JSON data (dicts, lists, str, int, float, bool, None; no NaN): {exc}; "
+            "nothing was written"
+        ) from None
+    size = len(encoded.encode("utf-8"))
+    if size > max_params_bytes:
+        raise ParamsTooLargeError(
+            f"{label} are {size} bytes of JSON, over the limit of {max_params_bytes} bytes; store the data "
+            "elsewhere and pass a reference to it; nothing was written",
+            size=size,
+            limit=max_params_bytes,
+        )
+
+
 def _prepare(
     *,
     namespace: str,
@@ -79,35 +107,8 @@ def _prepare(
     max_params_bytes: int,
 ) -> dict[str, Any]:
     """Validate everything and return the row's values. Raises :class:`OutboxUsageError`; writes nothing."""
-    if not isinstance(namespace, str) or not _NAME_RE.match(namespace):
-        raise OutboxUsageError(
-            f"namespace {namespace!r} is not a valid name (a letter or digit, then up to 63 letters, digits, "
-            "'.', '_' or '-'); nothing was written"
-        )
-    try:
-        # The server's own rules (orbit_client.check_json_data), so that a row the relay could never
-        # deliver, or a database could not hold the same way, is refused here, on every database.
-        check_json_data(params)
-    except ValueError as exc:
-        raise OutboxUsageError(
-            f"params cannot be stored and sent unchanged: {exc}; nothing was written "
-            '(README "HTTP API", JSON data)'
-        ) from None
-    try:
-        encoded = json.dumps(params, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
-    except (TypeError, ValueError) as exc:
-        raise OutboxUsageError(
-            f"params must be JSON data (dicts, lists, str, int, float, bool, None; no NaN): {exc}; "
-            "nothing was written"
-        ) from None
-    size = len(encoded.encode("utf-8"))
-    if size > max_params_bytes:
-        raise ParamsTooLargeError(
-            f"params are {size} bytes of JSON, over the limit of {max_params_bytes} bytes; store the data "
-            "elsewhere and pass a reference to it; nothing was written",
-            size=size,
-            limit=max_params_bytes,
-        )
+    _check_namespace(namespace)
+    _check_params(params, max_params_bytes, "params")
     try:
         if options is not None and not isinstance(options, SubmitOptions):
             options = SubmitOptions.model_validate(dict(options))
@@ -122,6 +123,44 @@ def _prepare(
         else:
             problems = str(exc)
         raise OutboxUsageError(f"invalid submission: {problems}; nothing was written") from None
+    return {
+        **_common(
+            namespace=namespace,
+            idempotency_key=idempotency_key,
+            ordering_key=ordering_key,
+            business_ref=business_ref,
+            available_at=available_at,
+            max_attempts=max_attempts,
+        ),
+        "kind": RowKind.TASK.value,
+        "flow": None,
+        "queue": queue,
+        "handler": handler,
+        "params": params,
+        "options": (options.model_dump(mode="json", exclude_none=True) or None)
+        if options is not None
+        else None,
+    }
+
+
+def _check_namespace(namespace: Any) -> None:
+    if not isinstance(namespace, str) or not _NAME_RE.match(namespace):
+        raise OutboxUsageError(
+            f"namespace {namespace!r} is not a valid name (a letter or digit, then up to 63 letters, digits, "
+            "'.', '_' or '-'); nothing was written"
+        )
+
+
+def _common(
+    *,
+    namespace: str,
+    idempotency_key: str | None,
+    ordering_key: str | None,
+    business_ref: str | None,
+    available_at: datetime | None,
+    max_attempts: int | None,
+) -> dict[str, Any]:
+    """The values every row has, validated (task and flow rows alike)."""
     if idempotency_key is None:
         idempotency_key = str(uuid.uuid4())
     elif not isinstance(idempotency_key, str) or not is_valid_idempotency_key(idempotency_key):
@@ -143,16 +182,62 @@ def _prepare(
     return {
         "idempotency_key": idempotency_key,
         "namespace": namespace,
-        "queue": queue,
-        "handler": handler,
-        "params": params,
-        "options": (options.model_dump(mode="json", exclude_none=True) or None)
-        if options is not None
-        else None,
         "ordering_key": ordering_key,
         "business_ref": business_ref,
         "max_attempts": max_attempts,
         "available_at": to_naive_utc(available_at) if available_at is not None else None,
+    }
+
+
+def _prepare_flow(
+    *,
+    namespace: str,
+    flow: str,
+    input: Any,
+    version: int | None,
+    idempotency_key: str | None,
+    ordering_key: str | None,
+    business_ref: str | None,
+    available_at: datetime | None,
+    max_attempts: int | None,
+    max_params_bytes: int,
+) -> dict[str, Any]:
+    """Validate a flow start and return the row's values. Raises :class:`OutboxUsageError`; writes nothing."""
+    _check_namespace(namespace)
+    if not isinstance(flow, str) or not _NAME_RE.match(flow):
+        raise OutboxUsageError(
+            f"flow {flow!r} is not a valid flow name (a letter or digit, then up to 63 letters, digits, "
+            "'.', '_' or '-'); nothing was written"
+        )
+    if input is None:
+        input = {}
+    if not isinstance(input, Mapping):
+        raise OutboxUsageError(
+            f"input must be a JSON object (a dict), not {type(input).__name__}; nothing was written "
+            '(README "Flows: running them")'
+        )
+    input = dict(input)
+    _check_params(input, max_params_bytes, "input")
+    if version is not None and (isinstance(version, bool) or not isinstance(version, int) or version < 1):
+        raise OutboxUsageError(
+            f"version must be a published version number (1 or more) or None, not {version!r}; "
+            "nothing was written"
+        )
+    return {
+        **_common(
+            namespace=namespace,
+            idempotency_key=idempotency_key,
+            ordering_key=ordering_key,
+            business_ref=business_ref,
+            available_at=available_at,
+            max_attempts=max_attempts,
+        ),
+        "kind": RowKind.FLOW.value,
+        "flow": flow,
+        "queue": "",
+        "handler": "",
+        "params": input,
+        "options": {"version": version} if version is not None else None,
     }
 
 
@@ -183,7 +268,59 @@ def _entry(row_id: int, values: Mapping[str, Any]) -> OutboxEntry:
         handler=values["handler"],
         ordering_key=values["ordering_key"],
         business_ref=values["business_ref"],
+        kind=values["kind"],
+        flow=values["flow"],
     )
+
+
+def _write(conn: Connection | Session, values: dict[str, Any], tables: OutboxTables | None) -> OutboxEntry:
+    """Insert the validated row through ``conn`` (one statement; two with an ordering key)."""
+    t = tables or _default_tables()
+    span = outbox_tracing.enqueue_span(values) if _TRACING else None
+    try:
+        connection = conn.connection() if isinstance(conn, Session) else conn
+        dialect = connection.dialect.name
+        if values["ordering_key"] is None:
+            result = connection.execute(*insert_row(t, values, dialect))
+        else:  # lock the key until the caller's transaction ends: its rows in commit order
+            connection.execute(*take_ordering_key(t, values["ordering_key"], dialect))
+            result = connection.execute(*insert_keyed_row(t, values, dialect))
+    except sa.exc.SQLAlchemyError as exc:
+        error = _insert_failed(exc, values["idempotency_key"], t)
+        if span is not None:
+            outbox_tracing.enqueued(span, None, error)
+        raise error from exc
+    entry = _entry(_inserted_id(result.inserted_primary_key), values)
+    if span is not None:
+        outbox_tracing.enqueued(span, entry.id)
+    return entry
+
+
+async def _write_async(
+    conn: AsyncConnection | AsyncSession, values: dict[str, Any], tables: OutboxTables | None
+) -> OutboxEntry:
+    """The asyncio twin of :func:`_write`."""
+    from sqlalchemy.ext.asyncio import AsyncSession
+
+    t = tables or _default_tables()
+    span = outbox_tracing.enqueue_span(values) if _TRACING else None
+    try:
+        connection = await conn.connection() if isinstance(conn, AsyncSession) else conn
+        dialect = connection.dialect.name
+        if values["ordering_key"] is None:
+            result = await connection.execute(*insert_row(t, values, dialect))
+        else:  # lock the key until the caller's transaction ends: its rows in commit order
+            await connection.execute(*take_ordering_key(t, values["ordering_key"], dialect))
+            result = await connection.execute(*insert_keyed_row(t, values, dialect))
+    except sa.exc.SQLAlchemyError as exc:
+        error = _insert_failed(exc, values["idempotency_key"], t)
+        if span is not None:
+            outbox_tracing.enqueued(span, None, error)
+        raise error from exc
+    entry = _entry(_inserted_id(result.inserted_primary_key), values)
+    if span is not None:
+        outbox_tracing.enqueued(span, entry.id)
+    return entry
 
 
 def enqueue(
@@ -268,25 +405,7 @@ def enqueue(
         options=options,
         max_params_bytes=max_params_bytes,
     )
-    t = tables or _default_tables()
-    span = outbox_tracing.enqueue_span(values) if _TRACING else None
-    try:
-        connection = conn.connection() if isinstance(conn, Session) else conn
-        dialect = connection.dialect.name
-        if values["ordering_key"] is None:
-            result = connection.execute(*insert_row(t, values, dialect))
-        else:  # lock the key until the caller's transaction ends: its rows in commit order
-            connection.execute(*take_ordering_key(t, values["ordering_key"], dialect))
-            result = connection.execute(*insert_keyed_row(t, values, dialect))
-    except sa.exc.SQLAlchemyError as exc:
-        error = _insert_failed(exc, values["idempotency_key"], t)
-        if span is not None:
-            outbox_tracing.enqueued(span, None, error)
-        raise error from exc
-    entry = _entry(_inserted_id(result.inserted_primary_key), values)
-    if span is not None:
-        outbox_tracing.enqueued(span, entry.id)
-    return entry
+    return _write(conn, values, tables)
 
 
 async def enqueue_async(
@@ -310,8 +429,6 @@ async def enqueue_async(
     Same arguments, result and errors; it awaits the one ``INSERT`` and never commits.
     Needs ``sqlalchemy[asyncio]`` and an async driver (``aiomysql``, ``psycopg``, ``aiosqlite``).
     """
-    from sqlalchemy.ext.asyncio import AsyncSession
-
     values = _prepare(
         namespace=namespace,
         queue=queue,
@@ -325,22 +442,99 @@ async def enqueue_async(
         options=options,
         max_params_bytes=max_params_bytes,
     )
-    t = tables or _default_tables()
-    span = outbox_tracing.enqueue_span(values) if _TRACING else None
-    try:
-        connection = await conn.connection() if isinstance(conn, AsyncSession) else conn
-        dialect = connection.dialect.name
-        if values["ordering_key"] is None:
-            result = await connection.execute(*insert_row(t, values, dialect))
-        else:  # lock the key until the caller's transaction ends: its rows in commit order
-            await connection.execute(*take_ordering_key(t, values["ordering_key"], dialect))
-            result = await connection.execute(*insert_keyed_row(t, values, dialect))
-    except sa.exc.SQLAlchemyError as exc:
-        error = _insert_failed(exc, values["idempotency_key"], t)
-        if span is not None:
-            outbox_tracing.enqueued(span, None, error)
-        raise error from exc
-    entry = _entry(_inserted_id(result.inserted_primary_key), values)
-    if span is not None:
-        outbox_tracing.enqueued(span, entry.id)
-    return entry
+    return await _write_async(conn, values, tables)
+
+
+def enqueue_flow(
+    conn: Connection | Session,
+    *,
+    namespace: str,
+    flow: str,
+    input: Mapping[str, Any] | None = None,
+    idempotency_key: str | None = None,
+    version: int | None = None,
+    ordering_key: str | None = None,
+    business_ref: str | None = None,
+    available_at: datetime | None = None,
+    max_attempts: int | None = None,
+    tables: OutboxTables | None = None,
+    max_params_bytes: int = DEFAULT_MAX_PARAMS_BYTES,
+) -> OutboxEntry:
+    """Record the intent to start a flow instance, in the caller's transaction (README "Starting
+    flows from the outbox").
+
+    The flow twin of :func:`enqueue`: one ``PENDING`` row of kind ``"flow"`` written through
+    ``conn``, never committed here. A relay then sends ``POST /v1/namespaces/{ns}/flows/{flow}/instances``
+    with the row's idempotency key (one request per row; flow starts are not batched), so the
+    instance is started at most once per key; an unknown outcome is settled by the same key
+    (``GET .../flow-instances?idempotency_key=K``), exactly as a task row's is.
+
+    Args:
+        conn: a SQLAlchemy ``Connection`` or ORM ``Session`` of the business database.
+        namespace: the Orbit namespace.
+        flow: the flow's name; a version of it must be published when the relay sends (an
+            unknown flow or version ends the row ``DEAD``, with the command that fixes it).
+        input: the instance's input, a JSON object (``None``: ``{}``), at most
+            ``max_params_bytes`` of compact UTF-8 JSON, checked as :func:`enqueue` checks params.
+        idempotency_key: as for :func:`enqueue`: fixed for the row's life, never repeated for the
+            namespace's lifetime (build it from a business UUID); ``None`` means a new UUID4. The
+            server remembers a flow start's key as long as the instance exists.
+        version: start this published version; ``None`` means the newest version when the relay
+            sends.
+        ordering_key, business_ref, available_at, max_attempts, tables, max_params_bytes: as for
+            :func:`enqueue`. Task and flow rows of one ordering key are sent in commit order together.
+
+    Returns:
+        The row's id and idempotency key (``kind == "flow"``, ``flow`` set).
+
+    Raises:
+        ParamsTooLargeError: the input is too large; nothing was written.
+        OutboxUsageError: any other invalid argument (a bad flow name, an input that is not a JSON
+            object, a version below 1); nothing was written.
+        OutboxDatabaseError: as for :func:`enqueue` (a duplicate key, a missing table, or a table not
+            yet migrated to ``outbox_0005``: run ``orbit-outbox migrate``).
+    """
+    values = _prepare_flow(
+        namespace=namespace,
+        flow=flow,
+        input=input,
+        version=version,
+        idempotency_key=idempotency_key,
+        ordering_key=ordering_key,
+        business_ref=business_ref,
+        available_at=available_at,
+        max_attempts=max_attempts,
+        max_params_bytes=max_params_bytes,
+    )
+    return _write(conn, values, tables)
+
+
+async def enqueue_flow_async(
+    conn: AsyncConnection | AsyncSession,
+    *,
+    namespace: str,
+    flow: str,
+    input: Mapping[str, Any] | None = None,
+    idempotency_key: str | None = None,
+    version: int | None = None,
+    ordering_key: str | None = None,
+    business_ref: str | None = None,
+    available_at: datetime | None = None,
+    max_attempts: int | None = None,
+    tables: OutboxTables | None = None,
+    max_params_bytes: int = DEFAULT_MAX_PARAMS_BYTES,
+) -> OutboxEntry:
+    """The asyncio twin of :func:`enqueue_flow`: same arguments, result and errors; never commits."""
+    values = _prepare_flow(
+        namespace=namespace,
+        flow=flow,
+        input=input,
+        version=version,
+        idempotency_key=idempotency_key,
+        ordering_key=ordering_key,
+        business_ref=business_ref,
+        available_at=available_at,
+        max_attempts=max_attempts,
+        max_params_bytes=max_params_bytes,
+    )
+    return await _write_async(conn, values, tables)

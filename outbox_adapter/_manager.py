@@ -19,6 +19,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import URL, Connection, Engine
 
 from orbit_client import NotFoundError, OrbitClient, OrbitError, Task
+from outbox_adapter import _flow_sending as flow_sending
 from outbox_adapter import _migrate
 from outbox_adapter import _queries as q
 from outbox_adapter._db import (
@@ -39,7 +40,7 @@ from outbox_adapter._models import (
     OutboxStatus,
     ReconcileDecision,
 )
-from outbox_adapter._tables import InboxOutcome, OutboxState, OutboxTables
+from outbox_adapter._tables import InboxOutcome, OutboxState, OutboxTables, RowKind
 
 if TYPE_CHECKING:
     from outbox_adapter._ordering import BlockedKey
@@ -418,7 +419,20 @@ class Outbox:
             raise OutboxUsageError("delivered_as= needs client= to check that the task exists")
         row = self.get(row_id)
         _require_needs_reconcile(row)
-        if delivered_as is not None:
+        if delivered_as is not None and row.kind == RowKind.FLOW.value:
+            assert client is not None
+            try:
+                instance = flow_sending.get_flow_instance(client, row.namespace, delivered_as)
+            except NotFoundError:
+                raise OutboxRowError(
+                    f"there is no flow instance {delivered_as!r} in namespace {row.namespace!r} (the server "
+                    f"answered 404); check the instance id; row {row_id} stays NEEDS_RECONCILE",
+                    row_id=row_id,
+                    state=row.state,
+                ) from None
+            to_state, error = q.DELIVERED, None
+            detail = f"delivered as flow instance {instance.id} (flow {instance.flow!r})"
+        elif delivered_as is not None:
             assert client is not None
             try:
                 task = client.get_task(row.namespace, delivered_as)
@@ -461,6 +475,7 @@ class Outbox:
                         business_ref=row.business_ref,
                         orbit_task_id=delivered_as,
                         replayed=True,
+                        kind=row.kind,
                     ),
                 )
             event = q.event_values(
@@ -568,6 +583,10 @@ class Outbox:
         on_delivered: DeliveredHook | None,
     ) -> ReconcileDecision:
         key = row.idempotency_key
+        if row.kind == RowKind.FLOW.value:
+            return self._reconcile_flow_row(
+                client, row, actor=actor, dry_run=dry_run, on_delivered=on_delivered
+            )
         try:
             task = client.find_submission(row.namespace, key)
         except OrbitError as exc:
@@ -598,6 +617,70 @@ class Outbox:
             decision, to_state = "pending", q.PENDING
             detail = "no task was created with this key: sent again with the same key"
         task_id = task.id if task is not None else None
+        return self._apply_decision(
+            row, decision, to_state, detail, task_id, actor=actor, dry_run=dry_run, on_delivered=on_delivered
+        )
+
+    def _reconcile_flow_row(
+        self,
+        client: OrbitClient,
+        row: OutboxRow,
+        *,
+        actor: str,
+        dry_run: bool,
+        on_delivered: DeliveredHook | None,
+    ) -> ReconcileDecision:
+        """Settle a flow row by its key (``GET .../flow-instances?idempotency_key=K``): the instance of
+        this flow and input → ``DELIVERED``; another start → ``mismatch``; none → ``PENDING`` (a flow
+        start's key lives as long as its instance, so "none" proves nothing was started)."""
+        key = row.idempotency_key
+        try:
+            found = flow_sending.find_flow_start(client, row.namespace, key)
+        except OrbitError as exc:
+            return ReconcileDecision(
+                row_id=row.id,
+                idempotency_key=key,
+                decision="error",
+                applied=False,
+                detail=f"lookup failed: {exc}",
+            )
+        if found is not None and flow_sending.same_start(found, row.flow, row.params):
+            decision, to_state = "delivered", q.DELIVERED
+            detail = f"the server has flow instance {found.id} for this key: delivered"
+        elif found is not None:
+            decision, to_state = "mismatch", q.NEEDS_RECONCILE
+            detail = (
+                f"the key names flow instance {found.id} of another start (flow {found.flow!r}); a person must "
+                f"decide ({_resolve_hint(row.id)}); the row stays NEEDS_RECONCILE"
+            )
+        else:
+            decision, to_state = "pending", q.PENDING
+            detail = "no flow instance was started with this key: sent again with the same key"
+        return self._apply_decision(
+            row,
+            decision,
+            to_state,
+            detail,
+            found.id if found is not None else None,
+            actor=actor,
+            dry_run=dry_run,
+            on_delivered=on_delivered,
+        )
+
+    def _apply_decision(
+        self,
+        row: OutboxRow,
+        decision: str,
+        to_state: str,
+        detail: str,
+        task_id: str | None,
+        *,
+        actor: str,
+        dry_run: bool,
+        on_delivered: DeliveredHook | None,
+    ) -> ReconcileDecision:
+        """Write one reconcile decision (conditional on the row still being ``NEEDS_RECONCILE``), audited."""
+        key = row.idempotency_key
         if dry_run:
             return ReconcileDecision(
                 row_id=row.id,
@@ -621,6 +704,7 @@ class Outbox:
                             business_ref=row.business_ref,
                             orbit_task_id=task_id,
                             replayed=True,
+                            kind=row.kind,
                         ),
                     )
             elif decision == "pending":

@@ -55,6 +55,10 @@ class OutboxEntry(_AsDict):
     handler: str
     ordering_key: str | None = None
     business_ref: str | None = None
+    #: ``"task"`` (:func:`enqueue`) or ``"flow"`` (:func:`enqueue_flow`: ``flow`` names the flow;
+    #: ``queue`` and ``handler`` are empty).
+    kind: str = "task"
+    flow: str | None = None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -71,6 +75,10 @@ class OutboxRow(_AsDict):
             row whose lease is in the future is being sent.
         ordering_seq: the row's place among the rows of its ``ordering_key``, in commit order
             (README "Ordering keys"); ``None`` without a key.
+        kind: ``"task"`` or ``"flow"`` (README "Starting flows from the outbox"). A flow row has
+            ``flow`` (the flow's name), empty ``queue`` and ``handler``, its instance's input in
+            ``params``, ``options`` ``{"version": N}`` or ``None``, and, once delivered, the flow
+            instance's id in ``orbit_task_id``.
     """
 
     id: int
@@ -97,6 +105,8 @@ class OutboxRow(_AsDict):
     orbit_task_id: str | None = None
     delivered_at: datetime | None = None
     params: Any = field(default=None, repr=False)
+    kind: str = "task"
+    flow: str | None = None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -170,8 +180,10 @@ class DeliveredRow:
 
     Attributes:
         row_id, idempotency_key, business_ref: the outbox row.
-        orbit_task_id: the task the server accepted (or replayed) for the key.
+        orbit_task_id: the task the server accepted (or replayed) for the key; for a flow row
+            (``kind == "flow"``), the flow instance's id.
         replayed: ``True`` when the server answered with the original task of an earlier send.
+        kind: ``"task"`` or ``"flow"`` (README "Starting flows from the outbox").
     """
 
     row_id: int
@@ -179,6 +191,7 @@ class DeliveredRow:
     business_ref: str | None
     orbit_task_id: str
     replayed: bool
+    kind: str = "task"
 
 
 @dataclass(kw_only=True)

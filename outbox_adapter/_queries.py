@@ -35,7 +35,7 @@ from sqlalchemy.engine import Connection, RowMapping
 
 from outbox_adapter._db import db_now, now_sql, to_aware_utc
 from outbox_adapter._models import InboxRow, OutboxEvent, OutboxRow, OutboxStatus
-from outbox_adapter._tables import InboxOutcome, OutboxState, OutboxTables
+from outbox_adapter._tables import InboxOutcome, OutboxState, OutboxTables, RowKind
 
 __all__ = [
     "UNSENT",
@@ -121,6 +121,14 @@ class Claim:
     #: W3C Trace Context stored at enqueue (README "Tracing"); ``None``: none.
     traceparent: str | None = None
     tracestate: str | None = None
+    #: ``"task"`` or ``"flow"`` (README "Starting flows from the outbox"); a flow row's flow is ``flow``.
+    kind: str = "task"
+    flow: str | None = None
+
+    @property
+    def is_flow(self) -> bool:
+        """Whether the row starts a flow instance (``params`` is its input) rather than a task."""
+        return self.kind == RowKind.FLOW.value
 
 
 # --- enqueue -----------------------------------------------------------------------------------------
@@ -132,7 +140,7 @@ _insert_statements: weakref.WeakKeyDictionary[OutboxTables, dict[str, sa.Insert]
 #: The values :func:`insert_row` takes, one bound parameter each.
 _INSERT_COLUMNS = (
     "idempotency_key", "namespace", "queue", "handler", "params", "options", "ordering_key", "business_ref",
-    "max_attempts", "traceparent", "tracestate",
+    "max_attempts", "traceparent", "tracestate", "kind", "flow",
 )  # fmt: skip
 
 
@@ -168,6 +176,7 @@ def insert_row(
     ``values`` (the columns of ``_INSERT_COLUMNS`` and ``available_at``). The caller executes it on
     its own connection."""
     params = {f"b_{c}": values.get(c) for c in _INSERT_COLUMNS}
+    params["b_kind"] = values.get("kind") or RowKind.TASK.value
     params["b_available_at"] = values.get("available_at")
     return insert_statement(t, dialect_name), params
 
@@ -378,6 +387,8 @@ def take_rows(
             created_at=_as_datetime(row["created_at"]),
             traceparent=row["traceparent"],
             tracestate=row["tracestate"],
+            kind=row["kind"],
+            flow=row["flow"],
         )
         for row in wanted
         if row["id"] in taken_ids
@@ -655,6 +666,8 @@ def _row(m: RowMapping) -> OutboxRow:
         orbit_task_id=m["orbit_task_id"],
         delivered_at=to_aware_utc(m["delivered_at"]),
         params=m["params"],
+        kind=m["kind"],
+        flow=m["flow"],
     )
 
 

@@ -38,6 +38,7 @@ from typing import Any, Self
 from sqlalchemy.engine import URL, Connection, Engine
 
 from orbit_client import OrbitClient, OrbitError, OrbitUsageError, RetryPolicy, _tracing
+from outbox_adapter import _flow_sending as flow_sending
 from outbox_adapter import _queries as q
 from outbox_adapter import _tracing as outbox_tracing
 from outbox_adapter._db import db_now
@@ -70,6 +71,19 @@ DEFAULT_MAX_ATTEMPTS = 5
 
 #: The savepoint each ``on_delivered`` call runs under (``_Relay._hooks_under``).
 _HOOK_SAVEPOINT = "orbit_outbox_hook"
+
+
+def _by_namespace(claims: list[q.Claim]) -> dict[str, list[q.Claim]]:
+    by_namespace: dict[str, list[q.Claim]] = {}
+    for claim in claims:
+        by_namespace.setdefault(claim.namespace, []).append(claim)
+    return by_namespace
+
+
+def _spread(claims: list[q.Claim], slots: int) -> list[list[q.Claim]]:
+    """``claims`` dealt into at most ``slots`` non-empty lists, in order within each."""
+    dealt: list[list[q.Claim]] = [claims[i::slots] for i in range(min(slots, len(claims)))]
+    return dealt
 
 
 def _trace_args(claim: q.Claim, trace: outbox_tracing.SendTrace | None) -> dict[str, str | None]:
@@ -511,12 +525,21 @@ class Relay:
             return Batch(members[0].namespace, members, first.token, first.lease_expires_at, first.claimed_at,
                           started, single)  # fmt: skip
 
+        flows = [claim for claim in claims if claim.is_flow]
+        if flows:  # one request per flow row: spread over the send slots, each slot sending in turn
+            claims = [claim for claim in claims if not claim.is_flow]
+        batches = [
+            dataclasses.replace(batch(chunk, False), flows=True)
+            for members in _by_namespace(flows).values()
+            for chunk in _spread(members, self.concurrency)
+        ]
         if not self._batch_route:
-            return [batch([claim], True) for claim in claims]
-        by_namespace: dict[str, list[q.Claim]] = {}
-        for claim in claims:
-            by_namespace.setdefault(claim.namespace, []).append(claim)
-        return [batch(chunk, False) for members in by_namespace.values() for chunk in requests_of(members)]
+            return batches + [batch([claim], True) for claim in claims]
+        return batches + [
+            batch(chunk, False)
+            for members in _by_namespace(claims).values()
+            for chunk in requests_of(members)
+        ]
 
     # --- sending (thread pool) -----------------------------------------------------------------------
 
@@ -581,6 +604,8 @@ class Relay:
         try:
             if batch.single:
                 outcomes: list[SendOutcome | None] = [self._send_one(claims[0], trace)]
+            elif batch.flows:
+                outcomes = [self._start_flow(c, trace) if self._may_send(batch) else None for c in claims]
             else:
                 outcomes = self._submit_batch(batch, trace)
         except BaseException as exc:
@@ -652,8 +677,17 @@ class Relay:
         """Send the rows of ``batch`` one by one, each only while its lease allows it."""
         return [self._send_one(claim, trace) if self._may_send(batch) else None for claim in batch.claims]
 
+    def _start_flow(self, claim: q.Claim, trace: outbox_tracing.SendTrace | None) -> SendOutcome:
+        """Start the flow instance of a flow row with its key (``_flow_sending``). Outside any transaction."""
+        traceparent, tracestate = (
+            trace.headers(claim) if trace is not None else (claim.traceparent, claim.tracestate)
+        )
+        return flow_sending.start_flow(self.client, claim, traceparent, tracestate)
+
     def _send_one(self, claim: q.Claim, trace: outbox_tracing.SendTrace | None = None) -> SendOutcome:
         """Check the queue (cached), then submit one row with its key. Runs outside any transaction."""
+        if claim.is_flow:
+            return self._start_flow(claim, trace)
         try:
             self._queues.check(claim.namespace, claim.queue)
         except OrbitError as exc:
@@ -836,7 +870,7 @@ class Relay:
         rows = [
             (claim, DeliveredRow(row_id=claim.id, idempotency_key=claim.idempotency_key,
                                  business_ref=claim.business_ref, orbit_task_id=outcome.task_id or "",
-                                 replayed=outcome.replayed))
+                                 replayed=outcome.replayed, kind=claim.kind))
             for claim, outcome in delivered
         ]  # fmt: skip
         if self._hooks_under(conn, [row for _, row in rows]) is None:
@@ -876,6 +910,12 @@ class Relay:
         if verdict is Verdict.DELIVERED:
             assert outcome.task_id is not None
             how = "replayed the original task (200)" if outcome.replayed else "accepted (201)"
+            if claim.is_flow:
+                how = (
+                    f"replayed the original instance of flow {claim.flow!r} (200)"
+                    if outcome.replayed
+                    else f"started an instance of flow {claim.flow!r} (201)"
+                )
             finish = q.Finish(row_id=claim.id, state=q.DELIVERED, task_id=outcome.task_id, status_code=code)
             event = q.event_values(claim.id, q.PENDING, q.DELIVERED, reason=f"the server {how}", actor=actor,
                                    now=now, task_id=outcome.task_id)  # fmt: skip
@@ -955,9 +995,10 @@ class Relay:
             stats.replayed += outcome.replayed
             extra["replayed"] = outcome.replayed
             log.info(
-                "row %d (key %s) delivered as task %s%s",
+                "row %d (key %s) delivered as %s %s%s",
                 claim.id,
                 claim.idempotency_key,
+                "flow instance" if claim.is_flow else "task",
                 outcome.task_id,
                 " (replayed)" if outcome.replayed else "",
                 extra=extra,

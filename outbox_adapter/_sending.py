@@ -78,6 +78,7 @@ class Batch:
     claimed_at: datetime  # database clock, read by the claim
     claimed_mono: float  # time.monotonic() just before the claim's transaction began
     single: bool = False  # submit with submit_task (an older server without the batch route)
+    flows: bool = False  # flow rows: each started with its own request, one after the other
 
 
 @dataclass(frozen=True)
@@ -178,7 +179,7 @@ class KeyWindow:
         ages = {
             c.id: (batch.claimed_at - c.created_at).total_seconds()
             for c in batch.claims
-            if c.created_at is not None
+            if c.created_at is not None and not c.is_flow  # a flow start's key lives as long as its instance
         }
         if not any(age > ALWAYS_FRESH for age in ages.values()):
             return set()  # the common case: no settings request at all

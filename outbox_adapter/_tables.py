@@ -19,7 +19,14 @@ from sqlalchemy.dialects import mysql
 
 from outbox_adapter._exceptions import OutboxUsageError
 
-__all__ = ["DEFAULT_TABLE_NAME", "InboxOutcome", "OutboxState", "OutboxTables", "default_inbox_name"]
+__all__ = [
+    "DEFAULT_TABLE_NAME",
+    "InboxOutcome",
+    "OutboxState",
+    "OutboxTables",
+    "RowKind",
+    "default_inbox_name",
+]
 
 #: Name of the outbox table unless configured otherwise.
 DEFAULT_TABLE_NAME = "orbit_outbox"
@@ -63,6 +70,17 @@ class OutboxState(enum.StrEnum):
     DEAD = "DEAD"
     NEEDS_RECONCILE = "NEEDS_RECONCILE"
     ABANDONED = "ABANDONED"
+
+
+class RowKind(enum.StrEnum):
+    """What an outbox row starts on the server (README "Starting flows from the outbox").
+
+    ``TASK``: a task (``POST .../tasks``, batched). ``FLOW``: an instance of the flow named in the
+    row's ``flow`` column (``POST .../flows/{name}/instances``, one request per row).
+    """
+
+    TASK = "task"
+    FLOW = "flow"
 
 
 class InboxOutcome(enum.StrEnum):
@@ -192,6 +210,11 @@ class OutboxTables:
             # W3C Trace Context of the span active at enqueue (README "Tracing"); NULL when none.
             sa.Column("traceparent", _ascii(55), nullable=True),
             sa.Column("tracestate", _ascii(512), nullable=True),
+            # What the row starts (outbox_0005): ``task`` (queue + handler) or ``flow`` (a flow instance
+            # of the flow named in ``flow``; ``queue`` and ``handler`` are empty, ``params`` is the
+            # instance's input, ``options`` ``{"version": N}`` or NULL). README "Starting flows from the outbox".
+            sa.Column("kind", _ascii(8), nullable=False, server_default=RowKind.TASK.value),
+            sa.Column("flow", _ascii(64), nullable=True),
             sa.UniqueConstraint("idempotency_key", name=f"uq_{name}_idempotency_key"),
             # The claim: state = PENDING AND available_at <= now ORDER BY available_at, id.
             sa.Index(f"ix_{name}_claim", "state", "available_at", "id"),

@@ -46,8 +46,11 @@ def enqueue_span(values: dict[str, Any]) -> Span | None:
         kind="producer",
         attributes={
             "orbit.namespace": values["namespace"],
-            "orbit.queue": values["queue"],
-            "orbit.handler": values["handler"],
+            **(
+                {"orbit.flow": values["flow"]}
+                if values.get("flow")
+                else {"orbit.queue": values["queue"], "orbit.handler": values["handler"]}
+            ),
         },
     )
     if span is not None:
@@ -106,8 +109,11 @@ def start_send(namespace: str, claims: Sequence[q.Claim]) -> SendTrace | None:
             links=batch_link,
             attributes={
                 "orbit.namespace": claim.namespace,
-                "orbit.queue": claim.queue,
-                "orbit.handler": claim.handler,
+                **(
+                    {"orbit.flow": claim.flow or ""}
+                    if claim.is_flow
+                    else {"orbit.queue": claim.queue, "orbit.handler": claim.handler}
+                ),
                 "orbit.outbox.row_id": claim.id,
                 "orbit.outbox.attempt": claim.attempts,
                 "orbit.batch.size": len(claims),

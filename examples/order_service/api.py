@@ -6,6 +6,9 @@
 header: 201 with the new order; 200 with the same order when the key was seen
 before (a client retry), 422 if the key was used for a different order.
 ``GET /orders/{order_id}``: the order and, once Orbit has answered, its ids.
+
+With ``--flow`` (or ``ORDER_FULFILMENT=flow``) an order starts an instance of the
+``order-fulfilment`` flow (:mod:`.flow`) through the outbox instead of one task.
 """
 
 from __future__ import annotations
@@ -22,8 +25,9 @@ from fastapi import FastAPI, Header, HTTPException, Response
 from pydantic import BaseModel, Field
 from sqlalchemy.engine import Engine
 
-from outbox_adapter import enqueue
+from outbox_adapter import enqueue, enqueue_flow
 
+from . import flow as fulfilment_flow
 from .db import business_engine, business_orders
 
 try:  # optional: with opentelemetry-api, each order's transaction is the root of its trace
@@ -52,6 +56,7 @@ def _order_json(row: Any) -> dict[str, Any]:
         "amount": f"{row.amount:.2f}",
         "customer": row.customer,
         "task_id": row.task_id,
+        "flow_instance_id": row.flow_instance_id,
         "reservation_id": row.reservation_id,
         "payment_id": row.payment_id,
         "receipt_id": row.receipt_id,
@@ -59,7 +64,7 @@ def _order_json(row: Any) -> dict[str, Any]:
     }
 
 
-def _insert_order(conn: sa.Connection, order: OrderRequest, request_key: str) -> Any:
+def _insert_order(conn: sa.Connection, order: OrderRequest, request_key: str, *, as_flow: bool) -> Any:
     order_id = f"ord_{uuid.uuid4().hex[:20]}"
     fulfilment_key = f"{order_id}:fulfil"
     conn.execute(
@@ -68,15 +73,28 @@ def _insert_order(conn: sa.Connection, order: OrderRequest, request_key: str) ->
             quantity=order.quantity, amount=order.amount, status="PENDING", fulfilment_key=fulfilment_key,
         )
     )  # fmt: skip
-    enqueue(
-        conn, namespace=NAMESPACE, queue=QUEUE, handler=HANDLER, idempotency_key=fulfilment_key,
-        business_ref=f"order:{order_id}", options={"retry_safe": True, "max_attempts": 5},
-        params={"order_id": order_id, "sku": order.sku, "quantity": order.quantity, "amount": f"{order.amount:.2f}"},
-    )  # fmt: skip
+    params = {
+        "order_id": order_id,
+        "sku": order.sku,
+        "quantity": order.quantity,
+        "amount": f"{order.amount:.2f}",
+    }
+    if as_flow:  # the fulfilment flow's instance, started by the relay (README "The order service as a flow")
+        enqueue_flow(
+            conn, namespace=NAMESPACE, flow=fulfilment_flow.FLOW_NAME, input={**params, "customer": order.customer},
+            idempotency_key=fulfilment_key, business_ref=f"order:{order_id}",
+        )  # fmt: skip
+    else:
+        enqueue(
+            conn, namespace=NAMESPACE, queue=QUEUE, handler=HANDLER, idempotency_key=fulfilment_key,
+            business_ref=f"order:{order_id}", options={"retry_safe": True, "max_attempts": 5}, params=params,
+        )  # fmt: skip
     return conn.execute(sa.select(business_orders).where(business_orders.c.order_id == order_id)).one()
 
 
-def create_app(engine: Engine) -> FastAPI:
+def create_app(engine: Engine, *, as_flow: bool = False) -> FastAPI:
+    """The order API over ``engine``; with ``as_flow``, each order starts an instance of the
+    ``order-fulfilment`` flow instead of one ``orders.fulfil`` task (both through the outbox)."""
     app = FastAPI(title="Order service (Orbit reference)")
 
     @app.post("/orders", status_code=201)
@@ -101,7 +119,7 @@ def create_app(engine: Engine) -> FastAPI:
             with engine.begin() as conn:
                 existing = conn.execute(sa.select(business_orders).where(same_key)).first()
                 if existing is None:
-                    return _order_json(_insert_order(conn, order, idempotency_key))
+                    return _order_json(_insert_order(conn, order, idempotency_key, as_flow=as_flow))
         except sa.exc.IntegrityError:  # a concurrent retry of the same request won the unique key
             with engine.begin() as conn:
                 existing = conn.execute(sa.select(business_orders).where(same_key)).one()
@@ -129,11 +147,20 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--database-url", default=os.environ.get("ORDER_DATABASE_URL"))
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8000)
+    parser.add_argument(
+        "--flow",
+        action="store_true",
+        default=os.environ.get("ORDER_FULFILMENT") == "flow",
+        help='fulfil each order as an instance of the order-fulfilment flow (README "The order service as a flow")',
+    )
     args = parser.parse_args(argv)
     if not args.database_url:
         parser.error("missing --database-url (or ORDER_DATABASE_URL)")
     uvicorn.run(
-        create_app(business_engine(args.database_url)), host=args.host, port=args.port, log_level="warning"
+        create_app(business_engine(args.database_url), as_flow=args.flow),
+        host=args.host,
+        port=args.port,
+        log_level="warning",
     )
 
 

@@ -15,10 +15,13 @@ import sqlalchemy as sa
 from orbit_client import ResultEvent, TaskStatus
 
 from .db import business_orders
+from .flow import SETTLE_HANDLER
 
 __all__ = ["HANDLER", "apply_result"]
 
 HANDLER = "orders.fulfil"
+#: What a settled flow may make of an order (``orders.settle``'s ``status``).
+_SETTLED = ("COMPLETED", "FAILED", "CANCELLED", "NEEDS_REVIEW")
 
 
 class UnknownOrder(LookupError):
@@ -45,9 +48,15 @@ def apply_result(conn: sa.Connection, event: ResultEvent) -> None:
     by the predecessor becomes ``COMPLETED`` when the retry succeeds. A late event of the
     predecessor never overwrites the successor's outcome.
 
+    The ``orders.settle`` step of the fulfilment flow (README "The order service as a flow") is
+    applied by :func:`apply_settlement`; the flow's other steps change nothing here.
+
     Raises:
-        UnknownOrder: no order has the event's fulfilment key.
+        UnknownOrder: no order has the event's fulfilment key (or, for a settle step, its order id).
     """
+    if event.handler == SETTLE_HANDLER:
+        apply_settlement(conn, event)
+        return
     if event.handler != HANDLER:
         return
     key_match = business_orders.c.fulfilment_key == event.idempotency_key
@@ -83,3 +92,36 @@ def apply_result(conn: sa.Connection, event: ResultEvent) -> None:
     else:
         return
     conn.execute(business_orders.update().where(key_match, mine).values(values))
+
+
+def apply_settlement(conn: sa.Connection, event: ResultEvent) -> None:
+    """Apply the outcome a fulfilment flow settled on (the ``orders.settle`` step's result) to its order.
+
+    ``{order_id, flow_instance_id, status, reservation_id, payment_id, receipt_id, reason}``; the
+    update is conditional on the order still being ``PENDING``, so a redelivered event (which the
+    inbox already dedups) or a late one never changes a final order. A settle task that did not
+    succeed carries no outcome and changes nothing (the instance's own status tells an operator).
+
+    Raises:
+        UnknownOrder: no order has the result's ``order_id``.
+    """
+    result = event.result if isinstance(event.result, dict) else None
+    if event.status is not TaskStatus.SUCCEEDED or result is None or result.get("status") not in _SETTLED:
+        return
+    orders = business_orders.c
+    mine = orders.order_id == result.get("order_id")
+    if conn.scalar(sa.select(orders.id).where(mine)) is None:
+        raise UnknownOrder(f"no order {result.get('order_id')!r} (settle event {event.id})")
+    conn.execute(
+        business_orders.update()
+        .where(mine, orders.status == "PENDING")
+        .values(
+            status=result["status"],
+            flow_instance_id=result.get("flow_instance_id"),
+            reservation_id=result.get("reservation_id"),
+            payment_id=result.get("payment_id"),
+            receipt_id=result.get("receipt_id"),
+            failure_reason=None if result["status"] == "COMPLETED" else str(result.get("reason"))[:1000],
+            updated_at=sa.func.current_timestamp(),
+        )
+    )

@@ -37,9 +37,12 @@ business_orders = sa.Table(
     sa.Column("sku", sa.String(100), nullable=False),
     sa.Column("quantity", sa.Integer, nullable=False),
     sa.Column("amount", sa.Numeric(12, 2), nullable=False),
-    sa.Column("status", sa.String(32), nullable=False),  # PENDING, COMPLETED, FAILED, NEEDS_REVIEW
+    # PENDING, COMPLETED, FAILED, NEEDS_REVIEW, and CANCELLED (only when fulfilled as a flow)
+    sa.Column("status", sa.String(32), nullable=False),
     sa.Column("fulfilment_key", sa.String(255), nullable=False, unique=True),
     sa.Column("task_id", sa.String(36), nullable=True),
+    # Fulfilled as a flow (README "The order service as a flow"): the instance, once it has settled.
+    sa.Column("flow_instance_id", sa.String(36), nullable=True),
     sa.Column("reservation_id", sa.String(64), nullable=True),
     sa.Column("payment_id", sa.String(64), nullable=True),
     sa.Column("receipt_id", sa.String(64), nullable=True),

@@ -1,6 +1,6 @@
 """The whole of Orbit on realistic input, with real crashes: ``make demo``.
 
-    python -m examples.order_service.demo [--orders N] [--json]
+    python -m examples.order_service.demo [--orders N] [--json] [--flow]
         [--database-url URL --orbit-database-url URL] [--trace-file traces.jsonl]
 
 Starts the Orbit server, the order API, an outbox relay, a worker and a result
@@ -13,6 +13,14 @@ until every order is terminal; checks the invariants and prints a summary.
 
 Exit status 0 only when every order is terminal, no order got two tasks, and each
 provider acted at most once per order (charge exactly once per completed order).
+
+With ``--flow`` each order is fulfilled as an instance of the ``order-fulfilment`` flow
+(:mod:`.flow`, README "The order service as a flow"): the demo publishes the graph, the API
+enqueues flow starts, the same crashes are injected (the relay between a flow start and its
+record, the worker in the middle of the charge step), a few customers send ``cancel`` right
+after ordering, and the invariants become: one instance per order, one task per step, the
+order's status the instance's, each provider at most once per order, no charge for a
+cancelled order.
 """
 
 from __future__ import annotations
@@ -44,13 +52,15 @@ from rich.table import Table
 
 from orbit_client import OrbitClient
 
+from . import flow as fulfilment_flow
 from .db import business_engine, business_orders, create_business_tables, provider_calls, provider_effects
+from .demo_flow import Canceller, check_flow, show_flow, summarise_flow
 from .tracing import TRACE_FILE_ENV, load_spans, order_trace, render_tree
 
 ORDERS_CSV = Path(__file__).parent / "data" / "orders.csv"
 WORK_DIR = Path(".demo") / "order_service"
 NAMESPACE, QUEUE, SUBSCRIPTION = "shop", "fulfilment", "order-results"
-TERMINAL = ("COMPLETED", "FAILED", "NEEDS_REVIEW")
+TERMINAL = ("COMPLETED", "FAILED", "NEEDS_REVIEW", "CANCELLED")
 console = Console(stderr=True)
 
 
@@ -181,6 +191,16 @@ def main(argv: list[str] | None = None) -> int:
         help="record every process's OpenTelemetry spans into this JSON-lines file (needs opentelemetry-sdk) "
         'and print one order\'s trace as a tree at the end (README "Tracing")',
     )
+    parser.add_argument(
+        "--kill-server",
+        action="store_true",
+        help="also SIGKILL the Orbit server mid-way (1 s after the last order, or a third terminal) and restart it",
+    )
+    parser.add_argument(
+        "--flow",
+        action="store_true",
+        help='fulfil each order as an instance of the order-fulfilment flow (README "The order service as a flow")',
+    )
     args = parser.parse_args(argv)
     if args.json:
         console.quiet = True
@@ -236,7 +256,7 @@ def main(argv: list[str] | None = None) -> int:
                                       "--database-url", orbit_db_url, "--port", str(orbit_port)],
                      {"ORBIT_SWEEP_INTERVAL_SECONDS": "0.5"})  # fmt: skip
     api = Process("order-api", [py, "-m", "examples.order_service.api", "--database-url", business_url,
-                                "--port", str(api_port)], {})  # fmt: skip
+                                "--port", str(api_port)], {"ORDER_FULFILMENT": "flow" if args.flow else "task"})  # fmt: skip
     relay = Process("relay", [py, "-m", "outbox_adapter.cli", "relay", "--batch-size", "20", "--concurrency", "4",
                               "--lease-seconds", "5", "--poll-interval", "0.2",
                               "--metrics-port", str(metrics_ports["relay"]), "--metrics-sample-interval", "1"],
@@ -268,6 +288,9 @@ def main(argv: list[str] | None = None) -> int:
         wait_for_http(f"{orbit_url}/readyz", server.proc)  # type: ignore[arg-type]
         with OrbitClient(orbit_url, api_key=keys["admin"]) as admin:
             admin.create_subscription(NAMESPACE, SUBSCRIPTION, queues=[QUEUE])
+            if args.flow:
+                version = fulfilment_flow.publish(admin)
+                console.log(f"Published flow {fulfilment_flow.FLOW_NAME!r} version {version.version}")
         api.start()
         wait_for_http(f"{api_url}/docs", api.proc)  # type: ignore[arg-type]
         relay.start(fault={"ORBIT_OUTBOX_FAULT": "pause-after-send"})
@@ -281,6 +304,9 @@ def main(argv: list[str] | None = None) -> int:
 
         console.rule(f"Place {len(orders)} orders through the order API")
         placed: dict[str, str] = {}
+        # With --flow, the customers of orders ending in 3 change their mind at once: a cancel signal right
+        # after the order, honoured while the flow waits before the charge.
+        canceller = Canceller(orbit_url, keys["submit"]) if args.flow else None
 
         def place(row: dict[str, str]) -> None:
             body = {"sku": row["sku"], "quantity": int(row["quantity"]), "amount": row["amount"],
@@ -291,12 +317,17 @@ def main(argv: list[str] | None = None) -> int:
                     response = http.post("/orders", json=body, headers={"Idempotency-Key": row["order_ref"]})
                     response.raise_for_status()
                 placed[row["order_ref"]] = response.json()["order_id"]
+            if canceller is not None and row["order_ref"].endswith("3"):
+                canceller.request(placed[row["order_ref"]])
 
         with ThreadPoolExecutor(max_workers=8) as pool:
             list(pool.map(place, orders))
 
         order_ids = list(placed.values())
+        cancels = canceller.requested if canceller is not None else []
+        placed_at = time.monotonic()
         relay_killed = worker_killed = False
+        server_killed = not args.kill_server
         deadline = time.monotonic() + args.timeout
         columns = (TextColumn("[progress.description]{task.description}"), BarColumn(), MofNCompleteColumn(),
                    TimeElapsedColumn())  # fmt: skip
@@ -325,6 +356,16 @@ def main(argv: list[str] | None = None) -> int:
                 scrape(endpoints, scraped)
                 if done == len(order_ids):
                     break
+                # A second after the last order was placed (or a third of them terminal, if sooner): every order
+                # is still in flight then; a count of terminal orders alone can jump past any threshold at once.
+                if not server_killed and (done >= len(order_ids) // 3 or time.monotonic() - placed_at >= 1.0):
+                    server.kill()  # mid-way: tasks leased, results unapplied, timers pending, signals waiting
+                    server.start()
+                    wait_for_http(f"{orbit_url}/readyz", server.proc)  # type: ignore[arg-type]
+                    server_killed, faults = True, faults + 1
+                    progress.console.log(
+                        f"SIGKILLed the Orbit server with {done} of {len(order_ids)} orders terminal; restarted it"
+                    )
                 for p in processes:
                     if (
                         p.proc is not None
@@ -339,12 +380,21 @@ def main(argv: list[str] | None = None) -> int:
                 time.sleep(0.25)
 
         scrape(endpoints, scraped, final=True)
-        summary = summarise(engine, orbit_url, keys["admin"], order_ids, faults, time.monotonic() - started)
+        if args.flow:
+            summary = summarise_flow(
+                engine, orbit_url, keys["admin"], order_ids, cancels, faults, time.monotonic() - started
+            )
+        else:
+            summary = summarise(
+                engine, orbit_url, keys["admin"], order_ids, faults, time.monotonic() - started
+            )
         summary["metrics"] = scraped
     engine.dispose()
-    ok = check(summary)
+    ok = check_flow(summary) if args.flow else check(summary)
     if args.json:
         print(json.dumps(summary, indent=2))
+    elif args.flow:
+        show_flow(summary, ok)
     else:
         show(summary, ok)
         if args.trace_file is not None and args.trace_file.exists():

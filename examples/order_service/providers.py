@@ -1,4 +1,4 @@
-"""Fake inventory, payment and receipt providers that behave like careful real ones.
+"""Fake inventory, payment, receipt and messaging providers that behave like careful real ones.
 
 Each call carries an idempotency key (one per order and step) and the attempt's
 fencing ``generation``. A provider:
@@ -57,6 +57,16 @@ class Providers:
     def issue_receipt(self, order_id: str, payment_id: str, *, generation: int) -> str:
         """Issue the receipt for a payment; returns the receipt id."""
         return self._call("receipt", order_id, generation, prefix="rct")
+
+    def release(self, order_id: str, *, generation: int) -> str:
+        """Give back the stock an order reserved (a cancelled or unpaid order); returns the release id."""
+        return self._call("release", order_id, generation, prefix="rel")
+
+    def notify(self, order_id: str, kind: str, *, generation: int) -> str:
+        """Send the customer a message of ``kind`` (``order_confirmation`` → provider ``notify``,
+        ``payment_reminder`` → provider ``remind``); returns the message id."""
+        provider = "remind" if kind == "payment_reminder" else "notify"
+        return self._call(provider, order_id, generation, prefix="msg")
 
     def _log(self, provider: str, order_id: str, key: str, generation: int, outcome: str) -> None:
         with self._engine.begin() as conn:

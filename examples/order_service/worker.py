@@ -27,10 +27,11 @@ from sqlalchemy.engine import Engine
 
 from orbit_client import JsonFormatter, OrbitClient, RetryableError, TaskContext, Worker
 
+from . import flow
 from .db import business_engine, journal_entries
 from .providers import Providers
 
-__all__ = ["FAULT_ENV", "durable_step", "main", "make_handler"]
+__all__ = ["FAULT_ENV", "durable_step", "main", "make_flow_handlers", "make_handler", "settle_outcome"]
 
 NAMESPACE, QUEUE, HANDLER = "shop", "fulfilment", "orders.fulfil"
 
@@ -76,16 +77,9 @@ def durable_step(
     return result
 
 
-def make_handler(engine: Engine, *, fault: str | None = None) -> Callable[[TaskContext], dict[str, Any]]:
-    """The ``orders.fulfil`` handler over the business database behind ``engine``.
-
-    Params: ``{"order_id": str, "sku": str, "quantity": int, "amount": "12.34"}``.
-    Returns ``{"reservation_id", "payment_id", "receipt_id"}``; raises
-    :class:`~.providers.PaymentDeclined` (not retryable: the task fails) above the card limit, and
-    :class:`~orbit_client.RetryableError` when the business database is unavailable (the task is
-    attempted again; the journal and the providers' keys make that safe).
-    """
-    providers = Providers(engine)
+def _fault_hook(fault: str | None) -> Callable[[], None]:
+    """The ``hang-after-charge`` hook of :data:`FAULT_ENV`: called after a charge was performed and
+    before it is journaled; blocks (once per arming) until the demo kills the process."""
     hang_once = threading.Event()
     name, _, gate = (fault or "").partition("@")
     if name == "hang-after-charge" and not gate:
@@ -107,6 +101,37 @@ def make_handler(engine: Engine, *, fault: str | None = None) -> Callable[[TaskC
         if armed():
             print(f"{FAULT_ENV} paused-after-charge", file=sys.stderr, flush=True)
             threading.Event().wait()  # until the demo kills this process
+
+    return hang_if_asked
+
+
+def _retry_when_the_database_is_down(
+    step: Callable[[TaskContext], dict[str, Any]],
+) -> Callable[[TaskContext], dict[str, Any]]:
+    """Report an unavailable business database as retryable (see :func:`make_handler`)."""
+
+    def run(ctx: TaskContext) -> dict[str, Any]:
+        try:
+            return step(ctx)
+        except sa.exc.DBAPIError as exc:
+            if exc.connection_invalidated or isinstance(exc, sa.exc.OperationalError | sa.exc.InterfaceError):
+                raise RetryableError(f"business database unavailable: {exc.orig!r}") from exc
+            raise
+
+    return run
+
+
+def make_handler(engine: Engine, *, fault: str | None = None) -> Callable[[TaskContext], dict[str, Any]]:
+    """The ``orders.fulfil`` handler over the business database behind ``engine``.
+
+    Params: ``{"order_id": str, "sku": str, "quantity": int, "amount": "12.34"}``.
+    Returns ``{"reservation_id", "payment_id", "receipt_id"}``; raises
+    :class:`~.providers.PaymentDeclined` (not retryable: the task fails) above the card limit, and
+    :class:`~orbit_client.RetryableError` when the business database is unavailable (the task is
+    attempted again; the journal and the providers' keys make that safe).
+    """
+    providers = Providers(engine)
+    hang_if_asked = _fault_hook(fault)
 
     def fulfil(ctx: TaskContext) -> dict[str, Any]:
         try:
@@ -141,6 +166,121 @@ def make_handler(engine: Engine, *, fault: str | None = None) -> Callable[[TaskC
     return fulfil
 
 
+def make_flow_handlers(
+    engine: Engine, *, fault: str | None = None
+) -> dict[str, Callable[[TaskContext], dict[str, Any]]]:
+    """The step handlers of the ``order-fulfilment`` flow (:mod:`.flow`), by handler name.
+
+    Each step is one task with one side effect, journaled once per task (:func:`durable_step`, step
+    index 0) and sent to its provider with a key per order and step plus the attempt's fencing
+    generation, so a retried or crashed step repeats nothing. Every result carries ``order_id``.
+
+    - ``orders.reserve`` ``{order_id, sku, quantity}`` → ``{order_id, reservation_id}``
+    - ``orders.charge`` ``{order_id, amount}`` → ``{order_id, payment_id}``; raises
+      :class:`~.providers.PaymentDeclined` (not retryable: the step fails, the flow reminds the customer)
+    - ``orders.receipt`` ``{order_id, payment_id}`` → ``{order_id, receipt_id}``
+    - ``orders.notify`` ``{order_id, customer, kind}`` → ``{order_id, message_id, kind}``
+    - ``orders.release`` ``{order_id, reason}`` → ``{order_id, release_id}``
+    - ``orders.settle`` ``{order_id, instance_id, status, reason, reserve?, charge?, receipt?}`` (the
+      earlier steps as ``{status, result, error}``) → the order's outcome ``{order_id,
+      flow_instance_id, status, reservation_id, payment_id, receipt_id, reason}``, applied by the result consumer; no side effect. A completed
+      order whose receipt step failed settles ``NEEDS_REVIEW`` (charged, no receipt).
+    """
+    providers = Providers(engine)
+    hang_if_asked = _fault_hook(fault)
+
+    Step = Callable[[TaskContext], dict[str, Any]]
+
+    def step(name: str, run: Step, after_run: Callable[[], None] | None = None) -> Step:
+        def handler(ctx: TaskContext) -> dict[str, Any]:
+            result = durable_step(engine, ctx, 0, name, lambda: run(ctx), after_run=after_run)
+            return {"order_id": ctx.params["order_id"], **result}
+
+        return _retry_when_the_database_is_down(handler)
+
+    def reserve(ctx: TaskContext) -> dict[str, Any]:
+        p = ctx.params
+        return {
+            "reservation_id": providers.reserve(
+                p["order_id"], p["sku"], p["quantity"], generation=ctx.generation
+            )
+        }
+
+    def charge(ctx: TaskContext) -> dict[str, Any]:
+        p = ctx.params
+        return {
+            "payment_id": providers.charge(p["order_id"], Decimal(p["amount"]), generation=ctx.generation)
+        }
+
+    def receipt(ctx: TaskContext) -> dict[str, Any]:
+        p = ctx.params
+        return {
+            "receipt_id": providers.issue_receipt(p["order_id"], p["payment_id"], generation=ctx.generation)
+        }
+
+    def notify(ctx: TaskContext) -> dict[str, Any]:
+        p = ctx.params
+        return {
+            "message_id": providers.notify(p["order_id"], p["kind"], generation=ctx.generation),
+            "kind": p["kind"],
+        }
+
+    def release(ctx: TaskContext) -> dict[str, Any]:
+        return {"release_id": providers.release(ctx.params["order_id"], generation=ctx.generation)}
+
+    def settle(ctx: TaskContext) -> dict[str, Any]:
+        return settle_outcome(ctx.params)
+
+    return {
+        flow.RESERVE: step("reserve_inventory", reserve),
+        flow.CHARGE: step("charge_payment", charge, after_run=hang_if_asked),
+        flow.RECEIPT: step("issue_receipt", receipt),
+        flow.NOTIFY: step("notify_customer", notify),
+        flow.RELEASE: step("release_inventory", release),
+        flow.SETTLE_HANDLER: settle,
+    }
+
+
+def _result_of(step: Any, key: str) -> Any:
+    if isinstance(step, dict) and step.get("status") == "SUCCEEDED" and isinstance(step.get("result"), dict):
+        return step["result"].get(key)
+    return None
+
+
+def _error_of(step: Any) -> str | None:
+    if not isinstance(step, dict) or step.get("status") == "SUCCEEDED":
+        return None
+    error = step.get("error")
+    if isinstance(error, dict):
+        return str(error.get("message") or error.get("type") or error)[:500]
+    return str(error)[:500] if error is not None else str(step.get("status"))
+
+
+def settle_outcome(params: dict[str, Any]) -> dict[str, Any]:
+    """The order's outcome from the settle step's params (pure: see :func:`make_flow_handlers`)."""
+    status, reason = params["status"], params.get("reason")
+    outcome = {
+        "order_id": params["order_id"],
+        "flow_instance_id": params.get("instance_id"),
+        "reservation_id": _result_of(params.get("reserve"), "reservation_id"),
+        "payment_id": _result_of(params.get("charge"), "payment_id"),
+        "receipt_id": _result_of(params.get("receipt"), "receipt_id"),
+    }
+    if status == "COMPLETED" and outcome["receipt_id"] is None:
+        status = "NEEDS_REVIEW"
+        reason = (
+            f"charged, but the receipt was not issued ({_error_of(params.get('receipt'))}); issue it by hand"
+        )
+    details = (
+        [e for e in (_error_of(params.get(n)) for n in ("reserve", "charge")) if e]
+        if status == "FAILED"
+        else []
+    )
+    if details:
+        reason = f"{reason}: {'; '.join(details)}"
+    return {**outcome, "status": status, "reason": reason}
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description="Run the orders.fulfil worker.")
     parser.add_argument("--database-url", default=os.environ.get("ORDER_DATABASE_URL"))
@@ -173,10 +313,12 @@ def main(argv: list[str] | None = None) -> None:
     else:
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     engine = business_engine(args.database_url)
-    handler = make_handler(engine, fault=os.environ.get(FAULT_ENV))
+    fault = os.environ.get(FAULT_ENV)
+    # Both ways of fulfilling an order on one queue: the single handler and the flow's steps.
+    handlers = {HANDLER: make_handler(engine, fault=fault), **make_flow_handlers(engine, fault=fault)}
     with OrbitClient(args.orbit_url, api_key=args.api_key) as client:
         Worker(
-            client, NAMESPACE, QUEUE, {HANDLER: handler}, concurrency=args.concurrency,
+            client, NAMESPACE, QUEUE, handlers, concurrency=args.concurrency,
             lease_seconds=args.lease_seconds, metrics_port=args.metrics_port,
         ).run()  # fmt: skip
     engine.dispose()

@@ -289,8 +289,10 @@ def test_the_migration_numbers_existing_keyed_rows_by_id_and_marks_abandoned_row
             conn.execute(old.insert().values(idempotency_key=f"k{n}", namespace="ns", queue="q", handler="h",
                                              ordering_key=key, state=state, attempts=0, send_count=0,
                                              available_at=now, created_at=now, updated_at=now, last_error=error))  # fmt: skip
-    assert Outbox(biz.engine, tables=tables).migrate() == "outbox_0004"  # the head
+    assert Outbox(biz.engine, tables=tables).migrate() == "outbox_0005"  # the head
     rows = Outbox(biz.engine, tables=tables).list_rows()
+    # outbox_0005: every existing row is a task row.
+    assert {(r.kind, r.flow) for r in rows} == {("task", None)}
     assert [(r.ordering_key, r.ordering_seq, r.state) for r in rows] == [
         ("a", 1, "DELIVERED"), ("b", 1, "PENDING"), ("a", 2, "PENDING"), (None, None, "PENDING"),
         ("b", 2, "ABANDONED"), ("a", 3, "DEAD"),
