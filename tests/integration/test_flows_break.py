@@ -1,0 +1,164 @@
+"""Attempts to break the token engine (issue 13 review): races of a signal with its wait's timeout, two
+signals for one wait, a cancel racing an advance, and templates that render values too large to store.
+Real databases (SQLite and MariaDB), a real server with its flow loop off: the tests drive the advances.
+"""
+
+from __future__ import annotations
+
+import threading
+import uuid
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+import sqlalchemy as sa
+from sqlalchemy.engine import URL
+
+from orbit_server import store
+from orbit_server._db import db_now
+from orbit_server.execution import transact
+from orbit_server.flows import engine
+from orbit_server.flows.loop import run_pass
+from orbit_server.schema import flow_events, flow_history, flow_signals, flow_timers, tasks
+from tests.conftest import DatabaseFactory
+from tests.flow_support import FlowApi, ok, until
+from tests.integration.conftest import BACKENDS
+from tests.servers import RunningServer, run_server
+
+SETTINGS = engine.EngineSettings()
+
+
+@pytest.fixture(scope="module", params=BACKENDS)
+def url(request: pytest.FixtureRequest, make_database: DatabaseFactory) -> URL:
+    return make_database(request.param)
+
+
+@pytest.fixture(scope="module")
+def quiet(url: URL) -> Iterator[tuple[RunningServer, FlowApi]]:
+    with run_server(url, flow_interval_seconds=0, sweep_interval_seconds=0, scheduler_interval_seconds=0,
+                    metrics_sample_interval_seconds=0) as server:  # fmt: skip
+        namespace = f"ns{uuid.uuid4().hex[:6]}"
+        api = FlowApi(server.base_url, namespace, server.add_namespace(namespace, queues=("steps",)))
+        yield server, api
+        api.close()
+
+
+def _queue(server: RunningServer, api: FlowApi) -> str:
+    name = f"q{uuid.uuid4().hex[:8]}"
+    with server.engine.begin() as conn:
+        store.create_queue(conn, api.ns, name)
+    return name
+
+
+def _history(server: RunningServer, instance_id: str) -> list[str]:
+    with server.engine.connect() as conn:
+        return list(conn.execute(sa.select(flow_history.c.event).where(flow_history.c.instance_id == instance_id)
+                                 .order_by(flow_history.c.id)).scalars())  # fmt: skip
+
+
+def _race(*work: Callable[[], Any]) -> list[Any]:
+    """Run the callables at once (a barrier), return their results (an exception is a result)."""
+    barrier = threading.Barrier(len(work))
+    out: list[Any] = [None] * len(work)
+
+    def run(n: int) -> None:
+        barrier.wait()
+        try:
+            out[n] = work[n]()
+        except Exception as exc:  # noqa: BLE001 - reported to the test
+            out[n] = exc
+
+    threads = [threading.Thread(target=run, args=(n,)) for n in range(len(work))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return out
+
+
+def _signal_wait_graph(queue: str) -> dict[str, Any]:
+    return {"start": "w", "nodes": {
+        "w": {"type": "signal", "signal": "go", "timeout_seconds": 0.1, "next": "got", "on_timeout": "late"},
+        "got": {"type": "task", "queue": queue, "handler": "got", "next": "e"},
+        "late": {"type": "task", "queue": queue, "handler": "late", "next": "e"},
+        "e": {"type": "end"}}}  # fmt: skip
+
+
+def test_a_signal_racing_its_wait_s_timeout_exactly_one_wins(quiet: tuple[RunningServer, FlowApi]) -> None:
+    server, api = quiet
+    flow = f"race{uuid.uuid4().hex[:6]}"
+    api.publish(flow, _signal_wait_graph(_queue(server, api)))
+    for _ in range(6):
+        instance_id = api.start(flow)["id"]
+        with server.engine.connect() as conn:
+            timer_id, fire_at = conn.execute(sa.select(flow_timers.c.id, flow_timers.c.fire_at).where(
+                flow_timers.c.instance_id == instance_id)).one()  # fmt: skip
+        until(lambda: _due(server, fire_at), what="the signal timeout to be due")
+        results = _race(
+            lambda: api.signal(instance_id, "go", {"n": 1}),
+            lambda: transact(server.engine, engine.fire_timer, timer_id, SETTINGS).outcome,
+        )
+        assert not any(isinstance(r, Exception) for r in results), results
+        view = api.instance(instance_id)
+        (token,) = view["tokens"]
+        steps = [s["node"] for s in view["steps"]]
+        with server.engine.connect() as conn:
+            consumed = conn.execute(sa.select(flow_signals.c.consumed_at).where(
+                flow_signals.c.instance_id == instance_id)).scalar_one()  # fmt: skip
+        events = _history(server, instance_id)
+        if steps == ["got"]:
+            assert consumed is not None and results[1] in ("stale", "none"), (results, events)
+            assert "signal_timed_out" not in events
+        else:
+            assert steps == ["late"] and consumed is None and results[1] == "applied", (steps, events)
+        assert token["node"] == steps[0] and token["state"] == "WAITING"
+
+
+def _due(server: RunningServer, fire_at: Any) -> bool:
+    with server.engine.connect() as conn:
+        return bool(db_now(conn).replace(tzinfo=None) >= fire_at)
+
+
+def test_two_signals_for_one_wait_move_it_once(quiet: tuple[RunningServer, FlowApi]) -> None:
+    server, api = quiet
+    flow = f"two{uuid.uuid4().hex[:6]}"
+    graph = _signal_wait_graph(_queue(server, api))
+    graph["nodes"]["w"] = {"type": "signal", "signal": "go", "next": "got"}
+    del graph["nodes"]["late"]
+    api.publish(flow, graph)
+    for _ in range(4):
+        instance_id = api.start(flow)["id"]
+        results = _race(lambda: api.signal(instance_id, "go", 1), lambda: api.signal(instance_id, "go", 2))
+        assert not any(isinstance(r, Exception) for r in results), results
+        assert sorted(r["consumed_at"] is not None for r in results) == [False, True], results
+        view = api.instance(instance_id)
+        assert [s["node"] for s in view["steps"]] == ["got"]
+        assert _history(server, instance_id).count("signal_received") == 3  # two recorded, one consumed
+
+
+def test_a_cancel_racing_an_advance_leaves_no_live_task(quiet: tuple[RunningServer, FlowApi]) -> None:
+    server, api = quiet
+    flow = f"cx{uuid.uuid4().hex[:6]}"
+    queue = _queue(server, api)
+    api.publish(flow, {"start": "a", "nodes": {
+        "a": {"type": "task", "queue": queue, "handler": "a", "next": "b"},
+        "b": {"type": "task", "queue": queue, "handler": "b", "next": "e"},
+        "e": {"type": "end"}}})  # fmt: skip
+    for _ in range(6):
+        instance_id = api.start(flow)["id"]
+        assert len(api.work(queue, ok(), wait=0)) == 1
+        with server.engine.connect() as conn:
+            event_id = conn.execute(sa.select(flow_events.c.id).where(
+                flow_events.c.instance_id == instance_id, flow_events.c.consumed_at.is_(None))).scalar_one()  # fmt: skip
+        results = _race(
+            lambda: api.control(instance_id, "cancel"),
+            lambda: transact(server.engine, engine.apply_event, event_id, SETTINGS).outcome,
+        )
+        assert not any(isinstance(r, Exception) for r in results), results
+        assert api.instance(instance_id)["status"] == "CANCELLED"
+        with server.engine.connect() as conn:
+            live = conn.execute(sa.select(tasks.c.id).where(
+                tasks.c.flow_instance_id == instance_id, tasks.c.status.in_(["WAITING", "LEASED", "RUNNING"]),
+                sa.not_(tasks.c.cancel_requested))).all()  # fmt: skip
+        assert live == [], results
+        api.work(queue, ok(), wait=0)  # whatever is left of this instance's tasks
