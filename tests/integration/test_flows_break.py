@@ -8,6 +8,7 @@ from __future__ import annotations
 import threading
 import uuid
 from collections.abc import Callable, Iterator
+from functools import partial
 from typing import Any
 
 import pytest
@@ -18,7 +19,6 @@ from orbit_server import store
 from orbit_server._db import db_now
 from orbit_server.execution import transact
 from orbit_server.flows import engine
-from orbit_server.flows.loop import run_pass
 from orbit_server.schema import flow_events, flow_history, flow_signals, flow_timers, tasks
 from tests.conftest import DatabaseFactory
 from tests.flow_support import FlowApi, ok, until
@@ -65,7 +65,7 @@ def _race(*work: Callable[[], Any]) -> list[Any]:
         barrier.wait()
         try:
             out[n] = work[n]()
-        except Exception as exc:  # noqa: BLE001 - reported to the test
+        except Exception as exc:
             out[n] = exc
 
     threads = [threading.Thread(target=run, args=(n,)) for n in range(len(work))]
@@ -93,10 +93,10 @@ def test_a_signal_racing_its_wait_s_timeout_exactly_one_wins(quiet: tuple[Runnin
         with server.engine.connect() as conn:
             timer_id, fire_at = conn.execute(sa.select(flow_timers.c.id, flow_timers.c.fire_at).where(
                 flow_timers.c.instance_id == instance_id)).one()  # fmt: skip
-        until(lambda: _due(server, fire_at), what="the signal timeout to be due")
+        until(partial(_due, server, fire_at), what="the signal timeout to be due")
         results = _race(
-            lambda: api.signal(instance_id, "go", {"n": 1}),
-            lambda: transact(server.engine, engine.fire_timer, timer_id, SETTINGS).outcome,
+            partial(api.signal, instance_id, "go", {"n": 1}),
+            partial(_outcome, server, engine.fire_timer, timer_id),
         )
         assert not any(isinstance(r, Exception) for r in results), results
         view = api.instance(instance_id)
@@ -114,6 +114,10 @@ def test_a_signal_racing_its_wait_s_timeout_exactly_one_wins(quiet: tuple[Runnin
         assert token["node"] == steps[0] and token["state"] == "WAITING"
 
 
+def _outcome(server: RunningServer, work: Callable[..., engine.Outcome], item: Any) -> str:
+    return transact(server.engine, work, item, SETTINGS).outcome
+
+
 def _due(server: RunningServer, fire_at: Any) -> bool:
     with server.engine.connect() as conn:
         return bool(db_now(conn).replace(tzinfo=None) >= fire_at)
@@ -128,7 +132,7 @@ def test_two_signals_for_one_wait_move_it_once(quiet: tuple[RunningServer, FlowA
     api.publish(flow, graph)
     for _ in range(4):
         instance_id = api.start(flow)["id"]
-        results = _race(lambda: api.signal(instance_id, "go", 1), lambda: api.signal(instance_id, "go", 2))
+        results = _race(partial(api.signal, instance_id, "go", 1), partial(api.signal, instance_id, "go", 2))
         assert not any(isinstance(r, Exception) for r in results), results
         assert sorted(r["consumed_at"] is not None for r in results) == [False, True], results
         view = api.instance(instance_id)
@@ -151,8 +155,8 @@ def test_a_cancel_racing_an_advance_leaves_no_live_task(quiet: tuple[RunningServ
             event_id = conn.execute(sa.select(flow_events.c.id).where(
                 flow_events.c.instance_id == instance_id, flow_events.c.consumed_at.is_(None))).scalar_one()  # fmt: skip
         results = _race(
-            lambda: api.control(instance_id, "cancel"),
-            lambda: transact(server.engine, engine.apply_event, event_id, SETTINGS).outcome,
+            partial(api.control, instance_id, "cancel"),
+            partial(_outcome, server, engine.apply_event, event_id),
         )
         assert not any(isinstance(r, Exception) for r in results), results
         assert api.instance(instance_id)["status"] == "CANCELLED"
