@@ -19,6 +19,7 @@ from orbit_server import store
 from orbit_server._db import db_now
 from orbit_server.execution import transact
 from orbit_server.flows import engine
+from orbit_server.flows.loop import run_pass
 from orbit_server.schema import flow_events, flow_history, flow_signals, flow_timers, tasks
 from tests.conftest import DatabaseFactory
 from tests.flow_support import FlowApi, ok, until
@@ -166,3 +167,28 @@ def test_a_cancel_racing_an_advance_leaves_no_live_task(quiet: tuple[RunningServ
                 sa.not_(tasks.c.cancel_requested))).all()  # fmt: skip
         assert live == [], results
         api.work(queue, ok(), wait=0)  # whatever is left of this instance's tasks
+
+
+def test_a_rendered_value_too_large_fails_the_instance_instead_of_storing_it(
+    quiet: tuple[RunningServer, FlowApi],
+) -> None:
+    """A template can repeat a path: ten copies of a 200 KB result are 2 MB of params, more than any request
+    may carry (ORBIT_MAX_BODY_BYTES). The instance must fail naming the node, not store (or, past the
+    database's packet size, retry for ever) a task no client could have submitted."""
+    server, api = quiet
+    flow = f"big{uuid.uuid4().hex[:6]}"
+    queue = _queue(server, api)
+    api.publish(flow, {"start": "a", "nodes": {
+        "a": {"type": "task", "queue": queue, "handler": "a", "next": "b"},
+        "b": {"type": "task", "queue": queue, "handler": "b", "next": "e",
+              "params": {f"k{n}": "$.steps.a.result" for n in range(10)}},
+        "e": {"type": "end"}}})  # fmt: skip
+    instance_id = api.start(flow)["id"]
+    assert len(api.work(queue, ok("x" * 200_000), wait=0)) == 1
+    for _ in range(5):
+        if not run_pass(server.engine, SETTINGS).handled:
+            break
+    view = api.instance(instance_id)
+    assert view["status"] == "FAILED", view["status"]
+    assert view["error"]["node"] == "b" and view["error"]["code"] == "flow_value_too_large", view["error"]
+    assert [s["node"] for s in view["steps"]] == ["a"]
