@@ -289,6 +289,15 @@ def _timer_fired(adv: Advance, token: dict[str, Any], timer: Mapping[str, Any]) 
     if timer["kind"] == "timer":
         enter(adv, token, node["next"], event="timer_fired", data=data)
     elif timer["kind"] == "signal_timeout":
+        # A signal received before the timeout fell due, still buffered (it came while the instance was
+        # paused, and the resume's match has not run yet: another server's loop, a crash), wins: the
+        # pause delayed it, it did not come late.
+        signal = oldest_signal(adv, node["signal"], received_by=timer["fire_at"])
+        if signal is not None:
+            consume_signal(adv, token, signal)
+            enter(adv, token, node["next"], event="signal_received",
+                  data={"signal": node["signal"], "signal_id": signal["id"]})  # fmt: skip
+            return
         enter(adv, token, node["on_timeout"], event="signal_timed_out", data=data)
     else:
         round_ = int(timer["round"])

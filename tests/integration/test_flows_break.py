@@ -15,10 +15,11 @@ import pytest
 import sqlalchemy as sa
 from sqlalchemy.engine import URL
 
+from orbit_client import FlowControl
 from orbit_server import store
 from orbit_server._db import db_now
 from orbit_server.execution import transact
-from orbit_server.flows import engine
+from orbit_server.flows import control, engine
 from orbit_server.flows.loop import run_pass
 from orbit_server.schema import flow_events, flow_history, flow_signals, flow_timers, tasks
 from tests.conftest import DatabaseFactory
@@ -192,3 +193,35 @@ def test_a_rendered_value_too_large_fails_the_instance_instead_of_storing_it(
     assert view["status"] == "FAILED", view["status"]
     assert view["error"]["node"] == "b" and view["error"]["code"] == "flow_value_too_large", view["error"]
     assert [s["node"] for s in view["steps"]] == ["a"]
+
+
+def test_a_signal_received_while_paused_before_the_timeout_wins_on_resume(
+    quiet: tuple[RunningServer, FlowApi],
+) -> None:
+    """The signal came (by the database's clock) before the wait's timeout fell due; the pause only delayed
+    applying it. On resume the wait must take the signal, not time out with the signal left unconsumed."""
+    server, api = quiet
+    flow = f"ps{uuid.uuid4().hex[:6]}"
+    graph = _signal_wait_graph(_queue(server, api))
+    graph["nodes"]["w"]["timeout_seconds"] = 1.0
+    api.publish(flow, graph)
+    instance_id = api.start(flow)["id"]
+    api.control(instance_id, "pause")
+    record = api.signal(instance_id, "go", {"n": 1})
+    assert record["consumed_at"] is None  # paused: recorded only
+    with server.engine.connect() as conn:
+        fire_at = conn.execute(sa.select(flow_timers.c.fire_at).where(
+            flow_timers.c.instance_id == instance_id)).scalar_one()  # fmt: skip
+    until(partial(_due, server, fire_at), what="the signal timeout to be due")
+    # The resume's transaction commits; before the API's own signal match runs, another server's loop
+    # (or this one, woken by the resume; or the recovery after a crash here) fires the due timeout.
+    with server.engine.connect() as conn:
+        principal = store.Principal(key_id=0, namespace_id=store.get_namespace_id(conn, api.ns), namespace=api.ns,
+                                    role="admin")  # fmt: skip
+    transact(server.engine, control.resume, principal, instance_id, FlowControl(), SETTINGS)
+    for _ in range(5):
+        if not run_pass(server.engine, SETTINGS).handled:
+            break
+    view = api.instance(instance_id)
+    assert [s["node"] for s in view["steps"]] == ["got"], _history(server, instance_id)
+    assert "signal_timed_out" not in _history(server, instance_id)
