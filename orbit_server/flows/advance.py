@@ -345,11 +345,13 @@ def finish(adv: Advance, status: str, *, output: Any = None, error: Any = None, 
     )
     task_ids = [t["task_id"] for t in live if t["task_id"] is not None]
     if task_ids:
+        # A locking read: the newest committed status (a completion that commits meanwhile is waited
+        # for, then seen), so a task that just finished is not asked to cancel (a 409 for the instance).
         open_tasks = conn.execute(
             sa.select(tasks.c.id).where(
                 tasks.c.id.in_(task_ids),
                 tasks.c.status.in_([TaskStatus.WAITING.value, TaskStatus.LEASED.value, TaskStatus.RUNNING.value]),
-            )
+            ).order_by(tasks.c.id).with_for_update()
         ).scalars().all()  # fmt: skip
         why = reason or f"flow instance {inst['id']} is {status}"
         for task_id in open_tasks:
