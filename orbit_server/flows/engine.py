@@ -301,6 +301,24 @@ def _timer_fired(adv: Advance, token: dict[str, Any], timer: Mapping[str, Any]) 
         enter(adv, token, node["on_timeout"], event="signal_timed_out", data=data)
     else:
         round_ = int(timer["round"])
+        if node.get("deadline_seconds") is not None:
+            # Due before the poll's deadline but fired after it (paused, no loop ran): no round past it.
+            deadline = poll_started(adv, token, int(token["activation"])) + timedelta(
+                seconds=float(node["deadline_seconds"])
+            )
+            if adv.now >= deadline:
+                rounds = round_ - 1
+                if node.get("on_exhausted"):
+                    enter(
+                        adv,
+                        token,
+                        node["on_exhausted"],
+                        event="poll_exhausted",
+                        data={**data, "rounds": rounds},
+                    )
+                    return
+                raise failure("poll_exhausted", node_id, f"the poll's deadline passed after {rounds} rounds "
+                              "without it being done", rounds=rounds)  # fmt: skip
         task_id, rows = prepare_task(adv, token, node_id, node, int(token["activation"]), round_=round_)
         set_token(adv, token, "poll_round_started", data={**data, "round": round_}, task_id=task_id, fire_at=None,
                    waiting_for=poll_label(node, round_))  # fmt: skip

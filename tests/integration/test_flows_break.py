@@ -8,6 +8,7 @@ from __future__ import annotations
 import threading
 import uuid
 from collections.abc import Callable, Iterator
+from datetime import timedelta
 from functools import partial
 from typing import Any
 
@@ -267,3 +268,40 @@ def test_a_cancel_racing_a_step_task_s_completion_still_cancels(quiet: tuple[Run
     (response,) = out
     assert response.status_code == 200, response.text
     assert response.json()["status"] == "CANCELLED"
+
+
+def test_a_poll_round_due_after_the_poll_s_deadline_starts_no_task(
+    quiet: tuple[RunningServer, FlowApi],
+) -> None:
+    """The next round fell due before the poll's deadline, but fires after it (the instance was paused, or
+    no loop ran): the poll is exhausted; no round task is created past its deadline."""
+    server, api = quiet
+    flow = f"pd{uuid.uuid4().hex[:6]}"
+    queue = _queue(server, api)
+    api.publish(flow, {"start": "check", "nodes": {
+        "check": {"type": "poll", "queue": queue, "handler": "check", "interval_seconds": 0.1, "max_rounds": 50,
+                  "deadline_seconds": 1, "done_path": "$.result.done", "next": "e", "on_exhausted": "gave_up"},
+        "gave_up": {"type": "end", "status": "FAILED"},
+        "e": {"type": "end"}}})  # fmt: skip
+    instance_id = api.start(flow)["id"]
+    assert len(api.work(queue, ok({"done": False}), wait=0)) == 1
+    (event_id,) = [e for e in _pending_ids(server, instance_id)]
+    assert _outcome(server, engine.apply_event, event_id) == "applied"  # round 2 is due in 0.1 s
+    api.control(instance_id, "pause")
+    with server.engine.connect() as conn:
+        started = conn.execute(sa.select(sa.func.min(tasks.c.created_at)).where(
+            tasks.c.flow_instance_id == instance_id)).scalar_one()  # fmt: skip
+    until(partial(_due, server, started + timedelta(seconds=1.05)), what="the poll's deadline to pass")
+    api.control(instance_id, "resume")
+    for _ in range(5):
+        if not run_pass(server.engine, SETTINGS).handled:
+            break
+    view = api.instance(instance_id)
+    assert [s["round"] for s in view["steps"]] == [1], view["steps"]
+    assert view["status"] == "FAILED" and view["error"]["node"] == "gave_up", view
+
+
+def _pending_ids(server: RunningServer, instance_id: str) -> list[str]:
+    with server.engine.connect() as conn:
+        return list(conn.execute(sa.select(flow_events.c.id).where(
+            flow_events.c.instance_id == instance_id, flow_events.c.consumed_at.is_(None))).scalars())  # fmt: skip
