@@ -305,3 +305,34 @@ def _pending_ids(server: RunningServer, instance_id: str) -> list[str]:
     with server.engine.connect() as conn:
         return list(conn.execute(sa.select(flow_events.c.id).where(
             flow_events.c.instance_id == instance_id, flow_events.c.consumed_at.is_(None))).scalars())  # fmt: skip
+
+
+def test_a_pause_racing_advances_lets_none_move_a_token_after_it(
+    quiet: tuple[RunningServer, FlowApi],
+) -> None:
+    """Results are pending for many instances; a loop pass applies them while an operator pauses them all.
+    Whatever the interleaving, no instance's history shows a token moving (or a task made) after its pause,
+    and every result not applied before the pause is still pending."""
+    server, api = quiet
+    flow = f"pr{uuid.uuid4().hex[:6]}"
+    queue = _queue(server, api)
+    api.publish(flow, {"start": "a", "nodes": {
+        "a": {"type": "task", "queue": queue, "handler": "a", "next": "b"},
+        "b": {"type": "task", "queue": queue, "handler": "b", "next": "e"},
+        "e": {"type": "end"}}})  # fmt: skip
+    instances = [api.start(flow)["id"] for _ in range(12)]
+    assert api.work_batch(queue, ok(), n=100, wait=0) == len(instances)
+
+    def pause_all() -> None:
+        for instance_id in instances:
+            api.control(instance_id, "pause")
+
+    results = _race(pause_all, partial(run_pass, server.engine, SETTINGS))
+    assert not any(isinstance(r, Exception) for r in results), results
+    for instance_id in instances:
+        events = _history(server, instance_id)
+        after = events[events.index("instance_paused") + 1 :]
+        assert after == [], events
+        view = api.instance(instance_id)
+        moved = [s["node"] for s in view["steps"]] == ["a", "b"]
+        assert view["pending_events"] == (0 if moved else 1), view
