@@ -344,9 +344,12 @@ def match_signal(conn: Connection, token_id: str, settings: EngineSettings) -> O
 
 
 def deliver_signal(adv: Advance, token: dict[str, Any]) -> bool:
-    """If a signal of the name ``token`` waits for is buffered, consume the oldest and move the token on."""
+    """If a signal of the name ``token`` waits for is buffered, consume the oldest and move the token on.
+
+    With a timeout (the token's ``fire_at``), only a signal received by then counts: a later one came after
+    the wait timed out, by the database clock, however late the timer fires (it stays unconsumed)."""
     name = str(token["waiting_for"]).removeprefix("signal:")
-    signal = oldest_signal(adv, name)
+    signal = oldest_signal(adv, name, received_by=token["fire_at"])
     if signal is None:
         return False
     consume_signal(adv, token, signal)

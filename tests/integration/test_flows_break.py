@@ -336,3 +336,25 @@ def test_a_pause_racing_advances_lets_none_move_a_token_after_it(
         view = api.instance(instance_id)
         moved = [s["node"] for s in view["steps"]] == ["a", "b"]
         assert view["pending_events"] == (0 if moved else 1), view
+
+
+def test_a_signal_after_the_timeout_fell_due_loses_even_before_the_timer_fired(
+    quiet: tuple[RunningServer, FlowApi],
+) -> None:
+    """Who wins is decided by the database clock, not by how fast a loop fires the timer: a signal received
+    after the wait's timeout fell due stays unconsumed, and the timeout moves the token."""
+    server, api = quiet
+    flow = f"sl{uuid.uuid4().hex[:6]}"
+    api.publish(flow, _signal_wait_graph(_queue(server, api)))
+    instance_id = api.start(flow)["id"]
+    with server.engine.connect() as conn:
+        fire_at = conn.execute(sa.select(flow_timers.c.fire_at).where(
+            flow_timers.c.instance_id == instance_id)).scalar_one()  # fmt: skip
+    until(partial(_due, server, fire_at + timedelta(milliseconds=10)), what="the signal timeout to be due")
+    record = api.signal(instance_id, "go", {"late": True})
+    assert record["consumed_at"] is None, record
+    for _ in range(5):
+        if not run_pass(server.engine, SETTINGS, scan_signals=True).handled:
+            break
+    view = api.instance(instance_id)
+    assert [s["node"] for s in view["steps"]] == ["late"], _history(server, instance_id)
