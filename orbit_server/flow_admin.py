@@ -57,6 +57,7 @@ def engine_settings(settings: ServerSettings) -> engine.EngineSettings:
     return engine.EngineSettings(
         default_max_attempts=settings.default_max_attempts,
         key_ttl=timedelta(seconds=settings.submission_key_ttl_seconds),
+        max_value_bytes=settings.max_body_bytes,
     )
 
 

@@ -71,6 +71,7 @@ def flows_router(*, engine_: Engine, settings: ServerSettings, on_created: Calla
     engine_settings = engine.EngineSettings(
         default_max_attempts=settings.default_max_attempts,
         key_ttl=timedelta(seconds=settings.submission_key_ttl_seconds),
+        max_value_bytes=settings.max_body_bytes,
     )
 
     def created(outcome: engine.Outcome) -> None:

@@ -67,10 +67,16 @@ FLOW_ACTOR = "flow-engine"
 
 @dataclass(frozen=True, slots=True)
 class EngineSettings:
-    """What step tasks inherit from the server's settings."""
+    """What step tasks inherit from the server's settings.
+
+    ``max_value_bytes``: the largest rendered template (a step's params, an end's output), in bytes of
+    compact UTF-8 JSON: the server's ``ORBIT_MAX_BODY_BYTES``, so a flow stores nothing a client could
+    not have sent (a template may repeat a path: ten copies of a large result).
+    """
 
     default_max_attempts: int = 3
     key_ttl: timedelta = timedelta(days=7)
+    max_value_bytes: int = 256 * 1024
 
 
 class FlowFailure(Exception):
@@ -288,10 +294,18 @@ def scope_for(adv: Advance, template: Any) -> Mapping[str, Any]:
 
 
 def render(adv: Advance, node_id: str, template: Any) -> Any:
+    """``template`` rendered for ``node_id``. Raises FlowFailure: a path is missing, or the value is larger
+    than ``settings.max_value_bytes`` (code ``flow_value_too_large``)."""
     try:
-        return paths.render(template, scope_for(adv, template), node=node_id)
+        value = paths.render(template, scope_for(adv, template), node=node_id)
     except paths.FlowPathError as exc:
         raise FlowFailure(exc.as_error()) from None
+    size = len(json.dumps(value, separators=(",", ":"), ensure_ascii=False).encode("utf-8"))
+    if size > adv.settings.max_value_bytes:
+        raise failure("flow_value_too_large", node_id,
+                      f"its rendered template is {size} bytes, more than the limit of {adv.settings.max_value_bytes} "
+                      "(ORBIT_MAX_BODY_BYTES)", size=size, limit=adv.settings.max_value_bytes)  # fmt: skip
+    return value
 
 
 def failure(code: str, node_id: str, message: str, **extra: Any) -> FlowFailure:
@@ -331,11 +345,13 @@ def finish(adv: Advance, status: str, *, output: Any = None, error: Any = None, 
     )
     task_ids = [t["task_id"] for t in live if t["task_id"] is not None]
     if task_ids:
+        # A locking read: the newest committed status (a completion that commits meanwhile is waited
+        # for, then seen), so a task that just finished is not asked to cancel (a 409 for the instance).
         open_tasks = conn.execute(
             sa.select(tasks.c.id).where(
                 tasks.c.id.in_(task_ids),
                 tasks.c.status.in_([TaskStatus.WAITING.value, TaskStatus.LEASED.value, TaskStatus.RUNNING.value]),
-            )
+            ).order_by(tasks.c.id).with_for_update()
         ).scalars().all()  # fmt: skip
         why = reason or f"flow instance {inst['id']} is {status}"
         for task_id in open_tasks:

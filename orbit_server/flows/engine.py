@@ -289,9 +289,36 @@ def _timer_fired(adv: Advance, token: dict[str, Any], timer: Mapping[str, Any]) 
     if timer["kind"] == "timer":
         enter(adv, token, node["next"], event="timer_fired", data=data)
     elif timer["kind"] == "signal_timeout":
+        # A signal received before the timeout fell due, still buffered (it came while the instance was
+        # paused, and the resume's match has not run yet: another server's loop, a crash), wins: the
+        # pause delayed it, it did not come late.
+        signal = oldest_signal(adv, node["signal"], received_by=timer["fire_at"])
+        if signal is not None:
+            consume_signal(adv, token, signal)
+            enter(adv, token, node["next"], event="signal_received",
+                  data={"signal": node["signal"], "signal_id": signal["id"]})  # fmt: skip
+            return
         enter(adv, token, node["on_timeout"], event="signal_timed_out", data=data)
     else:
         round_ = int(timer["round"])
+        if node.get("deadline_seconds") is not None:
+            # Due before the poll's deadline but fired after it (paused, no loop ran): no round past it.
+            deadline = poll_started(adv, token, int(token["activation"])) + timedelta(
+                seconds=float(node["deadline_seconds"])
+            )
+            if adv.now >= deadline:
+                rounds = round_ - 1
+                if node.get("on_exhausted"):
+                    enter(
+                        adv,
+                        token,
+                        node["on_exhausted"],
+                        event="poll_exhausted",
+                        data={**data, "rounds": rounds},
+                    )
+                    return
+                raise failure("poll_exhausted", node_id, f"the poll's deadline passed after {rounds} rounds "
+                              "without it being done", rounds=rounds)  # fmt: skip
         task_id, rows = prepare_task(adv, token, node_id, node, int(token["activation"]), round_=round_)
         set_token(adv, token, "poll_round_started", data={**data, "round": round_}, task_id=task_id, fire_at=None,
                    waiting_for=poll_label(node, round_))  # fmt: skip
@@ -317,9 +344,12 @@ def match_signal(conn: Connection, token_id: str, settings: EngineSettings) -> O
 
 
 def deliver_signal(adv: Advance, token: dict[str, Any]) -> bool:
-    """If a signal of the name ``token`` waits for is buffered, consume the oldest and move the token on."""
+    """If a signal of the name ``token`` waits for is buffered, consume the oldest and move the token on.
+
+    With a timeout (the token's ``fire_at``), only a signal received by then counts: a later one came after
+    the wait timed out, by the database clock, however late the timer fires (it stays unconsumed)."""
     name = str(token["waiting_for"]).removeprefix("signal:")
-    signal = oldest_signal(adv, name)
+    signal = oldest_signal(adv, name, received_by=token["fire_at"])
     if signal is None:
         return False
     consume_signal(adv, token, signal)

@@ -180,6 +180,7 @@ async def run_flow_loop(db: Engine, settings: ServerSettings, on_created: Callab
     engine_settings = engine.EngineSettings(
         default_max_attempts=settings.default_max_attempts,
         key_ttl=timedelta(seconds=settings.submission_key_ttl_seconds),
+        max_value_bytes=settings.max_body_bytes,
     )
     loop = asyncio.get_running_loop()
     woken = asyncio.Event()

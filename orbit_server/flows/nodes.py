@@ -280,11 +280,17 @@ def insert_timer(
 # ------------------------------------------------------------------ signals
 
 
-def oldest_signal(adv: Advance, name: str) -> dict[str, Any] | None:
+def oldest_signal(adv: Advance, name: str, *, received_by: datetime | None = None) -> dict[str, Any] | None:
+    """The oldest unconsumed signal ``name`` (locked), or ``None``; ``received_by``: received at or before
+    this time (naive UTC) only."""
+    query = sa.select(flow_signals.c.id, flow_signals.c.name, flow_signals.c.payload).where(
+        flow_signals.c.instance_id == adv.instance["id"], flow_signals.c.name == name,
+        flow_signals.c.consumed_at.is_(None),
+    )  # fmt: skip
+    if received_by is not None:
+        query = query.where(flow_signals.c.received_at <= received_by)
     row = adv.conn.execute(
-        sa.select(flow_signals.c.id, flow_signals.c.name, flow_signals.c.payload)
-        .where(flow_signals.c.instance_id == adv.instance["id"], flow_signals.c.name == name,
-               flow_signals.c.consumed_at.is_(None))
+        query
         .order_by(flow_signals.c.received_at, flow_signals.c.id)
         .limit(1)
         .with_for_update()
