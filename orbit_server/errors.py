@@ -163,7 +163,7 @@ class SuccessorExists(OrbitServerError):
 
 
 class NotRetryable(OrbitServerError):
-    """409: only a ``FAILED`` or ``CANCELLED`` task can be retried by hand."""
+    """409: only a ``FAILED`` or ``CANCELLED`` task that is not a flow step can be retried by hand."""
 
     status, code, title = 409, "not_retryable", "Only a FAILED or CANCELLED task can be retried"
 

@@ -1251,10 +1251,21 @@ def retry_task(
 
     Raises:
         errors.TaskNotFound: no such task in the namespace (404).
-        errors.NotRetryable: the task is not ``FAILED`` or ``CANCELLED`` (409).
+        errors.NotRetryable: the task is not ``FAILED`` or ``CANCELLED``, or it is a flow step's
+            task (its flow applies the result; 409, with ``flow_instance_id``).
         errors.SuccessorExists: the task was retried already (409, with ``successor_id``).
     """
     old = _lock_task_in(conn, namespace_id, task_id)
+    if old["flow_instance_id"] is not None:
+        # Its flow already took (or will take) this result: a successor would run the step again
+        # outside the flow, its result reaching nothing (README "Flows: running them").
+        raise errors.NotRetryable(
+            f"task {task_id} is a step of flow instance {old['flow_instance_id']}, which applies this "
+            "result itself; a manual retry would run the step outside the flow. Give the node a retry "
+            'policy (max_attempts) or an on_failure branch, or start a new instance (README "Flows: '
+            'running them")',
+            extra={"flow_instance_id": old["flow_instance_id"]},
+        )
     if old["status"] not in (TaskStatus.FAILED.value, TaskStatus.CANCELLED.value):
         raise errors.NotRetryable(
             f"this task is {old['status']}; only a FAILED or CANCELLED task can be retried "

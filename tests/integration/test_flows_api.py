@@ -450,3 +450,21 @@ def test_listing_pages_newest_first_with_filters_and_a_bad_graph_is_422(api: Flo
     assert r.status_code == 422 and "'a'" in r.text
     assert api.get(f"/flows/{flow}/versions/1").json()["version"] == 1
     assert api.get(f"/flows/{flow}/versions/2").json()["code"] == "flow_version_not_found"
+
+
+def test_a_failed_step_task_cannot_be_retried_by_hand(api: FlowApi) -> None:
+    """A manual retry of a step's task would run the step outside its flow (its result would reach
+    nothing), so it is refused with a 409 naming the instance; the flow's own failure handling stands."""
+    flow = _flow()
+    api.publish(flow, {"start": "a", "nodes": {
+        "a": {"type": "task", "queue": QUEUE, "handler": "h", "max_attempts": 1, "next": "b"},
+        "b": {"type": "end"}}})  # fmt: skip
+    done = _drain(api, api.start(flow)["id"], failing())
+    assert done["status"] == "FAILED"
+    task_id = done["steps"][0]["task_id"]
+    refused = api.post("admin", f"/tasks/{task_id}/retry", {"reason": "try again"})
+    assert refused.status_code == 409, refused.text
+    problem = refused.json()
+    assert problem["code"] == "not_retryable" and problem["flow_instance_id"] == done["id"]
+    assert "on_failure" in problem["detail"] and "README" in problem["detail"]
+    assert api.instance(done["id"])["status"] == "FAILED"  # nothing changed
