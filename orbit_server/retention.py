@@ -8,7 +8,9 @@ What a purge at cut-off ``T`` (UTC) deletes, and what the inventory at ``T`` cou
   schedule occurrences (no task) scheduled before ``T``;
 - **never** a task with a result event that has a delivery not yet ``ACKED`` (§7: an event
   with unacknowledged deliveries is not silently dropped; it is counted as protected and
-  purged by a later run once acked);
+  purged by a later run once acked); nor a flow step's task whose internal event its
+  instance has not applied yet (a paused instance applies it on resume, README "Flows:
+  running them");
 - **never** one task of a manual-retry chain (``retry_of``) alone: a chain is purged whole,
   in one batch, once every task in it may be purged; while one member may not (it still
   runs, is too young or is protected), the whole chain stays;
@@ -46,6 +48,7 @@ from ._db import db_now, is_lock_conflict, to_naive_utc, to_utc
 from .results import ACKED
 from .schema import (
     event_deliveries,
+    flow_events,
     purge_runs,
     result_events,
     schedule_occurrences,
@@ -77,14 +80,23 @@ _now = sa.bindparam("now", type_=submission_keys.c.expires_at.type)
 _ids: sa.BindParameter[Any] = sa.bindparam("ids", expanding=True)
 
 
-def _unacked_of(task_id: sa.ColumnElement[Any]) -> sa.Exists:
-    """EXISTS a delivery not yet acked of a result event of the task ``task_id``."""
-    return (
+def _unacked_of(task_id: sa.ColumnElement[Any]) -> sa.ColumnElement[bool]:
+    """A result of the task ``task_id`` still owed to someone: a delivery of one of its result events
+    not yet acked, or an internal event its flow has not applied yet (a paused instance applies it on
+    resume, reading the task's result). Both only ever go from pending to done, never back."""
+    undelivered = (
         sa.select(sa.literal(1))
         .select_from(event_deliveries.join(result_events, result_events.c.id == event_deliveries.c.event_id))
         .where(result_events.c.task_id == task_id, event_deliveries.c.state != ACKED)
         .exists()
     )
+    # ix_flow_events_pending (consumed_at, ...): only the pending events are scanned.
+    unapplied = (
+        sa.select(sa.literal(1))
+        .where(flow_events.c.consumed_at.is_(None), flow_events.c.task_id == task_id)
+        .exists()
+    )
+    return sa.or_(undelivered, unapplied)
 
 
 #: Terminal and finished before the cut-off: what a purge at ``cutoff`` considers.

@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 import sqlalchemy as sa
 
+from orbit_server._db import db_now
 from orbit_server.schema import flow_events, submission_keys, tasks
 from tests.flow_support import FlowApi, failing, ok, until
 from tests.servers import RunningServer
@@ -468,3 +469,48 @@ def test_a_failed_step_task_cannot_be_retried_by_hand(api: FlowApi) -> None:
     assert problem["code"] == "not_retryable" and problem["flow_instance_id"] == done["id"]
     assert "on_failure" in problem["detail"] and "README" in problem["detail"]
     assert api.instance(done["id"])["status"] == "FAILED"  # nothing changed
+
+
+def test_purge_keeps_a_step_task_whose_result_its_paused_instance_has_not_applied(
+    api: FlowApi, server: RunningServer
+) -> None:
+    """Retention never deletes a step's task while its internal event is pending (the resume reads the
+    task's result); once the flow applied it, the task goes like any other."""
+    from orbit_server import retention
+
+    flow = _flow()
+    api.publish(flow, {"start": "a", "nodes": {
+        "a": {"type": "task", "queue": "other", "handler": "a", "next": "b"},
+        "b": {"type": "task", "queue": "other", "handler": "b", "params": {"got": "$.steps.a.result"}, "next": "e"},
+        "e": {"type": "end"}}})  # fmt: skip
+    instance = api.start(flow)
+    grants = api.lease("other", 10, 1)  # a queue no other test leaves tasks in
+    assert [g["task"]["handler"] for g in grants] == ["a"]
+    api.control(instance["id"], "pause", reason="maintenance")
+    api.finish(grants[0], ("complete", {"n": 7}))
+    until(lambda: api.instance(instance["id"])["pending_events"] == 1)
+    task_id = grants[0]["task"]["id"]
+
+    def purge_all() -> None:
+        with server.engine.connect() as conn:
+            cutoff = db_now(conn) + timedelta(days=1)
+        retention.purge(server.engine, actor="test", tasks_before=cutoff, keys=False)
+
+    def exists() -> bool:
+        with server.engine.connect() as conn:
+            return conn.execute(sa.select(sa.func.count()).select_from(tasks).where(tasks.c.id == task_id)).scalar_one() == 1  # fmt: skip
+
+    purge_all()
+    assert exists(), "the step task with an unapplied result was purged"
+    api.control(instance["id"], "resume", reason="done")
+    seen: list[Any] = []
+
+    def finished() -> dict[str, Any] | None:
+        api.work("other", lambda t: (seen.append(t["params"]), ok()(t))[1], wait=0.1)
+        found = api.instance(instance["id"])
+        return found if found["status"] == "COMPLETED" else None
+
+    done = until(finished, what="the resumed instance to complete")
+    assert done["status"] == "COMPLETED" and seen == [{"got": {"n": 7}}]  # the result survived the purge
+    purge_all()
+    assert not exists()
