@@ -15,6 +15,7 @@ unreachable.
 from __future__ import annotations
 
 import json
+import re
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -24,6 +25,7 @@ import click
 from pydantic import BaseModel, ValidationError
 
 from orbit_client import (
+    NAME_PATTERN,
     FlowControl,
     FlowInstance,
     FlowInstanceStatus,
@@ -79,6 +81,17 @@ def _key(key: str, param_hint: str = "--key") -> str:
             "1-255 printable ASCII characters without leading or trailing spaces", param_hint=param_hint
         )
     return key
+
+
+def _flow_name(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
+    """A flow name as the API takes it in its path (the pattern of queue names), else bad usage."""
+    if value is not None and re.fullmatch(NAME_PATTERN, value) is None:
+        raise click.BadParameter(
+            f"{value!r} is not a flow name: 1-64 characters, letters, digits, '.', '_' and '-', "
+            "starting with a letter or digit",
+            ctx=ctx, param=param,
+        )  # fmt: skip
+    return value
 
 
 def _settings(database_url: str) -> Any:
@@ -201,7 +214,8 @@ def flow() -> None:
 
 @flow.command("publish")
 @click.argument("file", type=click.Path(dir_okay=False, allow_dash=True))
-@click.option("--flow", "name", required=True, help="The flow's name (created with its first version).")
+@click.option("--flow", "name", required=True, callback=_flow_name,
+              help="The flow's name (created with its first version).")  # fmt: skip
 @click.option("--description", default=None, help="A note stored with the version.")
 @_namespace_option
 @_json_option
@@ -247,7 +261,7 @@ def flow_list(namespace_name: str, as_json: bool, database_url: str) -> None:
 
 
 @flow.command("versions")
-@click.argument("name", metavar="NAME")
+@click.argument("name", metavar="NAME", callback=_flow_name)
 @_namespace_option
 @_json_option
 @_database_url_option
@@ -266,7 +280,7 @@ def flow_versions(name: str, namespace_name: str, as_json: bool, database_url: s
 
 
 @flow.command("start")
-@click.argument("name", metavar="NAME")
+@click.argument("name", metavar="NAME", callback=_flow_name)
 @click.option("--input", "input_json", default="{}", show_default=True,
               help="The instance's input: a JSON object, or @FILE (@- for standard input).")  # fmt: skip
 @click.option("--key", "idempotency_key", required=True,

@@ -56,6 +56,12 @@ def test_flow_commands(make_database: DatabaseFactory, kind: str, tmp_path: Path
     assert code == 2 and "'ship'" in err and "nowhere" in err
     code, _, err = _run("flow", "publish", "-", "--flow", "approval", *ns, *db, input="{not json")
     assert code == 2 and "not JSON" in err
+    # A flow name the API could not address (its path takes the queue-name pattern) is bad usage.
+    for bad_name in ("", "a/b c", "x" * 65):
+        code, _, err = _run("flow", "publish", str(graph_file), "--flow", bad_name, *ns, *db)
+        assert code == 2 and "is not a flow name" in err
+    code, _, err = _run("flow", "start", "a/b", *ns, "--key", "k", *db)
+    assert code == 2 and "is not a flow name" in err
 
     code, out, _ = _run("flow", "list", *ns, "--json", *db)
     assert code == 0 and [(f["name"], f["latest_version"]) for f in json.loads(out)] == [("approval", 1)]
