@@ -132,6 +132,8 @@ def test_roles(api: FlowApi) -> None:
     assert r.status_code == 403
     r = api.post("admin", f"/flow-instances/{instance['id']}/cancel", {})
     assert r.status_code == 409 and r.json()["code"] == "invalid_transition"
+    assert r.json()["title"] == "The flow instance is finished"  # not the task wording
+    assert "is COMPLETED: it cannot be cancelled" in r.json()["detail"]
     assert api.get("/flow-instances/nope").json()["code"] == "flow_instance_not_found"
 
 
