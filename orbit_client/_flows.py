@@ -94,7 +94,7 @@ def _dump(model: type[BaseModel], what: str, **fields: Any) -> dict[str, Any]:
         value = model(**fields)
     except ValidationError as exc:
         problems = "; ".join(
-            f"{'.'.join(map(str, e['loc'])) or 'value'}: {e['msg']}"
+            f"{'.'.join(map(str, e['loc'])) or 'value'}: {e['msg'].removeprefix('Value error, ')}"
             for e in exc.errors(include_url=False, include_input=False)
         )
         raise OrbitUsageError(f"invalid {what}, nothing was sent: {problems}") from None

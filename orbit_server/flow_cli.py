@@ -49,7 +49,7 @@ __all__ = ["flow"]
 
 def _problems(exc: ValidationError) -> str:
     return "; ".join(
-        f"{'.'.join(map(str, e['loc'])) or 'value'}: {e['msg']}"
+        f"{'.'.join(map(str, e['loc'])) or 'value'}: {e['msg'].removeprefix('Value error, ')}"
         for e in exc.errors(include_url=False, include_input=False)
     )
 

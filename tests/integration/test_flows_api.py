@@ -450,5 +450,7 @@ def test_listing_pages_newest_first_with_filters_and_a_bad_graph_is_422(api: Flo
     bad = {"start": "a", "nodes": {"a": {"type": "task", "queue": QUEUE, "handler": "h", "next": "nowhere"}}}
     r = api.post("submit", f"/flows/{flow}/versions", {"graph": bad})
     assert r.status_code == 422 and "'a'" in r.text
+    # The validator's message as the README quotes it, without pydantic's "Value error, " prefix.
+    assert r.json()["detail"] == "body.graph: node 'a': next 'nowhere' is not a node of the graph"
     assert api.get(f"/flows/{flow}/versions/1").json()["version"] == 1
     assert api.get(f"/flows/{flow}/versions/2").json()["code"] == "flow_version_not_found"

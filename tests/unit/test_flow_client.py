@@ -154,8 +154,10 @@ async def test_an_invalid_graph_is_refused_before_sending(client: Calls, mock: r
     route = mock.post(f"{NS}/flows/order/versions")
     broken = {"start": "reserve", "nodes": {"reserve": {"type": "task", "queue": "q", "handler": "h",
                                                         "next": "nowhere"}}}  # fmt: skip
-    with pytest.raises(OrbitUsageError, match="nothing was sent"):
+    with pytest.raises(OrbitUsageError, match="nothing was sent") as refused:
         await client.publish_flow("acme", "order", broken)
+    assert "node 'reserve': next 'nowhere' is not a node" in str(refused.value)
+    assert "Value error" not in str(refused.value)
     with pytest.raises(OrbitUsageError, match="FlowGraph or a mapping"):
         await client.publish_flow("acme", "order", json.dumps(GRAPH))
     assert not route.called
