@@ -431,6 +431,7 @@ async def test_cancelling_a_finished_instance_is_an_invalid_transition(
     with pytest.raises(InvalidTransitionError) as info:
         await client.cancel_flow_instance("acme", INSTANCE_ID)
     assert info.value.outcome_known is True and route.call_count == 1
+    assert "get_flow_instance()" in str(info.value)  # the hint names the flow call, not only the task one
 
 
 async def test_a_cancel_whose_answer_was_lost_ends_outcome_unknown(
