@@ -235,8 +235,18 @@ def flow_publish(
         with engine.begin() as conn:
             principal = flow_admin.cli_principal(conn, namespace_name)
         version, created = flow_admin.publish(engine, principal, name, body)
+        with engine.connect() as conn:
+            missing = flow_admin.missing_queues(conn, principal, body.graph)
     what = "published as" if created else "unchanged: the same graph is"
     click.echo(f"flow {name!r} {what} version {version.version} (digest {version.digest[:12]})", err=True)
+    for queue, nodes in missing.items():
+        click.echo(
+            f"warning: queue {queue!r} (node{'s' if len(nodes) > 1 else ''} {', '.join(map(repr, nodes))}) "
+            f"does not exist in namespace "
+            f"{namespace_name!r}: an instance that reaches it fails with queue_not_found; create it with "
+            f"`orbit-server queue create {namespace_name} {queue}`",
+            err=True,
+        )
     if as_json:
         _print_json(version)
     else:

@@ -56,6 +56,18 @@ def test_flow_commands(make_database: DatabaseFactory, kind: str, tmp_path: Path
     assert code == 2 and "graph: node 'ship': next 'nowhere' is not a node of the graph" in err
     code, _, err = _run("flow", "publish", "-", "--flow", "approval", *ns, *db, input="{not json")
     assert code == 2 and "not JSON" in err
+    # A graph naming a queue the namespace lacks is published (queues may come later), with a warning.
+    lacking = {"start": "a", "nodes": {"a": {"type": "task", "queue": "later", "handler": "h", "next": "b"},
+                                       "b": {"type": "poll", "queue": "later", "handler": "p", "interval_seconds": 1,
+                                             "max_rounds": 2, "done_path": "$.result.ok", "next": "e"},
+                                       "e": {"type": "end"}}}  # fmt: skip
+    code, out, err = _run("flow", "publish", "-", "--flow", "lacking", *ns, *db, input=json.dumps(lacking))
+    assert (code, out.strip()) == (0, "1")
+    assert "warning: queue 'later' (nodes 'a', 'b') does not exist in namespace 'shop'" in err
+    assert "orbit-server queue create shop later" in err
+    code, _, err = _run("flow", "publish", str(graph_file), "--flow", "approval", *ns, *db)
+    assert code == 0 and "warning" not in err  # its queue "fulfilment" exists
+
     # A flow name the API could not address (its path takes the queue-name pattern) is bad usage.
     for bad_name in ("", "a/b c", "x" * 65):
         code, _, err = _run("flow", "publish", str(graph_file), "--flow", bad_name, *ns, *db)
@@ -64,7 +76,10 @@ def test_flow_commands(make_database: DatabaseFactory, kind: str, tmp_path: Path
     assert code == 2 and "is not a flow name" in err
 
     code, out, _ = _run("flow", "list", *ns, "--json", *db)
-    assert code == 0 and [(f["name"], f["latest_version"]) for f in json.loads(out)] == [("approval", 1)]
+    assert code == 0 and [(f["name"], f["latest_version"]) for f in json.loads(out)] == [
+        ("approval", 1),
+        ("lacking", 1),
+    ]
     code, out, _ = _run("flow", "list", *ns, *db)
     assert out.splitlines()[0].startswith("flow\tnewest version") and "approval\t1" in out
     code, out, _ = _run("flow", "versions", "approval", *ns, *db)
