@@ -102,6 +102,7 @@ def test_start_is_idempotent_per_key(api: FlowApi, server: RunningServer) -> Non
     assert again["id"] == first["id"]
     r = api.post("submit", f"/flows/{flow}/instances", {"input": {"x": 2}}, **{"Idempotency-Key": key})
     assert r.status_code == 409 and r.json()["code"] == "idempotency_conflict"
+    assert f"already started instance {first['id']} with another" in r.json()["detail"]  # where to look
     r = api.post("submit", f"/flows/{flow}/instances", {"input": {}})
     assert r.status_code == 400 and r.json()["code"] == "idempotency_key_missing"
     r = api.post("submit", "/flows/nope/instances", {"input": {}}, **{"Idempotency-Key": "k"})
