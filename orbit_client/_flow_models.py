@@ -950,9 +950,11 @@ class FlowSignalRecord(_Wire):
 class FlowHistoryEntry(_Wire):
     """One change of an instance or one of its tokens (``GET .../history``, oldest first).
 
-    ``event`` names the change (e.g. ``instance_started``, ``token_moved``, ``signal_consumed``);
-    ``from_state``/``to_state`` are token or instance states; ``actor`` who asked (control
-    changes); ``data`` details as JSON.
+    ``event`` names the change (e.g. ``instance_started``, ``entered``, ``task_succeeded``,
+    ``signal_received``, ``timer_fired``, ``forked``, ``joined``, ``instance_paused``); ``node`` and
+    ``activation`` are where the token is *after* the change (a ``task_succeeded`` entry names the
+    node the token moved on to; ``data.task_id`` the finished step's task); ``from_state``/``to_state``
+    are token or instance states; ``actor`` who asked (control changes); ``data`` details as JSON.
     """
 
     model_config = ConfigDict(extra="ignore", frozen=True)
