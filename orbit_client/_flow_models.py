@@ -513,8 +513,10 @@ class FlowGraph(_Wire):
                     raise ValueError(f"node {node_id!r}: {field}: {exc}") from None
             if isinstance(node, ParallelNode):
                 if not isinstance(nodes[node.join], JoinNode):
+                    kind = nodes[node.join].type
+                    article = "an" if kind[0] in "aeiou" else "a"
                     raise ValueError(
-                        f"node {node_id!r}: join {node.join!r} is a {nodes[node.join].type} node, not a join"
+                        f"node {node_id!r}: join {node.join!r} is {article} {kind} node, not a join"
                     )
                 if node.join in parallel_of:
                     raise ValueError(
