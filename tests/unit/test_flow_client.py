@@ -150,6 +150,19 @@ async def test_republishing_the_same_graph_answers_the_existing_version(
     assert (await client.publish_flow("acme", "order", GRAPH)).version == 2
 
 
+async def test_a_flow_name_the_route_refuses_is_refused_before_sending(
+    client: Calls, mock: respx.MockRouter
+) -> None:
+    """'a/b' would otherwise reach no route (a bare 404 not_found); the name rule is the queue names'."""
+    route = mock.post(url__regex=r".*/flows/.*")
+    for name in ("a/b", "Bad Name", "", "x" * 65):
+        with pytest.raises(OrbitUsageError, match=r"is not a flow name.*nothing was sent"):
+            await client.publish_flow("acme", name, GRAPH)
+        with pytest.raises(OrbitUsageError, match="is not a flow name"):
+            await client.start_flow("acme", name, {}, idempotency_key="k")
+    assert not route.called
+
+
 async def test_an_invalid_graph_is_refused_before_sending(client: Calls, mock: respx.MockRouter) -> None:
     route = mock.post(f"{NS}/flows/order/versions")
     broken = {"start": "reserve", "nodes": {"reserve": {"type": "task", "queue": "q", "handler": "h",
@@ -194,8 +207,11 @@ async def test_list_flows_versions_and_one_version(client: Calls, mock: respx.Mo
 
 
 async def test_names_are_quoted_into_one_path_segment(client: Calls, mock: respx.MockRouter) -> None:
-    route = mock.get(f"{NS}/flows/a%2Fb/versions").mock(return_value=httpx.Response(200, json=[]))
-    assert await client.list_flow_versions("acme", "a/b") == []
+    # A flow name with "/" is refused before sending (see above); the namespace is still quoted.
+    route = mock.get(f"{NS.replace('/acme', '/a%2Fb')}/flows/order/versions").mock(
+        return_value=httpx.Response(200, json=[])
+    )
+    assert await client.list_flow_versions("a/b", "order") == []
     assert route.called
 
 
