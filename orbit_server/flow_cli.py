@@ -32,6 +32,7 @@ from orbit_client import (
     FlowPublish,
     FlowSignal,
     FlowStart,
+    SignalNode,
     is_valid_idempotency_key,
 )
 
@@ -427,9 +428,22 @@ def flow_signal(
         with engine.begin() as conn:
             principal = flow_admin.instance_principal(conn, instance_id)
         record, replayed = flow_admin.signal(engine, principal, instance_id, body, key, settings)
+        waits: list[str] | None = None
+        if not record.consumed_by_token:  # a typo'd name is buffered for ever: say so
+            with engine.connect() as conn:
+                instance = flow_store.get_instance(conn, principal, instance_id)
+                graph = flow_store.get_version(conn, principal, instance.flow, instance.version).graph
+            waits = sorted({n.signal for n in graph.nodes.values() if isinstance(n, SignalNode)})
     how = "already recorded with this key" if replayed else "recorded"
     taken = f", taken by token {record.consumed_by_token}" if record.consumed_by_token else ", buffered"
     click.echo(f"signal {name!r} {how} for instance {instance_id}{taken}", err=True)
+    if waits is not None and name not in waits:
+        click.echo(
+            f"warning: no signal node of flow {instance.flow!r} version {instance.version} waits for {name!r} "
+            f"(its signal nodes wait for: {', '.join(map(repr, waits)) or 'none'}); the signal stays recorded, "
+            f"readable only as $.signals.{name}",
+            err=True,
+        )
     if as_json:
         _print_json(record)
     else:

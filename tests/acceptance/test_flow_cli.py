@@ -111,10 +111,18 @@ def test_flow_commands(make_database: DatabaseFactory, kind: str, tmp_path: Path
     code, out, _ = _run("flow", "instances", *ns, "--flow", "approval", "--status", "running", *db)
     assert code == 0 and instance_id in out and "approval (signal:approve)" in out
 
+    # A signal no node waits for (a typo) is recorded, buffered for ever: the command warns.
+    code, _, err = _run("flow", "signal", instance_id, "aprove", "--key", "typo", *db)
+    assert code == 0 and "buffered" in err
+    assert (
+        "warning: no signal node of flow 'approval' version 1 waits for 'aprove'" in err
+        and "'approve'" in err
+    )
+
     # The signal moves the token on to the task step in the same transaction.
     signal = ("flow", "signal", instance_id, "approve", "--key", "order-1001:approve")
     code, out, err = _run(*signal, "--payload", '{"by": "ops"}', "--json", *db)
-    assert code == 0 and json.loads(out)["consumed_by_token"]
+    assert code == 0 and json.loads(out)["consumed_by_token"] and "warning" not in err
     code, out, err = _run(*signal, "--payload", '{"by": "ops"}', *db)
     assert code == 0 and "already recorded" in err
     code, _, err = _run(*signal, "--payload", '{"by": "someone else"}', *db)
