@@ -316,7 +316,12 @@ def flow_start(
             principal = flow_admin.cli_principal(conn, namespace_name)
         instance, replayed = flow_admin.start(engine, principal, name, body, key, settings)
     how = "already started with this key" if replayed else "started"
-    click.echo(f"flow {name!r} version {instance.version}: instance {how}, {instance.status.value}", err=True)
+    why = ""  # an instance that failed at once (e.g. a path its input lacks): say why, not only FAILED
+    if isinstance(instance.error, dict) and instance.error.get("message"):
+        why = f" ({instance.error.get('code')}: {instance.error['message']})"
+    click.echo(
+        f"flow {name!r} version {instance.version}: instance {how}, {instance.status.value}{why}", err=True
+    )
     if as_json:
         _print_json(instance)
     else:

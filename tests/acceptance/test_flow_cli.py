@@ -182,6 +182,16 @@ def test_flow_commands(make_database: DatabaseFactory, kind: str, tmp_path: Path
     code, _, err = _run("flow", "list", "--namespace", "nowhere", *db)
     assert code == 1
 
+    # An instance that fails at once (its input lacks a path) says why on stderr, not only FAILED.
+    needs = {"start": "a", "nodes": {"a": {"type": "task", "queue": "fulfilment", "handler": "h",
+                                           "params": {"x": "$.input.x"}, "next": "e"}, "e": {"type": "end"}}}  # fmt: skip
+    assert _run("flow", "publish", "-", "--flow", "needs", *ns, *db, input=json.dumps(needs))[0] == 0
+    code, _, err = _run("flow", "start", "needs", *ns, "--key", "n-1", *db)
+    assert (
+        code == 0
+        and "instance started, FAILED (flow_path_missing: node 'a': path $.input.x is missing" in err
+    )
+
 
 def test_flow_commands_as_a_real_process(make_database: DatabaseFactory, tmp_path: Path) -> None:
     """The installed entry point, with the database and namespace from the environment (as in --help)."""
