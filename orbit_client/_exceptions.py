@@ -291,10 +291,14 @@ class InvalidTransitionError(ConflictError):
     """409 ``invalid_transition``: the task's state does not allow this (§2 of the reliability model).
 
     E.g. reviewing a task that is not ``NEEDS_REVIEW``, cancelling a ``SUCCEEDED`` task, or
-    completing an attempt that was never started. Not retryable.
+    completing an attempt that was never started; for a flow instance, a signal, pause, resume
+    or cancel once it finished (README "Flows: client and CLI"). Not retryable.
     """
 
-    hint = "the task's state does not allow this; fetch the task to see where it stands"
+    hint = (
+        "the task's or flow instance's state does not allow this; fetch it (get_task() or "
+        "get_flow_instance()) to see where it stands"
+    )
 
 
 class SuccessorExistsError(ConflictError):

@@ -513,8 +513,10 @@ class FlowGraph(_Wire):
                     raise ValueError(f"node {node_id!r}: {field}: {exc}") from None
             if isinstance(node, ParallelNode):
                 if not isinstance(nodes[node.join], JoinNode):
+                    kind = nodes[node.join].type
+                    article = "an" if kind[0] in "aeiou" else "a"
                     raise ValueError(
-                        f"node {node_id!r}: join {node.join!r} is a {nodes[node.join].type} node, not a join"
+                        f"node {node_id!r}: join {node.join!r} is {article} {kind} node, not a join"
                     )
                 if node.join in parallel_of:
                     raise ValueError(
@@ -950,9 +952,11 @@ class FlowSignalRecord(_Wire):
 class FlowHistoryEntry(_Wire):
     """One change of an instance or one of its tokens (``GET .../history``, oldest first).
 
-    ``event`` names the change (e.g. ``instance_started``, ``token_moved``, ``signal_consumed``);
-    ``from_state``/``to_state`` are token or instance states; ``actor`` who asked (control
-    changes); ``data`` details as JSON.
+    ``event`` names the change (e.g. ``instance_started``, ``entered``, ``task_succeeded``,
+    ``signal_received``, ``timer_fired``, ``forked``, ``joined``, ``instance_paused``); ``node`` and
+    ``activation`` are where the token is *after* the change (a ``task_succeeded`` entry names the
+    node the token moved on to; ``data.task_id`` the finished step's task); ``from_state``/``to_state``
+    are token or instance states; ``actor`` who asked (control changes); ``data`` details as JSON.
     """
 
     model_config = ConfigDict(extra="ignore", frozen=True)

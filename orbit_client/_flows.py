@@ -18,6 +18,7 @@ Which calls are retried by the client (``RetryPolicy``) and why:
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -39,7 +40,7 @@ from ._flow_models import (
     FlowSummary,
     FlowVersion,
 )
-from ._models import is_valid_idempotency_key
+from ._models import NAME_PATTERN, is_valid_idempotency_key
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable
@@ -94,7 +95,7 @@ def _dump(model: type[BaseModel], what: str, **fields: Any) -> dict[str, Any]:
         value = model(**fields)
     except ValidationError as exc:
         problems = "; ".join(
-            f"{'.'.join(map(str, e['loc'])) or 'value'}: {e['msg']}"
+            f"{'.'.join(map(str, e['loc'])) or 'value'}: {e['msg'].removeprefix('Value error, ')}"
             for e in exc.errors(include_url=False, include_input=False)
         )
         raise OrbitUsageError(f"invalid {what}, nothing was sent: {problems}") from None
@@ -127,6 +128,13 @@ def _key_headers(idempotency_key: str, traceparent: str | None = None, tracestat
 
 
 def _flow_path(path: Callable[..., str], namespace: str, name: str, tail: str = "") -> str:
+    """The flow's URL path; a name the server's route refuses (pattern of queue names) raises
+    :class:`OrbitUsageError` here, nothing sent (a ``/`` in it would otherwise answer a bare 404)."""
+    if not isinstance(name, str) or re.fullmatch(NAME_PATTERN, name) is None:
+        raise OrbitUsageError(
+            f"{name!r} is not a flow name: 1-64 characters, letters, digits, '.', '_' and '-', starting "
+            "with a letter or digit; nothing was sent"
+        )
     return path("/v1/namespaces/{}/flows/{}" + tail, namespace, name)
 
 

@@ -497,9 +497,14 @@ def create_app(settings: ServerSettings | None = None, *, engine: Engine | None 
 
     @app.exception_handler(RequestValidationError)
     async def _validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
-        # Report where and why, never the offending input (it may hold params).
+        # Report where and why, never the offending input (it may hold params). A validator's own
+        # message (e.g. "node 'a': next 'b' is not a node of the graph") loses pydantic's prefix.
         problems = [
-            {"loc": list(e.get("loc", ())), "msg": e.get("msg", ""), "type": e.get("type", "")}
+            {
+                "loc": list(e.get("loc", ())),
+                "msg": e.get("msg", "").removeprefix("Value error, "),
+                "type": e.get("type", ""),
+            }
             for e in exc.errors()
         ]
         detail = "; ".join(f"{'.'.join(map(str, p['loc']))}: {p['msg']}" for p in problems)

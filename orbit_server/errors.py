@@ -7,6 +7,7 @@ __all__ = [
     "AttemptNotFound",
     "ConcurrentUpdate",
     "DeliveryNotFound",
+    "FlowInstanceFinished",
     "FlowInstanceNotFound",
     "FlowNotFound",
     "FlowVersionNotFound",
@@ -151,6 +152,12 @@ class InvalidTransition(OrbitServerError):
     """409: the task's state does not allow this (§2 of the reliability model)."""
 
     status, code, title = 409, "invalid_transition", "The task's state does not allow this transition"
+
+
+class FlowInstanceFinished(InvalidTransition):
+    """409 ``invalid_transition``: the flow instance is finished (README "Flows: running them")."""
+
+    title = "The flow instance is finished"
 
 
 class SuccessorExists(OrbitServerError):

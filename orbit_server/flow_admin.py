@@ -19,6 +19,7 @@ from sqlalchemy.engine import Connection, Engine
 
 from orbit_client import (
     FlowControl,
+    FlowGraph,
     FlowInstance,
     FlowPublish,
     FlowSignal,
@@ -31,7 +32,7 @@ from . import _ids, errors, store
 from .execution import transact
 from .flows import control, engine, hooks
 from .flows import store as flow_store
-from .schema import flow_history, flow_instances, namespaces
+from .schema import flow_history, flow_instances, namespaces, queues
 from .settings import ServerSettings
 
 __all__ = [
@@ -39,6 +40,7 @@ __all__ = [
     "control_instance",
     "engine_settings",
     "instance_principal",
+    "missing_queues",
     "publish",
     "signal",
     "start",
@@ -98,6 +100,30 @@ def visited_nodes(conn: Connection, instance_id: str) -> set[str]:
 def _instance(db: Engine, principal: store.Principal, instance_id: str) -> FlowInstance:
     with db.connect() as conn:
         return flow_store.get_instance(conn, principal, instance_id)
+
+
+def missing_queues(conn: Connection, principal: store.Principal, graph: FlowGraph) -> dict[str, list[str]]:
+    """The queues the graph's task and poll nodes name that the namespace lacks: ``{queue: [node, ...]}``.
+
+    A publish does not need them (queues may be created later), but an instance that reaches such a
+    node fails with ``queue_not_found`` (README "Flows: running them"); the command line warns.
+    One ``SELECT`` of the namespace's queue names among those the graph uses.
+    """
+    used: dict[str, list[str]] = {}
+    for node_id, node in graph.nodes.items():
+        queue = getattr(node, "queue", None)
+        if isinstance(queue, str):
+            used.setdefault(queue, []).append(node_id)
+    if not used:
+        return {}
+    present = set(
+        conn.execute(
+            sa.select(queues.c.name).where(
+                queues.c.namespace_id == principal.namespace_id, queues.c.name.in_(sorted(used))
+            )
+        ).scalars()
+    )
+    return {queue: nodes for queue, nodes in sorted(used.items()) if queue not in present}
 
 
 def publish(db: Engine, principal: store.Principal, name: str, body: FlowPublish) -> tuple[FlowVersion, bool]:

@@ -15,6 +15,7 @@ unreachable.
 from __future__ import annotations
 
 import json
+import re
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -24,12 +25,14 @@ import click
 from pydantic import BaseModel, ValidationError
 
 from orbit_client import (
+    NAME_PATTERN,
     FlowControl,
     FlowInstance,
     FlowInstanceStatus,
     FlowPublish,
     FlowSignal,
     FlowStart,
+    SignalNode,
     is_valid_idempotency_key,
 )
 
@@ -47,7 +50,7 @@ __all__ = ["flow"]
 
 def _problems(exc: ValidationError) -> str:
     return "; ".join(
-        f"{'.'.join(map(str, e['loc'])) or 'value'}: {e['msg']}"
+        f"{'.'.join(map(str, e['loc'])) or 'value'}: {e['msg'].removeprefix('Value error, ')}"
         for e in exc.errors(include_url=False, include_input=False)
     )
 
@@ -79,6 +82,17 @@ def _key(key: str, param_hint: str = "--key") -> str:
             "1-255 printable ASCII characters without leading or trailing spaces", param_hint=param_hint
         )
     return key
+
+
+def _flow_name(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
+    """A flow name as the API takes it in its path (the pattern of queue names), else bad usage."""
+    if value is not None and re.fullmatch(NAME_PATTERN, value) is None:
+        raise click.BadParameter(
+            f"{value!r} is not a flow name: 1-64 characters, letters, digits, '.', '_' and '-', "
+            "starting with a letter or digit",
+            ctx=ctx, param=param,
+        )  # fmt: skip
+    return value
 
 
 def _settings(database_url: str) -> Any:
@@ -201,7 +215,8 @@ def flow() -> None:
 
 @flow.command("publish")
 @click.argument("file", type=click.Path(dir_okay=False, allow_dash=True))
-@click.option("--flow", "name", required=True, help="The flow's name (created with its first version).")
+@click.option("--flow", "name", required=True, callback=_flow_name,
+              help="The flow's name (created with its first version).")  # fmt: skip
 @click.option("--description", default=None, help="A note stored with the version.")
 @_namespace_option
 @_json_option
@@ -221,8 +236,18 @@ def flow_publish(
         with engine.begin() as conn:
             principal = flow_admin.cli_principal(conn, namespace_name)
         version, created = flow_admin.publish(engine, principal, name, body)
+        with engine.connect() as conn:
+            missing = flow_admin.missing_queues(conn, principal, body.graph)
     what = "published as" if created else "unchanged: the same graph is"
     click.echo(f"flow {name!r} {what} version {version.version} (digest {version.digest[:12]})", err=True)
+    for queue, nodes in missing.items():
+        click.echo(
+            f"warning: queue {queue!r} (node{'s' if len(nodes) > 1 else ''} {', '.join(map(repr, nodes))}) "
+            f"does not exist in namespace "
+            f"{namespace_name!r}: an instance that reaches it fails with queue_not_found; create it with "
+            f"`orbit-server queue create {namespace_name} {queue}`",
+            err=True,
+        )
     if as_json:
         _print_json(version)
     else:
@@ -247,7 +272,7 @@ def flow_list(namespace_name: str, as_json: bool, database_url: str) -> None:
 
 
 @flow.command("versions")
-@click.argument("name", metavar="NAME")
+@click.argument("name", metavar="NAME", callback=_flow_name)
 @_namespace_option
 @_json_option
 @_database_url_option
@@ -266,7 +291,7 @@ def flow_versions(name: str, namespace_name: str, as_json: bool, database_url: s
 
 
 @flow.command("start")
-@click.argument("name", metavar="NAME")
+@click.argument("name", metavar="NAME", callback=_flow_name)
 @click.option("--input", "input_json", default="{}", show_default=True,
               help="The instance's input: a JSON object, or @FILE (@- for standard input).")  # fmt: skip
 @click.option("--key", "idempotency_key", required=True,
@@ -291,7 +316,12 @@ def flow_start(
             principal = flow_admin.cli_principal(conn, namespace_name)
         instance, replayed = flow_admin.start(engine, principal, name, body, key, settings)
     how = "already started with this key" if replayed else "started"
-    click.echo(f"flow {name!r} version {instance.version}: instance {how}, {instance.status.value}", err=True)
+    why = ""  # an instance that failed at once (e.g. a path its input lacks): say why, not only FAILED
+    if isinstance(instance.error, dict) and instance.error.get("message"):
+        why = f" ({instance.error.get('code')}: {instance.error['message']})"
+    click.echo(
+        f"flow {name!r} version {instance.version}: instance {how}, {instance.status.value}{why}", err=True
+    )
     if as_json:
         _print_json(instance)
     else:
@@ -403,9 +433,22 @@ def flow_signal(
         with engine.begin() as conn:
             principal = flow_admin.instance_principal(conn, instance_id)
         record, replayed = flow_admin.signal(engine, principal, instance_id, body, key, settings)
+        waits: list[str] | None = None
+        if not record.consumed_by_token:  # a typo'd name is buffered for ever: say so
+            with engine.connect() as conn:
+                instance = flow_store.get_instance(conn, principal, instance_id)
+                graph = flow_store.get_version(conn, principal, instance.flow, instance.version).graph
+            waits = sorted({n.signal for n in graph.nodes.values() if isinstance(n, SignalNode)})
     how = "already recorded with this key" if replayed else "recorded"
     taken = f", taken by token {record.consumed_by_token}" if record.consumed_by_token else ", buffered"
     click.echo(f"signal {name!r} {how} for instance {instance_id}{taken}", err=True)
+    if waits is not None and name not in waits:
+        click.echo(
+            f"warning: no signal node of flow {instance.flow!r} version {instance.version} waits for {name!r} "
+            f"(its signal nodes wait for: {', '.join(map(repr, waits)) or 'none'}); the signal stays recorded, "
+            f"readable only as $.signals.{name}",
+            err=True,
+        )
     if as_json:
         _print_json(record)
     else:

@@ -59,14 +59,24 @@ class StartedInstance:
         )
 
 
-def _dead_flow_hint(claim: q.Claim) -> str:
+def _dead_flow_hint(claim: q.Claim, code: str | None) -> str:
+    """What to do about a 404 for the row's flow (``code`` ``flow_not_found``) or its version."""
     version = (claim.options or {}).get("version")
-    what = f"version {version} of flow {claim.flow!r}" if version else f"flow {claim.flow!r}"
+    delete = (
+        f"delete the row: `orbit-outbox purge --dead-older-than 0s --row {claim.id} --reason TEXT` (audited)"
+    )
+    if version and code != "flow_not_found":
+        # Publishing makes the *next* number, not this one: say how to see what exists instead.
+        return (
+            f"version {version} of flow {claim.flow!r} of namespace {claim.namespace!r} does not exist for the "
+            f"relay's API key (`orbit-server flow versions {claim.flow} --namespace {claim.namespace}` lists the "
+            f"published ones; each publish of a new graph takes the next number); once it exists, run "
+            f"`orbit-outbox retry {claim.id}`; if the row names the wrong version, {delete}"
+        )
     return (
-        f"{what} of namespace {claim.namespace!r} does not exist for the relay's API key; if the name is right, "
-        f"publish it (`orbit-server flow publish GRAPH.json --flow {claim.flow} --namespace {claim.namespace}`) and run "
-        f"`orbit-outbox retry {claim.id}`; if it is wrong, delete the row: `orbit-outbox purge --dead-older-than 0s "
-        f"--row {claim.id} --reason TEXT` (audited)"
+        f"flow {claim.flow!r} of namespace {claim.namespace!r} does not exist for the relay's API key; if the name "
+        f"is right, publish it (`orbit-server flow publish GRAPH.json --flow {claim.flow} --namespace "
+        f"{claim.namespace}`) and run `orbit-outbox retry {claim.id}`; if it is wrong, {delete}"
     )
 
 
@@ -102,7 +112,7 @@ def start_flow(
             )
         if exc.status_code == 404:
             return SendOutcome(
-                verdict=Verdict.DEAD, status_code=404, error=f"{exc}; " + _dead_flow_hint(claim)
+                verdict=Verdict.DEAD, status_code=404, error=f"{exc}; " + _dead_flow_hint(claim, exc.code)
             )
         return classify_error(exc)
     except Exception as exc:

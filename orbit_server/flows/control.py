@@ -38,7 +38,7 @@ def _locked(conn: Connection, principal: Principal, instance_id: str, settings: 
 
 
 def _finished(adv: engine.Advance, what: str) -> errors.InvalidTransition:
-    return errors.InvalidTransition(
+    return errors.FlowInstanceFinished(
         f"flow instance {adv.instance['id']} is {adv.instance['status']}: it cannot be {what}"
     )
 

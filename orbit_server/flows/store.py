@@ -226,13 +226,14 @@ def find_start(conn: Connection, principal: Principal, key: str, digest: str) ->
     if found is None:
         return None
     if found.request_digest != digest:
-        raise _conflict()
+        raise _conflict(str(found.id))
     return str(found.id)
 
 
-def _conflict() -> errors.IdempotencyConflict:
+def _conflict(instance_id: str) -> errors.IdempotencyConflict:
+    """409: the key's instance (named, so the caller can look at it) was started by another request."""
     return errors.IdempotencyConflict(
-        "this Idempotency-Key already started an instance with another flow, version or input; "
+        f"this Idempotency-Key already started instance {instance_id} with another flow, version or input; "
         "use a new key for a new instance"
     )
 
@@ -289,7 +290,7 @@ def start(
                                                "version": body.version}).mappings().one()  # fmt: skip
     if found["instance_id"] is not None:
         if found["request_digest"] != digest:
-            raise _conflict()
+            raise _conflict(str(found["instance_id"]))
         return found["instance_id"], True, engine.Outcome("none")
     if found["definition_id"] is None:
         raise _flow_missing(principal, name)

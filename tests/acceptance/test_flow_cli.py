@@ -53,12 +53,33 @@ def test_flow_commands(make_database: DatabaseFactory, kind: str, tmp_path: Path
     assert code == 0 and json.loads(out)["version"] == 1 and "unchanged" in err
     broken = {**GRAPH, "nodes": {**GRAPH["nodes"], "ship": {**GRAPH["nodes"]["ship"], "next": "nowhere"}}}
     code, _, err = _run("flow", "publish", "-", "--flow", "approval", *ns, *db, input=json.dumps(broken))
-    assert code == 2 and "'ship'" in err and "nowhere" in err
+    assert code == 2 and "graph: node 'ship': next 'nowhere' is not a node of the graph" in err
     code, _, err = _run("flow", "publish", "-", "--flow", "approval", *ns, *db, input="{not json")
     assert code == 2 and "not JSON" in err
+    # A graph naming a queue the namespace lacks is published (queues may come later), with a warning.
+    lacking = {"start": "a", "nodes": {"a": {"type": "task", "queue": "later", "handler": "h", "next": "b"},
+                                       "b": {"type": "poll", "queue": "later", "handler": "p", "interval_seconds": 1,
+                                             "max_rounds": 2, "done_path": "$.result.ok", "next": "e"},
+                                       "e": {"type": "end"}}}  # fmt: skip
+    code, out, err = _run("flow", "publish", "-", "--flow", "lacking", *ns, *db, input=json.dumps(lacking))
+    assert (code, out.strip()) == (0, "1")
+    assert "warning: queue 'later' (nodes 'a', 'b') does not exist in namespace 'shop'" in err
+    assert "orbit-server queue create shop later" in err
+    code, _, err = _run("flow", "publish", str(graph_file), "--flow", "approval", *ns, *db)
+    assert code == 0 and "warning" not in err  # its queue "fulfilment" exists
+
+    # A flow name the API could not address (its path takes the queue-name pattern) is bad usage.
+    for bad_name in ("", "a/b c", "x" * 65):
+        code, _, err = _run("flow", "publish", str(graph_file), "--flow", bad_name, *ns, *db)
+        assert code == 2 and "is not a flow name" in err
+    code, _, err = _run("flow", "start", "a/b", *ns, "--key", "k", *db)
+    assert code == 2 and "is not a flow name" in err
 
     code, out, _ = _run("flow", "list", *ns, "--json", *db)
-    assert code == 0 and [(f["name"], f["latest_version"]) for f in json.loads(out)] == [("approval", 1)]
+    assert code == 0 and [(f["name"], f["latest_version"]) for f in json.loads(out)] == [
+        ("approval", 1),
+        ("lacking", 1),
+    ]
     code, out, _ = _run("flow", "list", *ns, *db)
     assert out.splitlines()[0].startswith("flow\tnewest version") and "approval\t1" in out
     code, out, _ = _run("flow", "versions", "approval", *ns, *db)
@@ -90,10 +111,18 @@ def test_flow_commands(make_database: DatabaseFactory, kind: str, tmp_path: Path
     code, out, _ = _run("flow", "instances", *ns, "--flow", "approval", "--status", "running", *db)
     assert code == 0 and instance_id in out and "approval (signal:approve)" in out
 
+    # A signal no node waits for (a typo) is recorded, buffered for ever: the command warns.
+    code, _, err = _run("flow", "signal", instance_id, "aprove", "--key", "typo", *db)
+    assert code == 0 and "buffered" in err
+    assert (
+        "warning: no signal node of flow 'approval' version 1 waits for 'aprove'" in err
+        and "'approve'" in err
+    )
+
     # The signal moves the token on to the task step in the same transaction.
     signal = ("flow", "signal", instance_id, "approve", "--key", "order-1001:approve")
     code, out, err = _run(*signal, "--payload", '{"by": "ops"}', "--json", *db)
-    assert code == 0 and json.loads(out)["consumed_by_token"]
+    assert code == 0 and json.loads(out)["consumed_by_token"] and "warning" not in err
     code, out, err = _run(*signal, "--payload", '{"by": "ops"}', *db)
     assert code == 0 and "already recorded" in err
     code, _, err = _run(*signal, "--payload", '{"by": "someone else"}', *db)
@@ -152,6 +181,16 @@ def test_flow_commands(make_database: DatabaseFactory, kind: str, tmp_path: Path
         assert code == 1 and "no flow instance" in err
     code, _, err = _run("flow", "list", "--namespace", "nowhere", *db)
     assert code == 1
+
+    # An instance that fails at once (its input lacks a path) says why on stderr, not only FAILED.
+    needs = {"start": "a", "nodes": {"a": {"type": "task", "queue": "fulfilment", "handler": "h",
+                                           "params": {"x": "$.input.x"}, "next": "e"}, "e": {"type": "end"}}}  # fmt: skip
+    assert _run("flow", "publish", "-", "--flow", "needs", *ns, *db, input=json.dumps(needs))[0] == 0
+    code, _, err = _run("flow", "start", "needs", *ns, "--key", "n-1", *db)
+    assert (
+        code == 0
+        and "instance started, FAILED (flow_path_missing: node 'a': path $.input.x is missing" in err
+    )
 
 
 def test_flow_commands_as_a_real_process(make_database: DatabaseFactory, tmp_path: Path) -> None:

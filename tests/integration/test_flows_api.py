@@ -103,6 +103,7 @@ def test_start_is_idempotent_per_key(api: FlowApi, server: RunningServer) -> Non
     assert again["id"] == first["id"]
     r = api.post("submit", f"/flows/{flow}/instances", {"input": {"x": 2}}, **{"Idempotency-Key": key})
     assert r.status_code == 409 and r.json()["code"] == "idempotency_conflict"
+    assert f"already started instance {first['id']} with another" in r.json()["detail"]  # where to look
     r = api.post("submit", f"/flows/{flow}/instances", {"input": {}})
     assert r.status_code == 400 and r.json()["code"] == "idempotency_key_missing"
     r = api.post("submit", "/flows/nope/instances", {"input": {}}, **{"Idempotency-Key": "k"})
@@ -133,6 +134,8 @@ def test_roles(api: FlowApi) -> None:
     assert r.status_code == 403
     r = api.post("admin", f"/flow-instances/{instance['id']}/cancel", {})
     assert r.status_code == 409 and r.json()["code"] == "invalid_transition"
+    assert r.json()["title"] == "The flow instance is finished"  # not the task wording
+    assert "is COMPLETED: it cannot be cancelled" in r.json()["detail"]
     assert api.get("/flow-instances/nope").json()["code"] == "flow_instance_not_found"
 
 
@@ -449,6 +452,8 @@ def test_listing_pages_newest_first_with_filters_and_a_bad_graph_is_422(api: Flo
     bad = {"start": "a", "nodes": {"a": {"type": "task", "queue": QUEUE, "handler": "h", "next": "nowhere"}}}
     r = api.post("submit", f"/flows/{flow}/versions", {"graph": bad})
     assert r.status_code == 422 and "'a'" in r.text
+    # The validator's message as the README quotes it, without pydantic's "Value error, " prefix.
+    assert r.json()["detail"] == "body.graph: node 'a': next 'nowhere' is not a node of the graph"
     assert api.get(f"/flows/{flow}/versions/1").json()["version"] == 1
     assert api.get(f"/flows/{flow}/versions/2").json()["code"] == "flow_version_not_found"
 

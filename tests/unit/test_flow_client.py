@@ -150,12 +150,27 @@ async def test_republishing_the_same_graph_answers_the_existing_version(
     assert (await client.publish_flow("acme", "order", GRAPH)).version == 2
 
 
+async def test_a_flow_name_the_route_refuses_is_refused_before_sending(
+    client: Calls, mock: respx.MockRouter
+) -> None:
+    """'a/b' would otherwise reach no route (a bare 404 not_found); the name rule is the queue names'."""
+    route = mock.post(url__regex=r".*/flows/.*")
+    for name in ("a/b", "Bad Name", "", "x" * 65):
+        with pytest.raises(OrbitUsageError, match=r"is not a flow name.*nothing was sent"):
+            await client.publish_flow("acme", name, GRAPH)
+        with pytest.raises(OrbitUsageError, match="is not a flow name"):
+            await client.start_flow("acme", name, {}, idempotency_key="k")
+    assert not route.called
+
+
 async def test_an_invalid_graph_is_refused_before_sending(client: Calls, mock: respx.MockRouter) -> None:
     route = mock.post(f"{NS}/flows/order/versions")
     broken = {"start": "reserve", "nodes": {"reserve": {"type": "task", "queue": "q", "handler": "h",
                                                         "next": "nowhere"}}}  # fmt: skip
-    with pytest.raises(OrbitUsageError, match="nothing was sent"):
+    with pytest.raises(OrbitUsageError, match="nothing was sent") as refused:
         await client.publish_flow("acme", "order", broken)
+    assert "node 'reserve': next 'nowhere' is not a node" in str(refused.value)
+    assert "Value error" not in str(refused.value)
     with pytest.raises(OrbitUsageError, match="FlowGraph or a mapping"):
         await client.publish_flow("acme", "order", json.dumps(GRAPH))
     assert not route.called
@@ -192,8 +207,11 @@ async def test_list_flows_versions_and_one_version(client: Calls, mock: respx.Mo
 
 
 async def test_names_are_quoted_into_one_path_segment(client: Calls, mock: respx.MockRouter) -> None:
-    route = mock.get(f"{NS}/flows/a%2Fb/versions").mock(return_value=httpx.Response(200, json=[]))
-    assert await client.list_flow_versions("acme", "a/b") == []
+    # A flow name with "/" is refused before sending (see above); the namespace is still quoted.
+    route = mock.get(f"{NS.replace('/acme', '/a%2Fb')}/flows/order/versions").mock(
+        return_value=httpx.Response(200, json=[])
+    )
+    assert await client.list_flow_versions("a/b", "order") == []
     assert route.called
 
 
@@ -429,6 +447,7 @@ async def test_cancelling_a_finished_instance_is_an_invalid_transition(
     with pytest.raises(InvalidTransitionError) as info:
         await client.cancel_flow_instance("acme", INSTANCE_ID)
     assert info.value.outcome_known is True and route.call_count == 1
+    assert "get_flow_instance()" in str(info.value)  # the hint names the flow call, not only the task one
 
 
 async def test_a_cancel_whose_answer_was_lost_ends_outcome_unknown(

@@ -271,7 +271,7 @@ def test_a_graph_built_from_node_objects() -> None:
         (
             {"start": "a", "nodes": {"a": {"type": "parallel", "branches": ["b", "c"], "join": "e"},
                                      "b": timer("e"), "c": timer("e"), "e": END}},
-            "node 'a': join 'e' is a end node, not a join",
+            "node 'a': join 'e' is an end node, not a join",
         ),
         (
             {"start": "a", "nodes": {"a": timer("j"), "j": {"type": "join", "next": "e"}, "e": END}},

@@ -225,7 +225,15 @@ def test_a_flow_start_resent_after_an_unknown_outcome_replays_the_first_instance
             404,
             "orbit-server flow publish GRAPH.json --flow order-fulfilment --namespace shop",
         ),
-        (lambda r: problem(404, "flow_version_not_found"), "DEAD", 1, 404, "version 2 of flow"),
+        (
+            lambda r: problem(404, "flow_version_not_found"),
+            "DEAD",
+            1,
+            404,
+            # Publishing would make the next number, not 2: the hint lists the versions instead.
+            "version 2 of flow 'order-fulfilment' of namespace 'shop' does not exist for the relay's API key "
+            "(`orbit-server flow versions order-fulfilment --namespace shop` lists",
+        ),
         (lambda r: problem(404, "not_found"), "DEAD", 1, 404, "no flows API"),
         (lambda r: problem(422, "validation_error"), "DEAD", 1, 422, None),
         (lambda r: problem(409, "idempotency_conflict"), "NEEDS_RECONCILE", 1, 409, "orbit-outbox resolve"),
