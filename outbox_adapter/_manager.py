@@ -40,6 +40,7 @@ from outbox_adapter._models import (
     OutboxStatus,
     ReconcileDecision,
 )
+from outbox_adapter._sending import KeyWindow
 from outbox_adapter._tables import InboxOutcome, OutboxState, OutboxTables, RowKind
 
 if TYPE_CHECKING:
@@ -512,7 +513,7 @@ class Outbox:
         *,
         actor: str,
         dry_run: bool = False,
-        key_window_seconds: float = DEFAULT_KEY_WINDOW_SECONDS,
+        key_window_seconds: float | None = None,
         batch_size: int = 100,
         on_decision: Callable[[ReconcileDecision], None] | None = None,
         on_delivered: DeliveredHook | None = None,
@@ -541,8 +542,13 @@ class Outbox:
             client: an Orbit client with a key of the rows' namespace (``read`` role or more).
             actor: who reconciles, for the audit trail.
             dry_run: look up and decide, write nothing (every decision has ``applied=False``).
-            key_window_seconds: how long the server remembers keys, in seconds (server
-                setting ``submission_key_ttl_seconds``, default 7 days).
+            key_window_seconds: how long the server remembers keys, in seconds. ``None`` (the
+                default): the server's own window, ``submission_key_ttl_seconds`` of
+                ``GET /v1/settings``, less the relay's margin (a tenth, at most 1 h), read once
+                per call; a server without that endpoint never purges keys (no row is too old);
+                while the settings cannot be read, the shortest window a server allows (1 h) less
+                its margin, so a row is never re-sent on a guess (README "Retention and the key
+                window").
             batch_size: rows read per query.
             on_decision: called with each decision as it is made (progress display).
             on_delivered: called inside the transaction that records a ``DELIVERED``
@@ -556,7 +562,8 @@ class Outbox:
         """
         decisions: list[ReconcileDecision] = []
         after = 0
-        window = timedelta(seconds=key_window_seconds)
+        limit = KeyWindow(client).limit() if key_window_seconds is None else key_window_seconds
+        window = None if limit is None else timedelta(seconds=limit)  # None: the server never forgets a key
         while True:
             with self.transaction("read the rows to reconcile") as conn:
                 rows = q.rows_to_reconcile(conn, self.tables, after_id=after, limit=batch_size)
@@ -565,7 +572,12 @@ class Outbox:
                 return decisions
             for row in rows:
                 decision = self._reconcile_one(
-                    client, row, actor=actor, dry_run=dry_run, too_old=now - window, on_delivered=on_delivered
+                    client,
+                    row,
+                    actor=actor,
+                    dry_run=dry_run,
+                    too_old=None if window is None else now - window,
+                    on_delivered=on_delivered,
                 )
                 decisions.append(decision)
                 if on_decision is not None:
@@ -606,7 +618,7 @@ class Outbox:
                 f"the key names task {task.id} of a different submission (queue {task.queue!r}, handler "
                 f"{task.handler!r}); a person must decide ({_resolve_hint(row.id)}); the row stays NEEDS_RECONCILE"
             )
-        elif row.created_at.replace(tzinfo=None) < too_old:
+        elif too_old is not None and row.created_at.replace(tzinfo=None) < too_old:
             decision, to_state = "too_old", q.NEEDS_RECONCILE
             detail = (
                 "no task for this key, but the row is older than the server's key window, so the server may "

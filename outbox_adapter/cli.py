@@ -42,7 +42,7 @@ from outbox_adapter._consumer import DEFAULT_MAX_DELIVERIES, ResultConsumer, Res
 from outbox_adapter._db import describe_url
 from outbox_adapter._exceptions import OutboxDatabaseError, OutboxRowError, OutboxUsageError
 from outbox_adapter._logging import configure_logging
-from outbox_adapter._manager import DEFAULT_KEY_WINDOW_SECONDS, Outbox
+from outbox_adapter._manager import Outbox
 from outbox_adapter._models import OutboxRow, ReconcileDecision
 from outbox_adapter._relay import Relay
 from outbox_adapter._settings import OutboxSettings
@@ -736,11 +736,11 @@ def retry(
 @click.option(
     "--key-window",
     type=_Duration(),
-    default=f"{int(DEFAULT_KEY_WINDOW_SECONDS)}s",
-    show_default=True,
+    default=None,
     envvar="ORBIT_OUTBOX_KEY_WINDOW",
     show_envvar=True,
-    help="How long the server remembers idempotency keys; older rows are not re-sent.",
+    help="How long the server remembers idempotency keys; older rows are not re-sent. "
+    "[default: the server's, from GET /v1/settings, less a margin of a tenth (at most 1 h)]",
 )
 @_actor_option
 @_json_option
@@ -751,7 +751,7 @@ def reconcile(
     api_key: str,
     request_timeout: float,
     dry_run: bool,
-    key_window: float,
+    key_window: float | None,
     actor: str | None,
     as_json: bool,
 ) -> None:

@@ -14,9 +14,10 @@ from orbit_server._db import db_now as server_now
 from orbit_server.schema import submission_keys
 from orbit_server.schema import tasks as server_tasks
 from outbox_adapter import Outbox, OutboxTables, enqueue
+from tests.conftest import DatabaseFactory
 from tests.integration.outbox.conftest import Biz, Namespace, RelayFactory
 from tests.outbox_support import submission_count, task_count
-from tests.servers import RunningServer
+from tests.servers import RunningServer, run_server
 
 WEEK = 7 * 24 * 3600
 
@@ -108,3 +109,28 @@ def test_a_row_older_than_the_key_window_is_settled_by_its_key_and_never_makes_a
         [decision] = outbox.reconcile(client, actor="test")
     assert (decision.decision, decision.applied) == ("too_old", False)
     assert task_count(orbit, ns.name) == before + 1
+
+
+def test_reconcile_by_default_uses_the_server_s_key_window_not_a_week(
+    biz: Biz, tables: OutboxTables, make_database: DatabaseFactory
+) -> None:
+    """A server that keeps keys 1 h: a row 2 h old with no task for its key must not be re-sent by a
+    reconcile given no --key-window (the key may have been purged after it made a task). It was: the
+    default was 7 days whatever the server said."""
+    with run_server(make_database("sqlite"), submission_key_ttl_seconds=3600) as short:
+        keys = short.add_namespace("short", ("default",))
+        outbox = Outbox(biz.engine, tables=tables)
+        with biz.engine.begin() as conn:
+            old = enqueue(conn, namespace="short", queue="default", handler="h", params={}, tables=tables).id
+            young = enqueue(
+                conn, namespace="short", queue="default", handler="h", params={}, tables=tables
+            ).id
+        o = tables.outbox
+        with biz.engine.begin() as conn:
+            conn.execute(o.update().values(state="NEEDS_RECONCILE"))
+            created = conn.scalar(sa.select(o.c.created_at).where(o.c.id == old))
+            conn.execute(o.update().where(o.c.id == old).values(created_at=created - timedelta(hours=2)))
+        with OrbitClient(short.base_url, api_key=keys["read"]) as client:
+            decisions = {d.row_id: d.decision for d in outbox.reconcile(client, actor="test")}
+        assert decisions == {old: "too_old", young: "pending"}
+        assert outbox.get(old).state == "NEEDS_RECONCILE" and outbox.get(young).state == "PENDING"
