@@ -7,10 +7,12 @@
 
 from __future__ import annotations
 
+from collections import Counter
+from collections.abc import Collection
 from typing import Any
 
 import sqlalchemy as sa
-from sqlalchemy.engine import Engine
+from sqlalchemy.engine import Connection, Engine
 
 __all__ = [
     "business_engine",
@@ -20,6 +22,7 @@ __all__ = [
     "metadata",
     "provider_calls",
     "provider_effects",
+    "provider_tally",
 ]
 
 metadata = sa.MetaData()
@@ -119,3 +122,29 @@ def business_engine(url: str) -> Engine:
 def create_business_tables(engine: Engine) -> None:
     """Create the business tables if missing (the example keeps them out of Alembic for brevity)."""
     metadata.create_all(engine)
+
+
+def provider_tally(
+    conn: Connection, order_ids: Collection[str]
+) -> tuple[list[tuple[str, str, int]], Counter[str]]:
+    """What the providers did for these orders, for the demo's invariants: ``(provider, order_id,
+    effects)`` per provider and order, and the provider requests by outcome (performed, replayed,
+    declined)."""
+    effects = [
+        (provider, order_id, int(n))
+        for provider, order_id, n in conn.execute(
+            sa.select(provider_effects.c.provider, provider_effects.c.order_id, sa.func.count())
+            .where(provider_effects.c.order_id.in_(order_ids))
+            .group_by(provider_effects.c.provider, provider_effects.c.order_id)
+        )
+    ]
+    requests: Counter[str] = Counter(
+        dict(
+            conn.execute(
+                sa.select(provider_calls.c.outcome, sa.func.count())
+                .where(provider_calls.c.order_id.in_(order_ids))
+                .group_by(provider_calls.c.outcome)
+            ).all()
+        )
+    )
+    return effects, requests

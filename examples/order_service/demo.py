@@ -53,7 +53,7 @@ from rich.table import Table
 from orbit_client import OrbitClient
 
 from . import flow as fulfilment_flow
-from .db import business_engine, business_orders, create_business_tables, provider_calls, provider_effects
+from .db import business_engine, business_orders, create_business_tables, provider_tally
 from .demo_flow import Canceller, check_flow, show_flow, summarise_flow
 from .tracing import TRACE_FILE_ENV, load_spans, order_trace, render_tree
 
@@ -450,20 +450,7 @@ def summarise(
                 ).all()
             )
         )
-        effects = conn.execute(
-            sa.select(provider_effects.c.provider, provider_effects.c.order_id, sa.func.count())
-            .where(provider_effects.c.order_id.in_(order_ids))
-            .group_by(provider_effects.c.provider, provider_effects.c.order_id)
-        ).all()
-        requests = Counter(
-            dict(
-                conn.execute(
-                    sa.select(provider_calls.c.outcome, sa.func.count())
-                    .where(provider_calls.c.order_id.in_(order_ids))
-                    .group_by(provider_calls.c.outcome)
-                ).all()
-            )
-        )
+        effects, requests = provider_tally(conn, order_ids)
         completed_ids = set(
             conn.scalars(
                 sa.select(business_orders.c.order_id).where(

@@ -25,7 +25,7 @@ from rich.table import Table
 
 from orbit_client import FlowInstance, OrbitClient, OrbitError
 
-from .db import business_orders, provider_calls, provider_effects
+from .db import business_orders, provider_tally
 from .flow import CANCEL_SIGNAL, FLOW_NAME, NAMESPACE, QUEUE, STEP_HANDLERS
 
 __all__ = ["Canceller", "check_flow", "show_flow", "summarise_flow"]
@@ -120,20 +120,7 @@ def summarise_flow(
                 )
             ).all()
         )
-        effects = conn.execute(
-            sa.select(provider_effects.c.provider, provider_effects.c.order_id, sa.func.count())
-            .where(provider_effects.c.order_id.in_(order_ids))
-            .group_by(provider_effects.c.provider, provider_effects.c.order_id)
-        ).all()
-        requests = Counter(
-            dict(
-                conn.execute(
-                    sa.select(provider_calls.c.outcome, sa.func.count())
-                    .where(provider_calls.c.order_id.in_(order_ids))
-                    .group_by(provider_calls.c.outcome)
-                ).all()
-            )
-        )
+        effects, requests = provider_tally(conn, order_ids)
     statuses = Counter(status_of.values())
     with OrbitClient(orbit_url, api_key=api_key) as client:
         instances = _instances(client, wanted)
