@@ -177,9 +177,11 @@ def _lock(conn: Connection, namespace_id: int, queue: str) -> tuple[int, dict[st
     ).scalar()
     if queue_id is None:
         raise errors.QueueNotFound(f"queue {queue!r} does not exist in this namespace")
-    now = db_now(conn)
     read = sa.select(queue_gates).where(queue_gates.c.queue_id == queue_id).with_for_update()
     gate = conn.execute(read).mappings().first()
+    # The clock after the lock: a change is dated after every grant that held the gate before it
+    # (read before, a pause could be dated before grants that its lock waited for).
+    now = db_now(conn)
     if gate is None:  # a queue created by hand, without its gate
         conn.execute(
             queue_gates.insert().values(queue_id=queue_id, paused=False, control_version=1, updated_at=now)
