@@ -41,9 +41,13 @@ class MariaDB:
         self.proc: subprocess.Popen[bytes] | None = None
         self.crashes = 0
         root.mkdir(parents=True)
+        # Its own temporary directory: the bootstrap's temporary tables in the shared /tmp once met a
+        # leftover of the same name ("Could not remove temporary table", install failed).
+        self.tmpdir = root / "tmp"
+        self.tmpdir.mkdir()
         self._install = subprocess.Popen(
             ["mariadb-install-db", "--no-defaults", f"--datadir={self.datadir}", "--auth-root-authentication-method=normal",
-             "--skip-test-db", "--user=" + _user()],
+             "--skip-test-db", "--user=" + _user(), f"--tmpdir={self.tmpdir}"],
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
         )  # fmt: skip
 
@@ -70,6 +74,7 @@ class MariaDB:
         self.proc = subprocess.Popen(
             [mariadbd, "--no-defaults", f"--datadir={self.datadir}", f"--port={self.port}", "--bind-address=127.0.0.1",
              f"--socket={self.root / 'mysqld.sock'}", f"--pid-file={self.root / 'mysqld.pid'}", "--user=" + _user(),
+             f"--tmpdir={self.tmpdir}",
              "--innodb-flush-log-at-trx-commit=1", f"--log-bin={self.datadir / 'binlog'}", "--server-id=1",
              "--sync-binlog=1", "--binlog-format=ROW", "--skip-name-resolve", "--max-connections=500",
              "--innodb-buffer-pool-size=256M", "--innodb-lock-wait-timeout=20", "--character-set-server=utf8mb4",
