@@ -10,10 +10,14 @@ cronsim implements and the unit tests pin):
   Sunday of March) fires **once, at the first valid instant after the gap** (03:00 local).
 - **A local time that occurs twice** (fall back, e.g. 02:30 Europe/Berlin on the last Sunday of
   October) fires **once, at its first occurrence** (``fold=0``, still summer time).
-- Both rules are for expressions that name the hour. An expression with ``*`` in the hour field
-  (hourly, every N minutes) keeps its real-time cadence through both transitions: it fires
-  nothing extra at the end of the gap, and it fires during the repeated hour too (its times
-  there are one real hour apart from those of the first pass).
+- Both rules are for expressions that name the hour *and* the minute. An expression with a
+  range or step in the minute field of a named hour (``*/10 2 * * *``) fires in **both passes**
+  of the repeated hour (Debian cron does the same): 12 fires that night instead of 6.
+- An expression with ``*`` in the hour field (hourly, every N minutes) keeps its real-time
+  cadence through both transitions: it fires nothing extra at the end of the gap, and it fires
+  during the repeated hour too (its times there are one real hour apart from those of the first
+  pass).
+- Whatever the library answers, no fire time is ever before the ``lo`` asked for.
 
 Intervals are plain UTC arithmetic: ``start_at + k * interval_seconds`` for k = 0, 1, 2, ...
 Both kinds are bounded by ``start_at`` and ``end_at`` (inclusive).
@@ -110,7 +114,12 @@ class Trigger:
         # cronsim yields times strictly after the minute of its start: start just before lo.
         local = (lo - _MICRO).replace(tzinfo=UTC).astimezone(tz)
         for fire in CronSim(self.cron, local):
-            yield fire.astimezone(UTC).replace(tzinfo=None)
+            at = fire.astimezone(UTC).replace(tzinfo=None)
+            # A start inside the second pass of a repeated hour (fold=1) gets the first pass's
+            # time back from cronsim (e.g. 00:30 UTC for '30 2 * * *' Berlin from 01:10 UTC on the
+            # fall-back day): never a time before lo, whatever the library hands back.
+            if at >= lo:
+                yield at
 
     def next_fire(self, after: datetime) -> datetime | None:
         """The first fire time strictly after ``after``, or ``None`` past ``end_at``."""

@@ -477,12 +477,20 @@ def _fire_batch(conn: Connection, *, default_max_attempts: int, key_ttl: timedel
         )
     made = 0
     for row in claimed:
-        # A savepoint each: a schedule that cannot fire (a bug, bad stored data) leaves the others firing.
+        # A savepoint each: a schedule that cannot fire (a bug, bad stored data, a constraint its
+        # writes break) rolls back its own savepoint and leaves the others firing.
         try:
             with conn.begin_nested():
                 made += _fire_one(conn, row, now, default_max_attempts=default_max_attempts, key_ttl=key_ttl)
-        except sa.exc.DBAPIError:
-            raise  # the database's own trouble (lock conflicts, lost connection): the whole pass ends
+        except sa.exc.DBAPIError as exc:
+            if exc.connection_invalidated or is_lock_conflict(exc):
+                raise  # the transaction itself is gone (lock conflict, lost connection): the pass ends
+            log.exception(
+                "schedule %r of namespace %r could not fire (database error); "
+                "it is tried again in the next pass",
+                row["name"],
+                row["namespace_name"],
+            )
         except Exception:
             log.exception(
                 "schedule %r of namespace %r could not fire; it is tried again in the next pass",

@@ -251,3 +251,38 @@ def test_a_schedule_that_cannot_fire_leaves_the_others_firing(
     assert db.occurrences(broken) == [] and len(db.occurrences(healthy)) == 1
     assert f"schedule {broken!r}" in caplog.text and "could not fire" in caplog.text
     assert db.schedule(broken)["next_fire_at"] < db.now()  # still due: tried again in the next pass
+
+
+def test_a_database_error_of_one_schedule_rolls_back_its_savepoint_and_the_pass_goes_on(
+    db: Db, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A schedule whose fire breaks the unique occurrence index (as a fire time before its
+    next_fire_at did on a fall-back night) no longer fails the pass of every other schedule."""
+    broken = db.create(interval_seconds=60, past_seconds=30)
+    healthy = db.create(interval_seconds=60, past_seconds=20)
+    row = db.schedule(broken)
+    with db.engine.begin() as conn:  # an occurrence already written for the fire time it is about to fire
+        conn.execute(
+            schedule_occurrences.insert().values(
+                schedule_id=row["id"], scheduled_at=row["next_fire_at"], schedule_version=row["version"],
+                misfired=False, created_at=row["created_at"], task_id=None, skip_reason=None,
+                status="created",
+            )
+        )  # fmt: skip
+    assert db.fire() == 1
+    assert len(db.occurrences(healthy)) == 1
+    assert len(db.occurrences(broken)) == 1  # only the one written above: its savepoint rolled back
+    assert f"schedule {broken!r}" in caplog.text and "database error" in caplog.text
+    assert db.schedule(broken)["next_fire_at"] == row["next_fire_at"]  # still due: tried again next pass
+    assert db.fire() == 0  # and again the pass does not fail
+
+
+def test_a_schedule_created_in_the_repeated_hour_of_a_fall_back_night_starts_after_it(db: Db) -> None:
+    """Created at 01:10 UTC on 25 October 2026 (02:10 CET, second pass), ``30 2 * * *`` Berlin
+    gets the next day's 02:30 CET, never the first pass's 00:30 UTC before its start."""
+    trigger = schedules._trigger(
+        {"cron": "30 2 * * *", "interval_seconds": None, "timezone": "Europe/Berlin",
+         "start_at": datetime(2026, 10, 25, 1, 10), "end_at": None}
+    )  # fmt: skip
+    first = schedules._first_fire(trigger, datetime(2026, 10, 25, 1, 10), None)
+    assert first == datetime(2026, 10, 26, 1, 30)

@@ -213,3 +213,30 @@ def test_the_idempotency_key_is_the_schedule_id_and_the_utc_fire_time() -> None:
     assert format_fire_time(at) == "2026-03-29T01:00:00Z"
     assert idempotency_key("0b7c", at) == "schedule:0b7c:2026-03-29T01:00:00Z"
     assert format_fire_time(utc(2026, 3, 29, 1, 0, 0, 5)) == "2026-03-29T01:00:00.000005Z"
+
+
+@pytest.mark.parametrize(
+    "lo",
+    [
+        utc(2026, 10, 25, 1, 0, 1),
+        utc(2026, 10, 25, 1, 10),
+        utc(2026, 10, 25, 1, 29, 59),
+        utc(2026, 10, 25, 1, 30),
+    ],
+)
+def test_fall_back_a_start_in_the_repeated_hour_never_gets_a_fire_time_before_it(lo: datetime) -> None:
+    """From (01:00, 01:30] UTC on 25 October 2026 (the second pass of 02:xx Berlin), cronsim hands
+    back the first pass's 00:30 UTC; the next fire is the next day's 02:30 CET."""
+    trigger = cron("30 2 * * *")
+    assert trigger.next_fire(lo - timedelta(microseconds=1)) == utc(2026, 10, 26, 1, 30)
+    assert trigger.first_fires(lo, utc(2026, 10, 27), 5) == [utc(2026, 10, 26, 1, 30)]
+    assert all(f >= lo for f in trigger.first_fires(lo, utc(2026, 10, 27), 50))
+
+
+def test_fall_back_a_minute_step_of_a_named_hour_fires_in_both_passes() -> None:
+    """``*/10 2 * * *`` fires 6 times in summer time and 6 in winter time (README "Daylight saving")."""
+    fires = cron("*/10 2 * * *").first_fires(utc(2026, 10, 24, 23), utc(2026, 10, 25, 3), 20)
+    assert len(fires) == 12
+    assert [local(f) for f in fires[5:7]] == ["2026-10-25 02:50 CEST", "2026-10-25 02:00 CET"]
+    late = cron("*/10 2 * * *").first_fires(utc(2026, 10, 25, 1, 15), utc(2026, 10, 25, 3), 20)
+    assert late == [utc(2026, 10, 25, 1, m) for m in (20, 30, 40, 50)]
