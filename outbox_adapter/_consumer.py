@@ -141,10 +141,13 @@ class ResultConsumer:
         lease_seconds: how long the server waits for an ack before delivering again, in
             seconds. It should cover handling a whole batch: deliveries are handled one after
             another, and one is applied only while at least ``min(5, max(0.1, lease_seconds /
-            10))`` seconds (or the longest apply seen, if longer) of its lease are left, counted
-            from before the lease request; the rest is left to its lease and comes back. A
-            delivery whose lease ran out while it was applied is not acked (it comes back and
-            is acked as a duplicate). Default ``30.0``.
+            10))`` seconds of its lease are left, counted from before the lease request (after
+            the first delivery of a batch, also at least the recent apply time: the slowest
+            apply, halved at every later apply, so one slow apply is forgotten after a few fast
+            ones); the rest is left to its lease and comes back. The first delivery of every
+            batch is always applied while the margin is left, so a slow apply never stops the
+            consumer. A delivery whose lease ran out while it was applied is not acked (it comes
+            back and is acked as a duplicate). Default ``30.0``.
         poll_interval: seconds to wait after a lease returned less than a full batch. Default ``1.0``.
         max_deliveries: deliveries after which an event whose handler still fails is
             parked as ``FAILED`` and acked; ``None`` means never. Default ``10``.
@@ -220,7 +223,8 @@ class ResultConsumer:
         self.metrics_server: MetricsServer | None = None
         #: Seconds of lease a delivery needs left for the consumer to start applying it.
         self.lease_margin = min(5.0, max(0.1, lease_seconds / 10))
-        self._slowest_apply = 0.0
+        #: Seconds a recent apply took: the slowest, halved at every later apply (a decaying maximum).
+        self.apply_estimate = 0.0
         self._faults = Faults.from_env()
         self._stopping = threading.Event()
         self._outages = {
@@ -369,18 +373,24 @@ class ResultConsumer:
         deadline: float,
     ) -> None:
         """Handle ``deliveries`` in order while their lease (ending at monotonic ``deadline``) allows:
-        a delivery is applied only with at least :attr:`lease_margin` seconds (or the longest apply
-        seen, if longer) of lease left; the rest is left to its lease and comes back."""
+        a delivery is applied only with at least :attr:`lease_margin` seconds of lease left (and,
+        after the first of the batch, :attr:`apply_estimate`); the rest is left to its lease and
+        comes back. The first is judged by the margin alone, so a slow apply in the past (a lock
+        wait, a frozen database) never makes the consumer refuse every delivery."""
         for index, delivery in enumerate(deliveries):
             left = len(deliveries) - index
             remaining = deadline - time.monotonic()
-            if remaining < max(self.lease_margin, self._slowest_apply):
+            needed = self.lease_margin if index == 0 else max(self.lease_margin, self.apply_estimate)
+            if remaining < needed:
                 stats.unprocessed += left
+                if self.metrics is not None:
+                    self.metrics.left_to_lease.labels(self.subscription).inc(left)
                 log.warning(
-                    "%.2f s of lease left for %d deliveries, too little to apply the next; left to their lease "
-                    "(they come back): lease fewer (batch_size) or for longer (lease_seconds)",
+                    "%.2f s of lease left for %d deliveries, too little to apply the next (%.2f s needed); left "
+                    "to their lease (they come back): lease fewer (batch_size) or for longer (lease_seconds)",
                     max(remaining, 0.0),
                     left,
+                    needed,
                     extra={"event": "lease_running_out", "left": left},
                 )
                 return
@@ -482,7 +492,7 @@ class ResultConsumer:
         took = time.monotonic() - started
         if self.metrics is not None:
             self.metrics.handled(self.subscription, kind, took)
-        self._slowest_apply = max(self._slowest_apply, took)
+        self._estimate(took, extra)
         if self._faults is not None:
             self._faults.after_commit(event.id)
         if deadline is not None and time.monotonic() >= deadline:
@@ -496,6 +506,25 @@ class ResultConsumer:
             return kind
         self._ack(delivery, stats, extra)
         return kind
+
+    def _estimate(self, took: float, extra: dict[str, Any]) -> None:
+        """Fold one apply's ``took`` seconds into :attr:`apply_estimate` (a decaying maximum: the
+        slowest, halved at every later apply), and warn about an apply that took half the lease."""
+        self.apply_estimate = max(took, self.apply_estimate / 2)
+        if self.metrics is not None:
+            self.metrics.apply_estimate.labels(self.subscription).set(self.apply_estimate)
+        if took >= self.lease_seconds / 2:
+            if self.metrics is not None:
+                self.metrics.slow_applies.labels(self.subscription).inc()
+            log.warning(
+                "event %s took %.2f s to apply, %.0f%% of the %.1f s lease (a lock wait, a slow or frozen "
+                "business database?): later deliveries of its batch may be left to their lease",
+                extra["event_id"],
+                took,
+                100 * took / self.lease_seconds,
+                self.lease_seconds,
+                extra={**extra, "event": "slow_apply", "seconds": took},
+            )
 
     def _apply(self, delivery: Delivery) -> str:
         """The business transaction: inbox row + handler, or nothing for a duplicate.

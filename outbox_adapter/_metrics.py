@@ -324,8 +324,11 @@ class ConsumerMetrics:
     Counters (result events): ``orbit_consumer_events_applied_total``,
     ``orbit_consumer_events_duplicate_total``, ``orbit_consumer_events_parked_total`` (recorded
     FAILED after ``max_deliveries``), ``orbit_consumer_handler_failures_total`` (rolled back, not
-    acked), ``orbit_consumer_ack_failures_total``; histogram ``orbit_consumer_apply_duration_seconds``.
-    Labels: ``subscription``.
+    acked), ``orbit_consumer_ack_failures_total``, ``orbit_consumer_deliveries_left_to_lease_total``
+    (too little lease left to apply them: they come back), ``orbit_consumer_slow_applies_total``
+    (an apply took half the lease or more: alert on its rate); gauge
+    ``orbit_consumer_apply_estimate_seconds`` (the recent apply time a delivery after the first of
+    a batch needs left); histogram ``orbit_consumer_apply_duration_seconds``. Labels: ``subscription``.
 
     Args:
         registry: where to register; ``None`` means a new ``CollectorRegistry``.
@@ -359,6 +362,19 @@ class ConsumerMetrics:
         self.ack_failures = p.Counter(
             "orbit_consumer_ack_failures", "Acks that failed after the commit (the event comes back).", labels,
             registry=r,
+        )  # fmt: skip
+        self.left_to_lease = p.Counter(
+            "orbit_consumer_deliveries_left_to_lease",
+            "Leased deliveries not applied because too little of their lease was left (they come back).",
+            labels, registry=r,
+        )  # fmt: skip
+        self.slow_applies = p.Counter(
+            "orbit_consumer_slow_applies", "Applies that took half the delivery lease or more.", labels,
+            registry=r,
+        )  # fmt: skip
+        self.apply_estimate = p.Gauge(
+            "orbit_consumer_apply_estimate_seconds",
+            "Recent apply time (the slowest, halved at every later apply), in seconds.", labels, registry=r,
         )  # fmt: skip
         self.apply_seconds = p.Histogram(
             "orbit_consumer_apply_duration_seconds",

@@ -20,6 +20,7 @@ from sqlalchemy.engine import Connection
 from orbit_client import NotFoundError, OrbitConnectError, ResultEvent, TaskStatus
 from outbox_adapter import (
     Backoff,
+    ConsumerMetrics,
     InboxOutcome,
     Outbox,
     OutboxDatabaseError,
@@ -368,3 +369,35 @@ def test_a_delivery_is_applied_only_while_its_lease_allows_and_never_acked_after
     fake.expire_leases()  # it comes back once more: a duplicate now, acked
     stats = consumer(engine, fake, slow, lease_seconds=10.0, batch_size=3).run_once()
     assert (stats.duplicates, stats.acked) == (1, 1) and fake.acks == ["d-e1", "d-e2", "d-e3"]
+
+
+def test_one_slow_apply_is_forgotten_and_later_deliveries_are_applied(
+    engine: sa.Engine, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """An apply that took longer than the whole lease (a lock wait behind another transaction)
+    used to make every later delivery look as if too little lease was left, for ever."""
+    clock = _Clock()
+    monkeypatch.setattr("outbox_adapter._consumer.time", clock)
+    with engine.begin() as conn:
+        conn.execute(orders.insert(), [{"id": i, "status": "PENDING"} for i in range(10, 30)])
+    fake = FakeSubscription()
+    fake.publish(succeeded("slow", 1))
+    took = {"slow": 12.0}  # lease 10 s + 2 s
+
+    def handler(conn: Connection, event: ResultEvent) -> None:
+        apply_result(conn, event)
+        clock.now += took.get(event.id, 0.05)
+
+    metrics = ConsumerMetrics()
+    one = consumer(engine, fake, handler, lease_seconds=10.0, batch_size=10, metrics=metrics)
+    stats = one.run_once()
+    assert (stats.applied, stats.ack_skipped) == (1, 1)
+    for n in range(10, 30):
+        fake.publish(succeeded(f"e{n}", n))
+    stats = one.run_once()  # the same consumer, 20 new results
+    assert stats.applied == 20 and stats.acked == 20
+    assert state(engine)["orders"][29] == ("COMPLETED", 1)
+    assert one.apply_estimate < 1.0  # the slow apply is forgotten
+    assert "slow_apply" in [getattr(r, "event", None) for r in caplog.records]  # ...but was alerted on
+    slow = metrics.registry.get_sample_value("orbit_consumer_slow_applies_total", {"subscription": SUB})
+    assert slow == 1.0
