@@ -32,6 +32,7 @@ try:
         enqueue_flow,
         enqueue_flow_async,
     )
+    from outbox_adapter._db import is_transient_db_error
     from outbox_adapter._exceptions import (
         InvalidStateError,
         OutboxDatabaseError,
@@ -104,6 +105,7 @@ __all__ = [
     "enqueue_flow",
     "enqueue_flow_async",
     "head_revision",
+    "is_transient_db_error",
 ]
 
 

@@ -33,6 +33,7 @@ __all__ = [
     "create_engine",
     "db_now",
     "describe_url",
+    "is_transient_db_error",
     "needs_read_committed",
     "now_sql",
     "pin_connection",
@@ -43,8 +44,18 @@ __all__ = [
     "translate_db_error",
 ]
 
-#: MySQL/MariaDB error numbers meaning "try again": lock wait timeout, deadlock, server gone/lost/refused.
-_MYSQL_TRANSIENT = {1205, 1213, 2002, 2003, 2006, 2013}
+#: MySQL/MariaDB error numbers meaning "try again" (README "Outages"), the one list of the relay,
+#: the consumer and the reference worker: too many connections (1040), Galera node not ready
+#: (1047), shutdown in progress (1053), lock wait timeout (1205), deadlock (1213), read-only
+#: (1836 MySQL super_read_only; 1290 below), connection killed (1927), idle connection closed
+#: (4031), server gone / lost / refused (2002, 2003, 2006, 2013, 2055).
+_MYSQL_TRANSIENT = {1040, 1047, 1053, 1205, 1213, 1836, 1927, 4031, 2002, 2003, 2006, 2013, 2055}
+#: "The server is running with the --read-only option" (an old primary during a failover) is 1290,
+#: which also names other options (--secure-file-priv, ...): transient only when it says read-only.
+_MYSQL_OPTION_PREVENTS = 1290
+#: PostgreSQL SQLSTATEs meaning "try again": serialization failure, deadlock, admin shutdown,
+#: cannot connect now, read-only transaction (a standby after a failover), connection exceptions.
+_PG_TRANSIENT = {"40001", "40P01", "57P01", "57P03", "25006", "08000", "08001", "08003", "08006"}
 #: MySQL/MariaDB "table doesn't exist".
 _MYSQL_NO_TABLE = 1146
 _SQLITE_NOW = "strftime('%Y-%m-%d %H:%M:%f', 'now') || '000'"
@@ -312,23 +323,33 @@ def _isolation_of(conn: Connection) -> str:
         ) from exc  # fmt: skip
 
 
+def is_transient_db_error(exc: BaseException) -> bool:
+    """``True`` when ``exc`` is a database failure that heals by itself and is waited out (README
+    "Outages"): a lost or refused connection, a deadlock or lock wait timeout, a server shutting
+    down, a read-only server (an old primary during a failover: MySQL/MariaDB 1290 and 1836,
+    PostgreSQL 25006), SQLite's "database is locked". The one list of the relay, the consumer and
+    the reference service's worker (which reports such a failure as retryable).
+
+    Args:
+        exc: any exception; a SQLAlchemy ``DBAPIError`` (or an :class:`OutboxDatabaseError`, by
+            its ``retryable``) is judged, anything else is ``False``.
+    """
+    if isinstance(exc, OutboxDatabaseError):
+        return exc.retryable
+    return isinstance(exc, sa.exc.DBAPIError) and _is_transient(exc)
+
+
 def _is_transient(exc: sa.exc.DBAPIError) -> bool:
     if exc.connection_invalidated or isinstance(exc, sa.exc.InterfaceError | sa.exc.DisconnectionError):
         return True
     orig = exc.orig
     args = getattr(orig, "args", ())
-    if args and isinstance(args[0], int) and args[0] in _MYSQL_TRANSIENT:
-        return True
-    if getattr(orig, "sqlstate", None) in (
-        "40001",
-        "40P01",
-        "57P01",
-        "57P03",
-        "08000",
-        "08001",
-        "08003",
-        "08006",
-    ):
+    if args and isinstance(args[0], int):
+        if args[0] in _MYSQL_TRANSIENT:
+            return True
+        if args[0] == _MYSQL_OPTION_PREVENTS and "read-only" in str(args[1:]).replace("read_only", "read-only"):
+            return True
+    if getattr(orig, "sqlstate", None) in _PG_TRANSIENT:
         return True
     if isinstance(orig, sqlite3.OperationalError):
         text = str(orig)

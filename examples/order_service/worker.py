@@ -26,6 +26,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
 from orbit_client import JsonFormatter, OrbitClient, RetryableError, TaskContext, Worker
+from outbox_adapter import is_transient_db_error
 
 from . import flow
 from .db import business_engine, journal_entries
@@ -114,7 +115,7 @@ def _retry_when_the_database_is_down(
         try:
             return step(ctx)
         except sa.exc.DBAPIError as exc:
-            if exc.connection_invalidated or isinstance(exc, sa.exc.OperationalError | sa.exc.InterfaceError):
+            if is_transient_db_error(exc):  # the relay's and the consumer's list (README "Outages")
                 raise RetryableError(f"business database unavailable: {exc.orig!r}") from exc
             raise
 
@@ -140,7 +141,9 @@ def make_handler(engine: Engine, *, fault: str | None = None) -> Callable[[TaskC
             # The business database went away (a restart, a failover, a cut connection): every step is
             # journaled and every provider call idempotent, so the next attempt resumes safely. Reported
             # as not retryable, it would fail the order, perhaps after the card was charged.
-            if exc.connection_invalidated or isinstance(exc, sa.exc.OperationalError | sa.exc.InterfaceError):
+            # The one list of transient errors, shared with the relay and the consumer (a read-only
+            # old primary during a failover is one: MariaDB 1290).
+            if is_transient_db_error(exc):
                 raise RetryableError(f"business database unavailable: {exc.orig!r}") from exc
             raise
 

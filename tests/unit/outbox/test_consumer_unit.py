@@ -401,3 +401,47 @@ def test_one_slow_apply_is_forgotten_and_later_deliveries_are_applied(
     assert "slow_apply" in [getattr(r, "event", None) for r in caplog.records]  # ...but was alerted on
     slow = metrics.registry.get_sample_value("orbit_consumer_slow_applies_total", {"subscription": SUB})
     assert slow == 1.0
+
+
+def _read_only() -> sa.exc.OperationalError:
+    """What PyMySQL raises on an UPDATE against a MariaDB started with --read-only (a failover's old primary)."""
+    import pymysql
+
+    orig = pymysql.err.OperationalError(
+        1290, "The MariaDB server is running with the --read-only option so it cannot execute this statement"
+    )
+    return sa.exc.OperationalError("UPDATE orders", {}, orig)
+
+
+def test_a_read_only_database_is_transient_for_the_relay_the_consumer_and_the_worker(
+    engine: sa.Engine,
+) -> None:
+    """MariaDB 1290 (--read-only) made the relay and the consumer exit 3 and crash-loop."""
+    import pymysql
+
+    from outbox_adapter import is_transient_db_error
+    from outbox_adapter._db import translate_db_error
+
+    assert is_transient_db_error(_read_only())
+    assert translate_db_error(_read_only(), "claim a batch of outbox rows").retryable
+    other_option = pymysql.err.OperationalError(1290, "running with the --secure-file-priv option")
+    assert not is_transient_db_error(sa.exc.OperationalError("SELECT", {}, other_option))
+    assert not is_transient_db_error(ValueError("not a database error"))
+
+    fake = FakeSubscription(instant_expiry=True)
+    fake.publish(succeeded("e1", 1))
+    calls: list[str] = []
+
+    def handler(conn: Connection, event: ResultEvent) -> None:
+        calls.append(event.id)
+        if len(calls) == 1:
+            raise _read_only()
+        apply_result(conn, event)
+
+    running = consumer(engine, fake, handler, max_deliveries=1)  # would park at once on a handler failure
+    thread = threading.Thread(target=running.run)
+    thread.start()
+    assert fake.acked_event.wait(10)
+    running.stop()
+    thread.join(10)
+    assert calls == ["e1", "e1"] and [row[:2] for row in state(engine)["inbox"]] == [("e1", "APPLIED")]
