@@ -78,10 +78,12 @@ provider_calls = sa.Table(
     sa.Column("provider", sa.String(16), nullable=False),  # reserve, charge, receipt
     sa.Column("order_id", sa.String(64), nullable=False),
     sa.Column("idempotency_key", sa.String(255), nullable=False),
+    # The fencing token: the Orbit task and its attempt's generation.
+    sa.Column("task_id", sa.String(36), nullable=False),
     sa.Column("generation", sa.Integer, nullable=False),
     sa.Column("outcome", sa.String(16), nullable=False),  # performed, replayed, declined, stale
     sa.Column("created_at", sa.DateTime, nullable=False, server_default=_now),
-    sa.Index("ix_provider_calls_order", "order_id", "provider"),
+    sa.Index("ix_provider_calls_order", "order_id", "task_id"),
 )
 
 # The side effects themselves: what a real provider would have done (reserved, charged, issued).

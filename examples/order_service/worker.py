@@ -30,7 +30,7 @@ from outbox_adapter import is_transient_db_error
 
 from . import flow
 from .db import business_engine, journal_entries
-from .providers import Providers
+from .providers import Providers, StaleGeneration
 
 __all__ = ["FAULT_ENV", "durable_step", "main", "make_flow_handlers", "make_handler", "settle_outcome"]
 
@@ -54,21 +54,29 @@ def durable_step(
 
     The step runs outside any transaction; its result is written in a short one. If
     another attempt journaled the step first, its result is the one that counts.
+
+    Fencing: the journal refuses an attempt older than one it has already seen for the task
+    (an entry of a higher generation): a worker that lost its lease and resumed (a stopped
+    process, a long pause) raises :class:`~.providers.StaleGeneration` instead of running or
+    journaling a step after a newer attempt has.
     """
-    where = (journal_entries.c.task_id == ctx.task.id, journal_entries.c.step_index == index)
+    task_id = ctx.task.id
+    where = (journal_entries.c.task_id == task_id, journal_entries.c.step_index == index)
     with engine.begin() as conn:
+        _refuse_stale(conn, task_id, ctx.generation, name)
         done = conn.scalar(sa.select(journal_entries.c.result).where(*where))
     if done is not None:
-        log.info("step %s of task %s already journaled; skipped", name, ctx.task.id)
+        log.info("step %s of task %s already journaled; skipped", name, task_id)
         return dict(done)
     result = run()
     if after_run is not None:
         after_run()
     try:
         with engine.begin() as conn:
+            _refuse_stale(conn, task_id, ctx.generation, name)
             conn.execute(
                 journal_entries.insert().values(
-                    task_id=ctx.task.id, step_index=index, step_name=name, status="COMPLETED", result=result,
+                    task_id=task_id, step_index=index, step_name=name, status="COMPLETED", result=result,
                     generation=ctx.generation,
                 )
             )  # fmt: skip
@@ -76,6 +84,18 @@ def durable_step(
         with engine.begin() as conn:
             return dict(conn.scalar(sa.select(journal_entries.c.result).where(*where)))
     return result
+
+
+def _refuse_stale(conn: sa.Connection, task_id: str, generation: int, name: str) -> None:
+    """Raise :class:`~.providers.StaleGeneration` if the journal holds an entry of the task from a
+    newer attempt than ``generation``."""
+    newest = conn.scalar(
+        sa.select(sa.func.max(journal_entries.c.generation)).where(journal_entries.c.task_id == task_id)
+    )
+    if newest is not None and generation < newest:
+        raise StaleGeneration(
+            f"step {name} of task {task_id}: generation {generation} < {newest} already journaled (lease lost)"
+        )
 
 
 def _fault_hook(fault: str | None) -> Callable[[], None]:
@@ -152,17 +172,17 @@ def make_handler(engine: Engine, *, fault: str | None = None) -> Callable[[TaskC
         order_id, generation = p["order_id"], ctx.generation
         reservation = durable_step(
             engine, ctx, 0, "reserve_inventory",
-            lambda: {"reservation_id": providers.reserve(order_id, p["sku"], p["quantity"], generation=generation)},
+            lambda: {"reservation_id": providers.reserve(order_id, p["sku"], p["quantity"], task_id=ctx.task.id, generation=generation)},
         )  # fmt: skip
         ctx.raise_if_cancelled()
         payment = durable_step(
             engine, ctx, 1, "charge_payment",
-            lambda: {"payment_id": providers.charge(order_id, Decimal(p["amount"]), generation=generation)},
+            lambda: {"payment_id": providers.charge(order_id, Decimal(p["amount"]), task_id=ctx.task.id, generation=generation)},
             after_run=hang_if_asked,
         )  # fmt: skip
         receipt = durable_step(
             engine, ctx, 2, "issue_receipt",
-            lambda: {"receipt_id": providers.issue_receipt(order_id, payment["payment_id"], generation=generation)},
+            lambda: {"receipt_id": providers.issue_receipt(order_id, payment["payment_id"], task_id=ctx.task.id, generation=generation)},
         )  # fmt: skip
         return {**reservation, **payment, **receipt}
 
@@ -205,31 +225,41 @@ def make_flow_handlers(
         p = ctx.params
         return {
             "reservation_id": providers.reserve(
-                p["order_id"], p["sku"], p["quantity"], generation=ctx.generation
+                p["order_id"], p["sku"], p["quantity"], task_id=ctx.task.id, generation=ctx.generation
             )
         }
 
     def charge(ctx: TaskContext) -> dict[str, Any]:
         p = ctx.params
         return {
-            "payment_id": providers.charge(p["order_id"], Decimal(p["amount"]), generation=ctx.generation)
+            "payment_id": providers.charge(
+                p["order_id"], Decimal(p["amount"]), task_id=ctx.task.id, generation=ctx.generation
+            )
         }
 
     def receipt(ctx: TaskContext) -> dict[str, Any]:
         p = ctx.params
         return {
-            "receipt_id": providers.issue_receipt(p["order_id"], p["payment_id"], generation=ctx.generation)
+            "receipt_id": providers.issue_receipt(
+                p["order_id"], p["payment_id"], task_id=ctx.task.id, generation=ctx.generation
+            )
         }
 
     def notify(ctx: TaskContext) -> dict[str, Any]:
         p = ctx.params
         return {
-            "message_id": providers.notify(p["order_id"], p["kind"], generation=ctx.generation),
+            "message_id": providers.notify(
+                p["order_id"], p["kind"], task_id=ctx.task.id, generation=ctx.generation
+            ),
             "kind": p["kind"],
         }
 
     def release(ctx: TaskContext) -> dict[str, Any]:
-        return {"release_id": providers.release(ctx.params["order_id"], generation=ctx.generation)}
+        return {
+            "release_id": providers.release(
+                ctx.params["order_id"], task_id=ctx.task.id, generation=ctx.generation
+            )
+        }
 
     def settle(ctx: TaskContext) -> dict[str, Any]:
         return settle_outcome(ctx.params)
