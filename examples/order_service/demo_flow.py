@@ -6,7 +6,8 @@ instance per order; every task on the queue for an order is a step of its instan
 (node, activation) has two tasks; the order's status is its instance's (``COMPLETED`` or, when
 the receipt failed, ``NEEDS_REVIEW`` ↔ ``COMPLETED``; ``FAILED`` ↔ ``FAILED``; ``CANCELLED`` ↔
 ``CANCELLED``); each provider acted at most once per order; every completed order was charged and
-no cancelled order was; only orders whose customer asked to cancel are cancelled.
+no cancelled order was; no charged order is left ``PENDING``; only orders whose customer asked to
+cancel are cancelled.
 """
 
 from __future__ import annotations
@@ -185,6 +186,10 @@ def summarise_flow(
         "provider_max_per_order": {p: most.get(p, 0) for p in PROVIDERS},
         "provider_requests": dict(requests),
         "completed_orders_charged_once": completed <= by_provider["charge"],
+        # Money taken and the business not told: never (the settle step has no deadline and a review twin).
+        "charged_orders_pending": len(
+            {o for o, s in status_of.items() if s == "PENDING"} & by_provider["charge"]
+        ),
         "cancelled_orders_uncharged": not (cancelled & by_provider["charge"]),
         "cancelled_orders_released": cancelled <= by_provider["release"],
         "faults_injected": faults,
@@ -221,6 +226,7 @@ def check_flow(s: dict[str, Any]) -> bool:
         and not s["status_mismatches"]
         and all(n <= 1 for n in s["provider_max_per_order"].values())
         and s["completed_orders_charged_once"]
+        and s["charged_orders_pending"] == 0
         and s["cancelled_orders_uncharged"]
         and s["cancelled_orders_released"]
         and s["cancelled_without_request"] == 0
@@ -231,7 +237,7 @@ def show_flow(s: dict[str, Any], ok: bool) -> None:
     out = Console()
     table = Table("measure", "value", title="Order service demo (fulfilment as a flow)")
     for key in ("orders_total", "orders_completed", "orders_failed", "orders_cancelled", "orders_needs_review",
-                "orders_pending", "cancel_requested", "cancel_too_late", "flow_instances", "duplicate_instances", "steps",
+                "orders_pending", "charged_orders_pending", "cancel_requested", "cancel_too_late", "flow_instances", "duplicate_instances", "steps",
                 "tasks_created", "duplicate_tasks", "faults_injected", "elapsed_s"):  # fmt: skip
         table.add_row(key, str(s[key]))
     table.add_row("instance status", ", ".join(f"{k} {v}" for k, v in sorted(s["instance_status"].items())))

@@ -27,7 +27,13 @@ Decisions (documented in the README):
 - **Results back to the order service** go through the inbox as today: every path ends in an
   ``orders.settle`` step whose result is the order's outcome (``{order_id, status, ids, reason}``);
   the result consumer applies that task's result event to ``business_orders`` exactly once
-  (:func:`~.consumer.apply_result`). The settle step has no side effect, so it is always safe to run.
+  (:func:`~.consumer.apply_result`). The settle step has no side effect, so it is always safe to run:
+  it has **no deadline** and up to :data:`SETTLE_ATTEMPTS` attempts, and should it fail all the same,
+  its ``on_failure`` is its review twin (``settle_review`` for ``settle``, ...), a settle step with
+  the same steps that tells the order service ``NEEDS_REVIEW`` ("the settle step failed"). No path
+  ends with the card charged and the order ``PENDING``.
+- **Deadlines** of the other steps are :data:`STEP_DEADLINE` seconds (each task's whole life, queue
+  time included): long enough for a loaded machine, where 60 s was not.
 - **Idempotent steps**: each step is one task; its side effect goes to a provider with a key per order
   and step (``{order_id}:charge``) and the attempt's fencing generation, and is journaled per task,
   exactly like the steps of ``orders.fulfil``. A receipt or notification that keeps failing does not
@@ -49,7 +55,9 @@ __all__ = [
     "PAYMENT_GRACE",
     "PAYMENT_SIGNAL",
     "PAYMENT_WAIT",
+    "SETTLE_ATTEMPTS",
     "SETTLE_HANDLER",
+    "STEP_DEADLINE",
     "STEP_HANDLERS",
     "graph",
     "publish",
@@ -64,6 +72,10 @@ CANCEL_WINDOW = 2.0
 PAYMENT_GRACE = 1.0
 #: Seconds the flow waits for ``payment_updated`` after the reminder before it gives the order up.
 PAYMENT_WAIT = 3.0
+#: Seconds a step task may take, queueing and all its attempts included (its deadline).
+STEP_DEADLINE = 900
+#: Attempts of a settle step (the most a task node takes); it has no deadline.
+SETTLE_ATTEMPTS = 100
 
 RESERVE, CHARGE, RECEIPT, NOTIFY, RELEASE = (
     "orders.reserve", "orders.charge", "orders.receipt", "orders.notify", "orders.release",
@@ -77,7 +89,7 @@ _ORDER = "$.input.order_id"
 def _task(handler: str, params: dict[str, Any], next_: str, **extra: Any) -> dict[str, Any]:
     # Retry-safe steps (the providers' keys make a rerun harmless), 5 attempts as orders.fulfil has.
     node = {"type": "task", "queue": QUEUE, "handler": handler, "params": params, "max_attempts": 5,
-            "retry_safe": True, "timeout_seconds": 60, "next": next_}  # fmt: skip
+            "retry_safe": True, "timeout_seconds": STEP_DEADLINE, "next": next_}  # fmt: skip
     return node | extra
 
 
@@ -89,7 +101,26 @@ def _settle(status: str, reason: str | None, next_: str, **steps: str) -> dict[s
         "reason": reason,
     }
     params |= {name: path for name, path in steps.items()}
-    return _task(SETTLE_HANDLER, params, next_)
+    node = _task(SETTLE_HANDLER, params, next_, max_attempts=SETTLE_ATTEMPTS)
+    del node["timeout_seconds"]  # no deadline: the business must always be told
+    return node
+
+
+_REVIEW_REASON = "the settle step failed; check the order (it may be charged) and its flow instance by hand"
+
+
+def _with_reviews(nodes: dict[str, Any]) -> dict[str, Any]:
+    """Give every settle node an ``on_failure``: its twin ``<name>_review`` (same steps, status
+    ``NEEDS_REVIEW``), which ends the instance at ``reviewed``."""
+    out = dict(nodes)
+    for name, node in nodes.items():
+        if node.get("handler") == SETTLE_HANDLER:
+            out[name] = node | {"on_failure": f"{name}_review"}
+            review = node | {"next": "reviewed"}
+            review["params"] = node["params"] | {"status": "NEEDS_REVIEW", "reason": _REVIEW_REASON}
+            out[f"{name}_review"] = review
+    out["reviewed"] = {"type": "end", "output": {"order_id": _ORDER}}
+    return out
 
 
 def graph(
@@ -101,86 +132,91 @@ def graph(
     """The fulfilment graph as JSON data (README "Flows: graph format"); the waits in seconds."""
     return {
         "start": "reserve",
-        "nodes": {
-            "reserve": _task(
-                RESERVE,
-                {"order_id": _ORDER, "sku": "$.input.sku", "quantity": "$.input.quantity"},
-                "wait_cancel",
-                on_failure="settle_reserve_failed",
-            ),
-            "wait_cancel": {
-                "type": "signal",
-                "signal": CANCEL_SIGNAL,
-                "timeout_seconds": cancel_window,
-                "next": "release",
-                "on_timeout": "charge",
-            },
-            "charge": _task(
-                CHARGE, {"order_id": _ORDER, "amount": "$.input.amount"}, "fanout", on_failure="payment_grace"
-            ),
-            "fanout": {"type": "parallel", "branches": ["receipt", "notify"], "join": "joined"},
-            "receipt": _task(
-                RECEIPT,
-                {"order_id": _ORDER, "payment_id": "$.steps.charge.result.payment_id"},
-                "joined",
-                on_failure="joined",
-            ),
-            "notify": _task(
-                NOTIFY,
-                {"order_id": _ORDER, "customer": "$.input.customer", "kind": "order_confirmation"},
-                "joined",
-                on_failure="joined",
-            ),
-            "joined": {"type": "join", "next": "settle"},
-            "settle": _settle(
-                "COMPLETED",
-                None,
-                "done",
-                reserve="$.steps.reserve",
-                charge="$.steps.charge",
-                receipt="$.steps.receipt",
-            ),
-            "done": {
-                "type": "end",
-                "output": {"order_id": _ORDER, "payment_id": "$.steps.charge.result.payment_id"},
-            },
-            # Cancelled before the charge: give the stock back, then tell the order service.
-            "release": _task(RELEASE, {"order_id": _ORDER, "reason": "cancelled"}, "settle_cancelled"),
-            "settle_cancelled": _settle(
-                "CANCELLED",
-                "cancelled by the customer before the charge",
-                "cancelled",
-                reserve="$.steps.reserve",
-            ),
-            "cancelled": {"type": "end", "status": "CANCELLED", "output": {"order_id": _ORDER}},
-            # Declined: remind after a grace period, wait for a new card, else give the order up.
-            "payment_grace": {"type": "timer", "seconds": payment_grace, "next": "remind_payment"},
-            "remind_payment": _task(
-                NOTIFY,
-                {"order_id": _ORDER, "customer": "$.input.customer", "kind": "payment_reminder"},
-                "wait_payment",
-                on_failure="wait_payment",
-            ),
-            "wait_payment": {
-                "type": "signal",
-                "signal": PAYMENT_SIGNAL,
-                "timeout_seconds": payment_wait,
-                "next": "charge",
-                "on_timeout": "release_unpaid",
-            },
-            "release_unpaid": _task(RELEASE, {"order_id": _ORDER, "reason": "unpaid"}, "settle_unpaid"),
-            "settle_unpaid": _settle(
-                "FAILED",
-                "payment declined and not updated after the reminder",
-                "failed",
-                reserve="$.steps.reserve",
-                charge="$.steps.charge",
-            ),
-            "settle_reserve_failed": _settle(
-                "FAILED", "the stock could not be reserved", "failed", reserve="$.steps.reserve"
-            ),
-            "failed": {"type": "end", "status": "FAILED", "output": {"order_id": _ORDER}},
-        },
+        "nodes": _with_reviews(
+            {
+                "reserve": _task(
+                    RESERVE,
+                    {"order_id": _ORDER, "sku": "$.input.sku", "quantity": "$.input.quantity"},
+                    "wait_cancel",
+                    on_failure="settle_reserve_failed",
+                ),
+                "wait_cancel": {
+                    "type": "signal",
+                    "signal": CANCEL_SIGNAL,
+                    "timeout_seconds": cancel_window,
+                    "next": "release",
+                    "on_timeout": "charge",
+                },
+                "charge": _task(
+                    CHARGE,
+                    {"order_id": _ORDER, "amount": "$.input.amount"},
+                    "fanout",
+                    on_failure="payment_grace",
+                ),
+                "fanout": {"type": "parallel", "branches": ["receipt", "notify"], "join": "joined"},
+                "receipt": _task(
+                    RECEIPT,
+                    {"order_id": _ORDER, "payment_id": "$.steps.charge.result.payment_id"},
+                    "joined",
+                    on_failure="joined",
+                ),
+                "notify": _task(
+                    NOTIFY,
+                    {"order_id": _ORDER, "customer": "$.input.customer", "kind": "order_confirmation"},
+                    "joined",
+                    on_failure="joined",
+                ),
+                "joined": {"type": "join", "next": "settle"},
+                "settle": _settle(
+                    "COMPLETED",
+                    None,
+                    "done",
+                    reserve="$.steps.reserve",
+                    charge="$.steps.charge",
+                    receipt="$.steps.receipt",
+                ),
+                "done": {
+                    "type": "end",
+                    "output": {"order_id": _ORDER, "payment_id": "$.steps.charge.result.payment_id"},
+                },
+                # Cancelled before the charge: give the stock back, then tell the order service.
+                "release": _task(RELEASE, {"order_id": _ORDER, "reason": "cancelled"}, "settle_cancelled"),
+                "settle_cancelled": _settle(
+                    "CANCELLED",
+                    "cancelled by the customer before the charge",
+                    "cancelled",
+                    reserve="$.steps.reserve",
+                ),
+                "cancelled": {"type": "end", "status": "CANCELLED", "output": {"order_id": _ORDER}},
+                # Declined: remind after a grace period, wait for a new card, else give the order up.
+                "payment_grace": {"type": "timer", "seconds": payment_grace, "next": "remind_payment"},
+                "remind_payment": _task(
+                    NOTIFY,
+                    {"order_id": _ORDER, "customer": "$.input.customer", "kind": "payment_reminder"},
+                    "wait_payment",
+                    on_failure="wait_payment",
+                ),
+                "wait_payment": {
+                    "type": "signal",
+                    "signal": PAYMENT_SIGNAL,
+                    "timeout_seconds": payment_wait,
+                    "next": "charge",
+                    "on_timeout": "release_unpaid",
+                },
+                "release_unpaid": _task(RELEASE, {"order_id": _ORDER, "reason": "unpaid"}, "settle_unpaid"),
+                "settle_unpaid": _settle(
+                    "FAILED",
+                    "payment declined and not updated after the reminder",
+                    "failed",
+                    reserve="$.steps.reserve",
+                    charge="$.steps.charge",
+                ),
+                "settle_reserve_failed": _settle(
+                    "FAILED", "the stock could not be reserved", "failed", reserve="$.steps.reserve"
+                ),
+                "failed": {"type": "end", "status": "FAILED", "output": {"order_id": _ORDER}},
+            }
+        ),
     }
 
 

@@ -134,3 +134,55 @@ def test_an_updated_card_runs_the_charge_again(client: OrbitClient, shop: sa.Eng
           timeout=30, what="the second charge")  # fmt: skip
     charges = [s for s in client.get_flow_instance(NS, instance.id).steps if s.node == "charge"]
     assert len({s.task_id for s in charges}) == 2 and len({s.activation for s in charges}) == 2
+
+
+def test_a_settle_step_that_fails_tells_the_order_service_to_review_a_charged_order(
+    orbit: tuple[RunningServer, dict[str, str]], shop: sa.Engine
+) -> None:
+    """Regression (issue 20 #9): under load the settle step itself failed (deadline_exceeded), so the
+    instance failed with the card charged and the order PENDING for ever. A settle step has no deadline
+    and 100 attempts, and its failure goes to a twin that settles the order NEEDS_REVIEW."""
+    running, _ = orbit
+    ns = f"shop-{uuid.uuid4().hex[:6]}"
+    keys = running.add_namespace(ns, (flow.QUEUE,))
+    graph = flow.graph(cancel_window=0.1)
+    assert all(
+        "timeout_seconds" not in n for n in graph["nodes"].values() if n.get("handler") == flow.SETTLE_HANDLER
+    )
+    handlers = make_flow_handlers(shop)
+    settle = handlers[flow.SETTLE_HANDLER]
+
+    def broken_settle(ctx: Any) -> dict[str, Any]:
+        if ctx.params["status"] == "COMPLETED":
+            raise ValueError("settle broke")  # not retryable: the task fails at once
+        return settle(ctx)
+
+    handlers[flow.SETTLE_HANDLER] = broken_settle
+    with (
+        OrbitClient(running.base_url, api_key=keys["work"]) as work,
+        OrbitClient(running.base_url, api_key=keys["submit"]) as submit,
+    ):
+        worker = Worker(work, ns, flow.QUEUE, handlers, concurrency=4, lease_seconds=10,
+                        poll_wait_seconds=0.2, install_signal_handlers=False)  # fmt: skip
+        thread = threading.Thread(target=worker.run, daemon=True)
+        thread.start()
+        try:
+            submit.publish_flow(ns, "order-fulfilment", graph)
+            order_id = f"ord_{uuid.uuid4().hex[:12]}"
+            started = submit.start_flow(ns, "order-fulfilment", {"order_id": order_id, "sku": "SKU-1", "quantity": 1,
+                                        "amount": "10.00", "customer": "Ada"}, idempotency_key=f"{order_id}:f")  # fmt: skip
+
+            def done() -> FlowInstance | None:
+                now = submit.get_flow_instance(ns, started.instance.id)
+                return now if now.status is not FlowInstanceStatus.RUNNING else None
+
+            finished: FlowInstance = until(done, timeout=60, interval=0.05, what="the instance to finish")
+        finally:
+            worker.stop()
+            thread.join(timeout=30)
+    assert finished.status is FlowInstanceStatus.COMPLETED  # not FAILED with the card charged
+    [review] = [s for s in finished.steps if s.node == "settle_review"]
+    assert isinstance(review.result, dict)
+    assert review.result["status"] == "NEEDS_REVIEW" and review.result["payment_id"] is not None
+    assert "settle step failed" in review.result["reason"]
+    assert "charge" in _effects(shop, order_id)

@@ -48,11 +48,20 @@ def test_the_graph_is_valid_and_honours_cancel_before_the_charge() -> None:
     assert nodes["fanout"].branches == ["receipt", "notify"] and nodes["fanout"].join == "joined"  # type: ignore[union-attr]
     assert nodes["payment_grace"].type == "timer" and nodes["payment_grace"].next == "remind_payment"  # type: ignore[union-attr]
     ends = {name: node.status for name, node in nodes.items() if node.type == "end"}  # type: ignore[union-attr]
-    assert ends == {"done": "COMPLETED", "cancelled": "CANCELLED", "failed": "FAILED"}
+    assert ends == {
+        "done": "COMPLETED",
+        "cancelled": "CANCELLED",
+        "failed": "FAILED",
+        "reviewed": "COMPLETED",
+    }
     # Every path to an end passes a settle step: the order service always hears the outcome.
     settles = {name for name, node in nodes.items() if getattr(node, "handler", None) == flow.SETTLE_HANDLER}
-    assert settles == {"settle", "settle_cancelled", "settle_unpaid", "settle_reserve_failed"}
+    firsts = {"settle", "settle_cancelled", "settle_unpaid", "settle_reserve_failed"}
+    assert settles == firsts | {f"{name}_review" for name in firsts}
     assert all(node.next in ends for name, node in nodes.items() if name in settles)  # type: ignore[union-attr]
+    # ...and a settle step that fails goes to its review twin (NEEDS_REVIEW), never to a failed instance.
+    assert all(nodes[name].on_failure == f"{name}_review" for name in firsts)  # type: ignore[union-attr]
+    assert all(nodes[name].timeout_seconds is None for name in settles)  # type: ignore[union-attr]
 
 
 def _effects(engine: sa.Engine) -> list[tuple[str, str]]:
