@@ -217,6 +217,16 @@ class FlowInstanceNotFound(OrbitServerError):
     status, code, title = 404, "flow_instance_not_found", "Flow instance not found"
 
 
+class FlowInstancePurged(OrbitServerError):
+    """410: the start key is remembered (a tombstone), but the instance it started was purged (README
+    "Retention and the key window"): the start happened; it is never started a second time."""
+
+    status, code, title = 410, "flow_instance_purged", "The flow instance this key started was purged"
+
+    def __init__(self, detail: str, *, instance_id: str) -> None:
+        super().__init__(detail, extra={"instance_id": instance_id})
+
+
 class IdempotencyConflict(OrbitServerError):
     """409: a flow start or signal reused an Idempotency-Key with a different request."""
 

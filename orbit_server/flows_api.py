@@ -130,7 +130,8 @@ def flows_router(*, engine_: Engine, settings: ServerSettings, on_created: Calla
 
     @router.post(
         "/flows/{name}/instances", response_model=FlowInstance, status_code=201,
-        responses={**_WRITE_ERRORS, 200: {"model": FlowInstance, "description": "Replay of an earlier start"}},
+        responses={**_WRITE_ERRORS, 410: _PROBLEM,
+                   200: {"model": FlowInstance, "description": "Replay of an earlier start"}},
     )  # fmt: skip
     def start_instance(
         namespace: NamespaceName, name: FlowName, body: FlowStart, caller: Caller, request: Request,
@@ -141,7 +142,8 @@ def flows_router(*, engine_: Engine, settings: ServerSettings, on_created: Calla
 
         201 with the new instance; 200 with the original one (``Idempotent-Replayed: true``) for the
         same key and request; ``409 idempotency_conflict`` for the same key and another request;
-        ``404 flow_not_found`` / ``flow_version_not_found``.
+        ``410 flow_instance_purged`` (with ``instance_id``) when the key's instance finished and was purged
+        (its tombstone lives for the key window); ``404 flow_not_found`` / ``flow_version_not_found``.
         """
         authorize(caller, namespace, "submit")
         key = _key(request, idempotency_key, "start")

@@ -14,10 +14,13 @@ What a purge at cut-off ``T`` (UTC) deletes, and what the inventory at ``T`` cou
 - **never** one task of a manual-retry chain (``retry_of``) alone: a chain is purged whole,
   in one batch, once every task in it may be purged; while one member may not (it still
   runs, is too young or is protected), the whole chain stays;
+- **flow instances** finished before ``T`` with everything they own, keeping a tombstone of their
+  start key for the key window (:mod:`orbit_server.flow_retention`);
 - **submission keys** independently of any cut-off, only after their own ``expires_at``
   (database clock: the key window, ``ORBIT_SUBMISSION_KEY_TTL_SECONDS``), and only when
   their task is gone or terminal with every delivery acked: a key is carried by its task's
-  result events, so it stays as long as one may still be delivered.
+  result events, so it stays as long as one may still be delivered; with them, flow start
+  tombstones past their ``expires_at``.
 
 A purge runs in bounded batches, each its own short transaction: one set-based select of up
 to ``batch_size`` candidates (walked by ``(finished_at, id)``, so protected tasks never hold
@@ -36,7 +39,7 @@ import dataclasses
 import logging
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 import sqlalchemy as sa
@@ -44,6 +47,7 @@ from sqlalchemy.engine import Connection, Engine
 
 from orbit_client import TaskStatus
 
+from . import flow_retention
 from ._db import db_now, is_lock_conflict, to_naive_utc, to_utc
 from .results import ACKED
 from .schema import (
@@ -135,6 +139,15 @@ class PurgeCounts:
     event_deliveries: int = 0
     schedule_occurrences: int = 0
     submission_keys: int = 0
+    flow_instances: int = 0
+    flow_tokens: int = 0
+    flow_steps: int = 0
+    flow_timers: int = 0
+    flow_signals: int = 0
+    flow_events: int = 0
+    flow_history: int = 0
+    #: Expired tombstones of purged instances' start keys (the key pass).
+    flow_start_tombstones: int = 0
 
     def add(self, other: PurgeCounts) -> None:
         for f in dataclasses.fields(self):
@@ -159,8 +172,13 @@ class Inventory:
         chain_kept_tasks: tasks kept, though they could go, because another task of their
             retry chain must stay.
         protected_keys: expired keys kept because their task still runs or has an unacked delivery.
+        finished_flow_instances: flow instances finished before the cut-off.
+        protected_flow_instances: of those, instances kept because a step task is not terminal
+            or an internal event is not consumed yet.
         purge: what a purge would delete: tasks, their attempts and events, their result
-            events (every delivery acked) and those deliveries, occurrences, expired keys.
+            events (every delivery acked) and those deliveries, occurrences, expired keys; flow
+            instances with their tokens, steps, timers, signals, events and history; expired
+            flow start tombstones.
     """
 
     tasks_before: datetime | None
@@ -171,6 +189,8 @@ class Inventory:
     chain_kept_tasks: int
     protected_keys: int
     purge: PurgeCounts
+    finished_flow_instances: int = 0
+    protected_flow_instances: int = 0
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -181,6 +201,8 @@ class Inventory:
             "protected_result_events": self.protected_result_events,
             "chain_kept_tasks": self.chain_kept_tasks,
             "protected_keys": self.protected_keys,
+            "finished_flow_instances": self.finished_flow_instances,
+            "protected_flow_instances": self.protected_flow_instances,
             "purge": self.purge.as_dict(),
         }
 
@@ -316,12 +338,16 @@ def inventory(conn: Connection, tasks_before: datetime | None) -> Inventory:
         key_params,
     )
     keys = _count(conn, sa.select(count).select_from(submission_keys).where(_KEY_PURGEABLE), key_params)
-    if tasks_before is None:
+    cutoff = None
+    if tasks_before is not None:
+        cutoff = to_naive_utc(tasks_before) if tasks_before.tzinfo else tasks_before
+    flows = flow_retention.counts(conn, cutoff, now)
+    finished_flows = flows.pop("finished_flow_instances", 0)
+    protected_flows = flows.pop("protected_flow_instances", 0)
+    if cutoff is None:
         return Inventory(
-            None, to_utc(now) or now, 0, 0, 0, 0, expired - keys, PurgeCounts(submission_keys=keys)
+            None, to_utc(now) or now, 0, 0, 0, 0, expired - keys, PurgeCounts(submission_keys=keys, **flows)
         )
-    cutoff = to_naive_utc(tasks_before) if tasks_before.tzinfo else tasks_before
-    assert cutoff is not None
     params = {"cutoff": cutoff}
     terminal = _count(conn, sa.select(count).select_from(tasks).where(_OLD), params)
     eligible = _count(conn, sa.select(count).select_from(tasks).where(_ELIGIBLE), params)
@@ -347,6 +373,8 @@ def inventory(conn: Connection, tasks_before: datetime | None) -> Inventory:
         conn, sa.select(count).select_from(schedule_occurrences).where(_SKIPPED_OCCURRENCES), params
     )
     counts.submission_keys = keys
+    for name, n in flows.items():
+        setattr(counts, name, n)
     return Inventory(
         tasks_before=to_utc(cutoff),
         keys_before=to_utc(now) or now,
@@ -356,6 +384,8 @@ def inventory(conn: Connection, tasks_before: datetime | None) -> Inventory:
         chain_kept_tasks=len(chains.kept),
         protected_keys=expired - keys,
         purge=counts,
+        finished_flow_instances=finished_flows,
+        protected_flow_instances=protected_flows,
     )
 
 
@@ -480,7 +510,7 @@ def _in_batch(
                 after.add(done)
                 conn.execute(_AUDIT_COUNTS, {"run_id": run_id, "counts": after.as_dict()})
             return done
-        except _Retry:
+        except (_Retry, flow_retention.Conflict):
             log.debug("a purge batch met a concurrent change; doing it again")
         except sa.exc.DBAPIError as exc:
             if not is_lock_conflict(exc) or attempt == _TRIES - 1:
@@ -496,6 +526,7 @@ def purge(
     keys: bool,
     batch_size: int = DEFAULT_BATCH_SIZE,
     on_progress: Callable[[PurgeCounts], None] | None = None,
+    key_ttl: timedelta = flow_retention.DEFAULT_KEY_TTL,
 ) -> tuple[int, PurgeCounts]:
     """Purge, in bounded batches, what :func:`inventory` counts (module docstring for the rules).
 
@@ -507,6 +538,8 @@ def purge(
         keys: also purge submission keys expired before the database clock at the start.
         batch_size: tasks (or keys, occurrences) per transaction, 1-10000.
         on_progress: called after every committed batch with what it deleted.
+        key_ttl: the key window (``ORBIT_SUBMISSION_KEY_TTL_SECONDS``): a purged flow instance's
+            start key is kept as a tombstone until its ``finished_at`` plus this.
 
     Returns:
         ``(run id, what was deleted)``; the run's ``purge_runs`` row says the same.
@@ -562,10 +595,19 @@ def purge(
                 done = step(lambda conn: _purge_skipped(conn, cutoff, batch_size))
                 if done.schedule_occurrences < batch_size:
                     break
+            _purge_flows(step, cutoff, started, batch_size, key_ttl)
         if keys:
             while True:
                 done = step(lambda conn: _purge_keys(conn, started, batch_size))
                 if done.submission_keys < batch_size:
+                    break
+            while True:
+                done = step(
+                    lambda conn: PurgeCounts(
+                        flow_start_tombstones=flow_retention.purge_tombstones(conn, started, batch_size)
+                    )
+                )
+                if done.flow_start_tombstones < batch_size:
                     break
     except BaseException as exc:
         status, error = "failed", f"{type(exc).__name__}: {exc}"
@@ -579,6 +621,38 @@ def purge(
             )
         log.info("purge run %d %s: %s", run_id, status, totals.as_dict())
     return run_id, totals
+
+
+def _purge_flows(
+    step: Callable[[Callable[[Connection], PurgeCounts]], PurgeCounts],
+    cutoff: datetime,
+    now: datetime,
+    batch_size: int,
+    key_ttl: timedelta,
+) -> None:
+    """Purge finished flow instances in batches walked by ``(status, finished_at, id)``."""
+    walk, walk_on = flow_retention.walk(batch_size, first=True), flow_retention.walk(batch_size, first=False)
+    for status in flow_retention.FINISHED:
+        position: dict[str, Any] = {}
+        seen: list[Any] = []
+
+        def batch(
+            conn: Connection,
+            status: str = status,
+            position: dict[str, Any] = position,
+            seen: list[Any] = seen,
+        ) -> PurgeCounts:
+            params = {"cutoff": cutoff, "status": status, **position}
+            seen[:] = conn.execute(walk_on if position else walk, params).all()
+            ids = [row.id for row in seen]
+            done = flow_retention.purge_batch(conn, cutoff, ids, now=now, key_ttl=key_ttl)
+            return PurgeCounts(**done)
+
+        while True:
+            step(batch)
+            if len(seen) < batch_size:
+                break
+            position.update(after_f=seen[-1].finished_at, after_id=seen[-1].id)
 
 
 def _purge_skipped(conn: Connection, cutoff: datetime, limit: int) -> PurgeCounts:

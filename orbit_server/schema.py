@@ -27,6 +27,7 @@ __all__ = [
     "flow_history",
     "flow_instances",
     "flow_signals",
+    "flow_start_tombstones",
     "flow_steps",
     "flow_timers",
     "flow_tokens",
@@ -528,6 +529,24 @@ flow_instances = sa.Table(
     sa.UniqueConstraint("namespace_id", "idempotency_key", name="uq_flow_instances_namespace_key"),
     # Serves the listing, newest first.
     sa.Index("ix_flow_instances_namespace_created", "namespace_id", "created_at", "id"),
+    # Serves retention's walk of finished instances (revision 0011).
+    sa.Index("ix_flow_instances_finished", "status", "finished_at", "id"),
+)
+
+# What retention keeps of a purged instance's start (revision 0011): its key, for the key window
+# after the instance finished, so that a replayed start answers 410 and never starts a second instance.
+flow_start_tombstones = sa.Table(
+    "flow_start_tombstones",
+    metadata,
+    sa.Column("id", BigId, primary_key=True, autoincrement=True),
+    sa.Column("namespace_id", sa.BigInteger, sa.ForeignKey("namespaces.id"), nullable=False),
+    sa.Column("idempotency_key", Key(255), nullable=False),
+    sa.Column("request_digest", Key(64), nullable=False),
+    sa.Column("instance_id", Key(36), nullable=False),
+    sa.Column("finished_at", Timestamp, nullable=False),
+    sa.Column("expires_at", Timestamp, nullable=False),
+    sa.UniqueConstraint("namespace_id", "idempotency_key", name="uq_flow_start_tombstones_namespace_key"),
+    sa.Index("ix_flow_start_tombstones_expires", "expires_at"),
 )
 
 # A position in an instance (seed 002 §4): every update is conditional on (id, version).

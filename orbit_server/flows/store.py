@@ -45,6 +45,7 @@ from ..schema import (
     flow_events,
     flow_history,
     flow_instances,
+    flow_start_tombstones,
     flow_steps,
     flow_tokens,
     flow_versions,
@@ -217,17 +218,36 @@ def start_digest(flow: str, body: FlowStart) -> str:
 
 def find_start(conn: Connection, principal: Principal, key: str, digest: str) -> str | None:
     """The instance an earlier start with ``key`` created, or ``None``. Raises IdempotencyConflict when
-    that start had another digest."""
+    that start had another digest, FlowInstancePurged (410) when its instance was purged."""
     found = conn.execute(
         sa.select(flow_instances.c.id, flow_instances.c.request_digest).where(
             flow_instances.c.namespace_id == principal.namespace_id, flow_instances.c.idempotency_key == key
         )
     ).first()  # fmt: skip
     if found is None:
+        tomb = conn.execute(
+            sa.select(flow_start_tombstones.c.instance_id, flow_start_tombstones.c.request_digest).where(
+                flow_start_tombstones.c.namespace_id == principal.namespace_id,
+                flow_start_tombstones.c.idempotency_key == key,
+            )
+        ).first()
+        if tomb is not None:
+            _refuse_purged(str(tomb.instance_id), tomb.request_digest, digest)
         return None
     if found.request_digest != digest:
         raise _conflict(str(found.id))
     return str(found.id)
+
+
+def _refuse_purged(instance_id: str, started_digest: str, digest: str) -> None:
+    """A start whose key names a purged instance: 409 for another request, else 410 (never a new one)."""
+    if started_digest != digest:
+        raise _conflict(instance_id)
+    raise errors.FlowInstancePurged(
+        f"this Idempotency-Key started instance {instance_id}, which has finished and was purged "
+        '(README "Retention and the key window"); it is not started again',
+        instance_id=instance_id,
+    )
 
 
 def _conflict(instance_id: str) -> errors.IdempotencyConflict:
@@ -246,15 +266,19 @@ _START_LOOKUP: dict[str, sa.Select[Any]] = {}
 def _start_lookup(conn: Connection) -> sa.Select[Any]:
     statement = _START_LOOKUP.get(conn.dialect.name)
     if statement is None:
-        i, d, v = flow_instances, flow_definitions, flow_versions
+        i, d, v, t = flow_instances, flow_definitions, flow_versions, flow_start_tombstones
         ns, name = sa.bindparam("ns", type_=sa.BigInteger), sa.bindparam("name", type_=sa.String)
         asked = sa.bindparam("version", type_=sa.Integer)
-        is_key = sa.and_(i.c.namespace_id == ns, i.c.idempotency_key == sa.bindparam("key", type_=sa.String))
+        key = sa.bindparam("key", type_=sa.String)
+        is_key = sa.and_(i.c.namespace_id == ns, i.c.idempotency_key == key)
+        is_tomb = sa.and_(t.c.namespace_id == ns, t.c.idempotency_key == key)
         is_flow = sa.and_(d.c.namespace_id == ns, d.c.name == name)
         built: sa.Select[Any] = sa.select(
             db_now_expression(conn.dialect).label("now"),
             sa.select(i.c.id).where(is_key).scalar_subquery().label("instance_id"),
             sa.select(i.c.request_digest).where(is_key).scalar_subquery().label("request_digest"),
+            sa.select(t.c.instance_id).where(is_tomb).scalar_subquery().label("purged_id"),
+            sa.select(t.c.request_digest).where(is_tomb).scalar_subquery().label("purged_digest"),
             sa.select(d.c.id).where(is_flow).scalar_subquery().label("definition_id"),
             sa.select(d.c.latest_version).where(is_flow).scalar_subquery().label("latest_version"),
             sa.select(v.c.id)
@@ -282,6 +306,7 @@ def start(
 
     Raises:
         errors.IdempotencyConflict: the key started an instance with another request (409).
+        errors.FlowInstancePurged: the key started an instance that was purged since (410).
         errors.FlowNotFound, errors.FlowVersionNotFound: 404.
         sqlalchemy.exc.IntegrityError: a concurrent start with the same key committed first.
     """
@@ -292,6 +317,8 @@ def start(
         if found["request_digest"] != digest:
             raise _conflict(str(found["instance_id"]))
         return found["instance_id"], True, engine.Outcome("none")
+    if found["purged_id"] is not None:
+        _refuse_purged(str(found["purged_id"]), found["purged_digest"], digest)
     if found["definition_id"] is None:
         raise _flow_missing(principal, name)
     if found["version_id"] is None:
