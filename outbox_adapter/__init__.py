@@ -25,6 +25,7 @@ _missing: ModuleNotFoundError | None = None
 
 try:
     from outbox_adapter._consumer import DEFAULT_MAX_DELIVERIES, ResultConsumer
+    from outbox_adapter._db import is_transient_db_error
     from outbox_adapter._enqueue import (
         DEFAULT_MAX_PARAMS_BYTES,
         enqueue,
@@ -32,7 +33,6 @@ try:
         enqueue_flow,
         enqueue_flow_async,
     )
-    from outbox_adapter._db import is_transient_db_error
     from outbox_adapter._exceptions import (
         InvalidStateError,
         OutboxDatabaseError,

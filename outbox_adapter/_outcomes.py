@@ -8,6 +8,8 @@ only the attributes every ``orbit_client`` error carries (``outcome_known``,
 what came back                                     verdict             the row
 =================================================  ==================  ===============================
 201 / 200 (replay)                                 ``DELIVERED``       ``DELIVERED`` with the task id
+410 ``task_purged`` with its ``task_id``            ``DELIVERED``       ``DELIVERED`` with that task id
+(the key's task ran and was purged since)
 422 ``idempotency_key_reused``                     ``RECONCILE``       ``NEEDS_RECONCILE``
 ``outcome_known=False`` (read timeout, reset, 5xx)  ``UNKNOWN``         ``PENDING`` + backoff, counted;
                                                                        budget spent → ``NEEDS_RECONCILE``
@@ -37,6 +39,7 @@ from orbit_client import (
     OrbitError,
     OrbitTransportError,
     OrbitUsageError,
+    Problem,
     ServiceUnavailableError,
     SubmitResult,
 )
@@ -51,6 +54,7 @@ __all__ = [
     "classify_error",
     "dead_queue_hint",
     "item_outcome",
+    "purged_task_id",
 ]
 
 
@@ -97,6 +101,22 @@ class SendOutcome:
         )
 
 
+def purged_task_id(status: int | None, problem: Problem | None) -> str | None:
+    """The ``task_id`` of a ``410 task_purged`` answer (the key is remembered, its task ran and was
+    purged: the submission was delivered), else ``None``."""
+    if status != 410 or problem is None or problem.code != "task_purged":
+        return None
+    task_id = (problem.model_extra or {}).get("task_id")
+    return task_id if isinstance(task_id, str) and task_id else None
+
+
+def _purged(status: int | None, problem: Problem | None) -> SendOutcome | None:
+    task_id = purged_task_id(status, problem)
+    if task_id is None:
+        return None
+    return SendOutcome(verdict=Verdict.DELIVERED, task_id=task_id, replayed=True, status_code=410)
+
+
 def accepted(result: SubmitResult) -> SendOutcome:
     """A 201 (new task) or 200 (replay) answer: ``DELIVERED``."""
     return SendOutcome(
@@ -109,7 +129,8 @@ def accepted(result: SubmitResult) -> SendOutcome:
 
 def item_outcome(result: BatchItemResult, *, namespace: str, queue: str, row_id: int) -> SendOutcome:
     """One item's answer in a batch submission, classified exactly as the single answer would be
-    (DESIGN §5): 201/200 → ``DELIVERED``; 422 ``idempotency_key_reused`` → ``RECONCILE``; 409
+    (DESIGN §5): 201/200 → ``DELIVERED``; 410 ``task_purged`` with a ``task_id`` → ``DELIVERED``
+    (that task); 422 ``idempotency_key_reused`` → ``RECONCILE``; 409
     ``request_in_progress`` (and 429/503) → ``NOT_SENT``; 404 (``queue_not_found``) and any
     other 4xx → ``DEAD``; anything else (a 5xx, a status the contract does not name, a 2xx
     without its task) → ``UNKNOWN``: it may have been accepted."""
@@ -124,6 +145,9 @@ def item_outcome(result: BatchItemResult, *, namespace: str, queue: str, row_id:
         return SendOutcome(
             verdict=Verdict.DELIVERED, task_id=result.task.id, replayed=status == 200, status_code=status
         )
+    purged = _purged(status, problem)
+    if purged is not None:
+        return purged
     if status == 422 and code == "idempotency_key_reused":
         return SendOutcome(verdict=Verdict.RECONCILE, status_code=status, error=message)
     if status in (409, 429, 503):
@@ -155,6 +179,9 @@ def classify_error(error: BaseException) -> SendOutcome:
         )
     status = error.status_code if isinstance(error, OrbitAPIError) else None
     retry_after = error.retry_after if isinstance(error, OrbitAPIError) else None
+    purged = _purged(status, error.problem) if isinstance(error, OrbitAPIError) else None
+    if purged is not None:
+        return purged
     message = str(error)
     unreachable = isinstance(error, OrbitTransportError | ServiceUnavailableError)
     if isinstance(error, IdempotencyKeyReusedError) or (

@@ -12,7 +12,7 @@ from datetime import datetime
 
 from orbit_client import OrbitAPIError, OrbitClient, OrbitError
 from outbox_adapter import _queries as q
-from outbox_adapter._outcomes import SendOutcome, Verdict
+from outbox_adapter._outcomes import SendOutcome, Verdict, purged_task_id
 
 __all__ = [
     "FALLBACK_KEY_WINDOW",
@@ -197,10 +197,8 @@ class KeyWindow:
         try:
             task = self._client.find_submission(claim.namespace, claim.idempotency_key)
         except OrbitAPIError as exc:
-            purged = (
-                exc.problem.model_extra.get("task_id") if exc.problem and exc.problem.model_extra else None
-            )
-            if exc.code == "task_purged" and isinstance(purged, str):
+            purged = purged_task_id(exc.status_code, exc.problem)
+            if purged is not None:
                 return SendOutcome(verdict=Verdict.DELIVERED, task_id=purged, replayed=True, status_code=410)
             return self._not_settled(exc)
         except OrbitError as exc:

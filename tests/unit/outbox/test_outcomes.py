@@ -12,10 +12,12 @@ from orbit_client import (
     BatchItemResult,
     IdempotencyKeyReusedError,
     NotFoundError,
+    OrbitAPIError,
     OrbitConnectError,
     OrbitOutcomeUnknownError,
     OrbitUsageError,
     PayloadTooLargeError,
+    Problem,
     RateLimitedError,
     RequestInProgressError,
     ServerError,
@@ -163,3 +165,33 @@ def test_each_batch_item_is_classified_as_its_single_answer_would_be(
         assert outcome.task_id is None and ("r-1" in (outcome.error or "")) == (code is not None)
     if status == 404:
         assert "queue 'default'" in (outcome.error or "") and "orbit-outbox retry 7" in (outcome.error or "")
+
+
+def _purged_problem(task_id: str | None) -> dict[str, object]:
+    problem: dict[str, object] = {
+        "title": "purged",
+        "status": 410,
+        "code": "task_purged",
+        "request_id": "r-1",
+    }
+    if task_id is not None:
+        problem["task_id"] = task_id
+    return problem
+
+
+def test_410_task_purged_with_a_task_id_is_delivered_as_a_batch_item_and_a_single_answer() -> None:
+    """Regression (issue 20 #7): a resend whose key's task was purged got 410 task_purged; the item was
+    judged a refusal (and after an earlier unknown send, NEEDS_RECONCILE for ever). The key's task ran:
+    the row is delivered, with that task id."""
+    item = BatchItemResult.model_validate({"status": 410, "replayed": False, "error": _purged_problem("t-9")})
+    outcome = item_outcome(item, namespace="shop", queue="default", row_id=7)
+    assert (outcome.verdict, outcome.task_id, outcome.replayed, outcome.status_code) == (
+        Verdict.DELIVERED, "t-9", True, 410,
+    )  # fmt: skip
+    single = OrbitAPIError(
+        "purged", status_code=410, code="task_purged", problem=Problem.model_validate(_purged_problem("t-9"))
+    )
+    assert (classify_error(single).verdict, classify_error(single).task_id) == (Verdict.DELIVERED, "t-9")
+    # Without the task id it names nothing to deliver to: a refusal, as any other 4xx.
+    bare = BatchItemResult.model_validate({"status": 410, "replayed": False, "error": _purged_problem(None)})
+    assert item_outcome(bare, namespace="shop", queue="default", row_id=7).verdict is Verdict.DEAD
