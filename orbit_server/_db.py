@@ -28,8 +28,10 @@ __all__ = [
     "create_engine",
     "db_now",
     "db_now_expression",
+    "insert_unique",
     "is_lock_conflict",
     "is_sqlite",
+    "is_unique_violation",
     "to_utc",
 ]
 
@@ -239,6 +241,35 @@ def to_naive_utc(value: datetime | None) -> datetime | None:
     if value is None:
         return None
     return value.astimezone(UTC).replace(tzinfo=None)
+
+
+def is_unique_violation(exc: sa.exc.DBAPIError) -> bool:
+    """``True`` when ``exc`` is a duplicate key on a unique index (MySQL/MariaDB 1062, PostgreSQL
+    23505, SQLite "UNIQUE constraint failed")."""
+    orig = exc.orig
+    args = getattr(orig, "args", ())
+    if args and args[0] == 1062:
+        return True
+    if getattr(orig, "sqlstate", None) == "23505":
+        return True
+    return isinstance(orig, sqlite3.IntegrityError) and "UNIQUE constraint failed" in str(orig)
+
+
+def insert_unique(conn: Connection, statement: sa.Insert, taken: Exception) -> sa.CursorResult[Any]:
+    """Run the insert ``statement`` in a savepoint; a duplicate key raises ``taken`` instead.
+
+    The check-then-insert of a create (is the name free?) races with a concurrent create of the same
+    name: both see it free, one insert wins, the other meets the unique index (on MariaDB it waits
+    for the winner's commit). That loser answers what a create of a taken name answers (``409
+    already_exists``), never a 500; the savepoint keeps the caller's transaction usable (PostgreSQL).
+    """
+    try:
+        with conn.begin_nested():
+            return conn.execute(statement)
+    except sa.exc.IntegrityError as exc:
+        if is_unique_violation(exc):
+            raise taken from None
+        raise
 
 
 def is_lock_conflict(exc: sa.exc.DBAPIError) -> bool:

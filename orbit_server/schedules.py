@@ -36,7 +36,7 @@ from orbit_client import (
 )
 
 from . import errors
-from ._db import as_db_time, db_now, db_now_expression, is_lock_conflict, to_naive_utc, to_utc
+from ._db import as_db_time, db_now, db_now_expression, insert_unique, is_lock_conflict, to_naive_utc, to_utc
 from .firetimes import Trigger, bad_cron, bad_timezone, format_fire_time
 from .schema import (
     namespaces,
@@ -217,8 +217,11 @@ def create_schedule(conn: Connection, principal: Principal, body: ScheduleCreate
             schedules.c.namespace_id == principal.namespace_id, schedules.c.name == body.name
         )
     ).first()
+    name_taken = errors.NameTaken(
+        f"schedule {body.name!r} already exists in namespace {principal.namespace!r}"
+    )
     if taken:
-        raise errors.NameTaken(f"schedule {body.name!r} already exists in namespace {principal.namespace!r}")
+        raise name_taken
     now = db_now(conn)
     start_at = to_naive_utc(body.start_at) or now.replace(microsecond=0)
     values: dict[str, Any] = {
@@ -246,7 +249,9 @@ def create_schedule(conn: Connection, principal: Principal, body: ScheduleCreate
         "updated_at": now,
     }
     values["next_fire_at"] = _first_fire(_trigger(values), now, None)
-    conn.execute(schedules.insert().values(values))
+    # A concurrent create of the name (every app instance's start-up "make sure my schedule exists")
+    # loses on the unique index: 409 like any taken name, never a 500 (README "Schedules").
+    insert_unique(conn, schedules.insert().values(values), name_taken)
     _audit(conn, principal, values, "created", 1, now)
     return _from_row(_read(conn, principal, body.name))
 

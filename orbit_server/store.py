@@ -25,7 +25,7 @@ from sqlalchemy.engine import Connection, Engine, RowMapping
 from orbit_client import Queue, Task, TaskPage, TaskStatus, TaskSubmission, is_valid_idempotency_key
 
 from . import _ids, errors
-from ._db import as_db_time, db_now, db_now_expression, is_lock_conflict, to_naive_utc, to_utc
+from ._db import as_db_time, db_now, db_now_expression, insert_unique, is_lock_conflict, to_naive_utc, to_utc
 from .schema import (
     api_keys,
     namespaces,
@@ -99,9 +99,10 @@ class Principal:
 
 def create_namespace(conn: Connection, name: str) -> int:
     """Insert a namespace; raises :class:`errors.NameTaken` if it exists."""
+    taken = errors.NameTaken(f"namespace {name!r} already exists")
     if conn.execute(sa.select(namespaces.c.id).where(namespaces.c.name == name)).first():
-        raise errors.NameTaken(f"namespace {name!r} already exists")
-    result = conn.execute(namespaces.insert().values(name=name, created_at=db_now(conn)))
+        raise taken
+    result = insert_unique(conn, namespaces.insert().values(name=name, created_at=db_now(conn)), taken)
     assert result.inserted_primary_key is not None
     return int(result.inserted_primary_key[0])
 
@@ -131,10 +132,13 @@ def create_queue(
     exists = conn.execute(
         sa.select(queues.c.id).where(queues.c.namespace_id == ns_id, queues.c.name == name)
     ).first()
+    taken = errors.NameTaken(f"queue {name!r} already exists in namespace {namespace!r}")
     if exists:
-        raise errors.NameTaken(f"queue {name!r} already exists in namespace {namespace!r}")
+        raise taken
     now = db_now(conn)
-    created = conn.execute(queues.insert().values(namespace_id=ns_id, name=name, created_at=now))
+    created = insert_unique(
+        conn, queues.insert().values(namespace_id=ns_id, name=name, created_at=now), taken
+    )
     assert created.inserted_primary_key is not None
     queue_id = int(created.inserted_primary_key[0])
     limits = {"max_concurrency_per_key": max_concurrency_per_key, "max_concurrency": max_concurrency}
