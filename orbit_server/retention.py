@@ -17,7 +17,9 @@ What a purge at cut-off ``T`` (UTC) deletes, and what the inventory at ``T`` cou
 - **flow instances** finished before ``T`` with everything they own, keeping a tombstone of their
   start key for the key window (:mod:`orbit_server.flow_retention`);
 - **submission keys** independently of any cut-off, only after their own ``expires_at``
-  (database clock: the key window, ``ORBIT_SUBMISSION_KEY_TTL_SECONDS``), and only when
+  (database clock: the key window, ``ORBIT_SUBMISSION_KEY_TTL_SECONDS``) *and* once accepted longer
+  ago than the key window in force now (so raising the TTL never lets a key made under the shorter
+  one go before the window the relay is told, ``GET /v1/settings``), and only when
   their task is gone or terminal with every delivery acked: a key is carried by its task's
   result events, so it stays as long as one may still be delivered; with them, flow start
   tombstones past their ``expires_at``.
@@ -81,6 +83,11 @@ _TRIES = 5
 
 _cutoff = sa.bindparam("cutoff", type_=tasks.c.finished_at.type)
 _now = sa.bindparam("now", type_=submission_keys.c.expires_at.type)
+_born_before = sa.bindparam("born_before", type_=submission_keys.c.created_at.type)
+#: Past its own expiry *and* accepted longer ago than the key window now in force: a key made under a
+#: shorter TTL (before a raise, or by a server configured otherwise) stays for the window the relay is
+#: told (``GET /v1/settings``), so a resend of an old row still finds it.
+_KEY_EXPIRED = sa.and_(submission_keys.c.expires_at < _now, submission_keys.c.created_at < _born_before)
 _ids: sa.BindParameter[Any] = sa.bindparam("ids", expanding=True)
 
 
@@ -119,7 +126,7 @@ def _key_purgeable() -> sa.ColumnElement[bool]:
         )
         .exists()
     )
-    return sa.and_(submission_keys.c.expires_at < _now, ~held)
+    return sa.and_(_KEY_EXPIRED, ~held)
 
 
 _KEY_PURGEABLE = _key_purgeable()
@@ -317,26 +324,26 @@ def _chunks(items: Sequence[str], size: int = 500) -> Iterable[list[str]]:
         yield list(items[start : start + size])
 
 
-def inventory(conn: Connection, tasks_before: datetime | None) -> Inventory:
+def inventory(
+    conn: Connection, tasks_before: datetime | None, *, key_ttl: timedelta = flow_retention.DEFAULT_KEY_TTL
+) -> Inventory:
     """Count, read-only, what :func:`purge` at ``tasks_before`` would touch.
 
     Args:
         conn: a connection (the caller's transaction; nothing is written).
         tasks_before: the cut-off, an aware datetime (any zone) or naive UTC; tasks
             finished before it are considered. ``None``: count keys only.
+        key_ttl: the key window in force (``ORBIT_SUBMISSION_KEY_TTL_SECONDS``): a key goes only
+            once past its own ``expires_at`` and accepted longer ago than this.
 
     Returns:
         The :class:`Inventory`; keys are counted against the database clock now, whatever
         the cut-off.
     """
     now = db_now(conn)
-    key_params = {"now": now}
+    key_params = {"now": now, "born_before": now - key_ttl}
     count = sa.func.count()
-    expired = _count(
-        conn,
-        sa.select(count).select_from(submission_keys).where(submission_keys.c.expires_at < _now),
-        key_params,
-    )
+    expired = _count(conn, sa.select(count).select_from(submission_keys).where(_KEY_EXPIRED), key_params)
     keys = _count(conn, sa.select(count).select_from(submission_keys).where(_KEY_PURGEABLE), key_params)
     cutoff = None
     if tasks_before is not None:
@@ -433,9 +440,7 @@ _DELETE_SKIPPED = schedule_occurrences.delete().where(
 _SELECT_KEYS = sa.select(submission_keys.c.id).where(_KEY_PURGEABLE)
 # Whether a key may go only changes one way (a finished task stays finished, an acked delivery acked),
 # so the delete by id needs only the expiry again: no subquery in the DELETE, which MariaDB plans badly.
-_DELETE_KEYS = submission_keys.delete().where(
-    submission_keys.c.id.in_(_ids), submission_keys.c.expires_at < _now
-)
+_DELETE_KEYS = submission_keys.delete().where(submission_keys.c.id.in_(_ids), _KEY_EXPIRED)
 
 
 class _Retry(Exception):
@@ -538,8 +543,10 @@ def purge(
         keys: also purge submission keys expired before the database clock at the start.
         batch_size: tasks (or keys, occurrences) per transaction, 1-10000.
         on_progress: called after every committed batch with what it deleted.
-        key_ttl: the key window (``ORBIT_SUBMISSION_KEY_TTL_SECONDS``): a purged flow instance's
-            start key is kept as a tombstone until its ``finished_at`` plus this.
+        key_ttl: the key window in force (``ORBIT_SUBMISSION_KEY_TTL_SECONDS``): a submission key
+            goes only once past its own ``expires_at`` *and* accepted longer ago than this (a key
+            made under a shorter TTL stays for the window the relay is told); a purged flow
+            instance's start key is kept as a tombstone until its ``finished_at`` plus this.
 
     Returns:
         ``(run id, what was deleted)``; the run's ``purge_runs`` row says the same.
@@ -598,7 +605,7 @@ def purge(
             _purge_flows(step, cutoff, started, batch_size, key_ttl)
         if keys:
             while True:
-                done = step(lambda conn: _purge_keys(conn, started, batch_size))
+                done = step(lambda conn: _purge_keys(conn, started, key_ttl, batch_size))
                 if done.submission_keys < batch_size:
                     break
             while True:
@@ -662,11 +669,12 @@ def _purge_skipped(conn: Connection, cutoff: datetime, limit: int) -> PurgeCount
     return PurgeCounts(schedule_occurrences=conn.execute(_DELETE_SKIPPED, {"ids": ids}).rowcount)
 
 
-def _purge_keys(conn: Connection, now: datetime, limit: int) -> PurgeCounts:
-    ids = list(conn.scalars(_SELECT_KEYS.limit(limit), {"now": now}))
+def _purge_keys(conn: Connection, now: datetime, key_ttl: timedelta, limit: int) -> PurgeCounts:
+    params = {"now": now, "born_before": now - key_ttl}
+    ids = list(conn.scalars(_SELECT_KEYS.limit(limit), params))
     if not ids:
         return PurgeCounts()
-    return PurgeCounts(submission_keys=conn.execute(_DELETE_KEYS, {"ids": ids, "now": now}).rowcount)
+    return PurgeCounts(submission_keys=conn.execute(_DELETE_KEYS, {"ids": ids, **params}).rowcount)
 
 
 def list_purge_runs(conn: Connection, *, limit: int = 50) -> list[PurgeRun]:
