@@ -10,7 +10,10 @@
 2. in the next statement (so, at ``READ COMMITTED``, seeing every grant committed before the
    lock was granted) reads the due tasks together with how many permits their key holds and
    how many the queue holds, leaving out keys that are full; then picks, in queue order, the
-   tasks whose key and queue still have room;
+   tasks whose key and queue still have room. When the rows read are used up before the lease
+   has what it asked for (one key fills the head of the queue and reaches its limit at the first
+   pick), it reads on after the last row, leaving out the keys this lease filled, for up to
+   :data:`_ROUNDS` bounded reads: a lease for 5 gets 5 when other keys have due tasks;
 3. claims them with the same conditional ``UPDATE`` as every lease (status and
    ``state_version`` as read, row count checked: correctness never rests on ``SKIP LOCKED``),
    setting ``holds_permit``, and inserts one ``concurrency_permits`` row per grant in one
@@ -58,6 +61,9 @@ log = logging.getLogger("orbit_server.permits")
 
 #: How many due tasks a limited lease reads per task it may grant (rows of full keys are skipped).
 _OVERSAMPLE = 4
+#: Most reads of one limited lease: after the first, each reads on past the last row, leaving out the
+#: keys the lease filled (a head of many tasks of one key no longer costs a round trip per grant).
+_ROUNDS = 4
 
 _LOCK_GATE = (
     sa.select(queue_gates.c.paused, queue_gates.c.max_concurrency_per_key, queue_gates.c.max_concurrency)
@@ -112,28 +118,49 @@ def claim_limited(
     if per_key is not None:
         due = due.where(sa.or_(tasks.c.concurrency_key.is_(None), per_key > _HELD_BY_KEY))
     read = max_tasks if per_key is None else min(max_tasks * _OVERSAMPLE, 1000)
-    rows = (
-        conn.execute(due.order_by(tasks.c.available_at, tasks.c.id).limit(read), {"queue_id": queue_id})
-        .mappings()
-        .all()
-    )
-    if not rows:
-        return [], now
-    now = _naive(rows[0]["db_now"])
-    room = max_tasks if in_queue is None else min(max_tasks, in_queue - int(rows[0]["held_in_queue"]))
     chosen: list[dict[str, Any]] = []
     taken: dict[str, int] = {}
-    for row in rows:
-        if len(chosen) >= room:
+    filled: set[str] = set()  # keys this lease brought to their limit: left out of the next read
+    room = max_tasks
+    after: tuple[Any, str] | None = None
+    for round_ in range(_ROUNDS if per_key is not None else 1):
+        query = due
+        if after is not None:  # read on past the last row (available_at, id) of the previous read
+            query = query.where(
+                tasks.c.available_at >= after[0],
+                sa.or_(tasks.c.available_at > after[0], tasks.c.id > after[1]),
+            )
+        if filled:
+            query = query.where(
+                sa.or_(tasks.c.concurrency_key.is_(None), tasks.c.concurrency_key.not_in(filled))
+            )
+        rows = (
+            conn.execute(query.order_by(tasks.c.available_at, tasks.c.id).limit(read), {"queue_id": queue_id})
+            .mappings()
+            .all()
+        )
+        if not rows:
             break
-        key = row["concurrency_key"]
-        if key is not None and per_key is not None:
-            if int(row["held_by_key"]) + taken.get(key, 0) >= per_key:
-                continue
-            taken[key] = taken.get(key, 0) + 1
-        task = dict(row)
-        del task["held_by_key"], task["held_in_queue"], task["db_now"]
-        chosen.append(task)
+        if round_ == 0:
+            now = _naive(rows[0]["db_now"])
+            if in_queue is not None:
+                room = min(max_tasks, in_queue - int(rows[0]["held_in_queue"]))
+        for row in rows:
+            if len(chosen) >= room:
+                break
+            key = row["concurrency_key"]
+            if key is not None and per_key is not None:
+                if int(row["held_by_key"]) + taken.get(key, 0) >= per_key:
+                    continue
+                taken[key] = taken.get(key, 0) + 1
+                if int(row["held_by_key"]) + taken[key] >= per_key:
+                    filled.add(key)
+            task = dict(row)
+            del task["held_by_key"], task["held_in_queue"], task["db_now"]
+            chosen.append(task)
+        if len(chosen) >= room or len(rows) < read:
+            break
+        after = (rows[-1]["available_at"], rows[-1]["id"])
     return chosen, now
 
 

@@ -267,3 +267,22 @@ def test_a_batched_start_on_a_paused_queue_is_refused_item_by_item(
     admin.resume_queue(NS, queue)
     [again] = _lease(work, queue)  # the permit came back with the given-back lease
     assert again.task.id == grant.task.id
+
+
+def test_a_lease_reads_past_a_key_at_its_limit_at_the_head_of_the_queue(
+    server: RunningServer, clients: dict[str, OrbitClient]
+) -> None:
+    """Regression (issue 20 #11): with 100 due tasks of one key at the head (per-key limit 1) and other
+    keys' tasks behind them, a lease for 5 read 20 rows of that key, granted 1, and the others waited for
+    the next call. It now reads on past the key it filled: 1 of the hot key and 4 others."""
+    queue = _queue(server, max_concurrency_per_key=1)
+    submit = clients["submit"]
+    hot = [{"idempotency_key": str(uuid.uuid4()), "queue": queue, "handler": "h",
+            "options": {"concurrency_key": "hot"}} for _ in range(100)]  # fmt: skip
+    assert all(r.status == 201 for r in submit.submit_tasks(NS, hot))
+    others = [{"idempotency_key": str(uuid.uuid4()), "queue": queue, "handler": "h",
+               "options": {"concurrency_key": f"k{i}"}} for i in range(6)]  # fmt: skip
+    assert all(r.status == 201 for r in submit.submit_tasks(NS, others))
+    grants = _lease(clients["work"], queue, n=5)
+    keys = sorted(g.task.concurrency_key or "" for g in grants)
+    assert len(grants) == 5 and keys.count("hot") == 1 and len(set(keys)) == 5
