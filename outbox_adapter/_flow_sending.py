@@ -10,6 +10,8 @@ what came back                                 verdict             the row
 =============================================  ==================  ===========================================
 201 (new instance) / 200 (replay)              ``DELIVERED``       ``DELIVERED``, the instance id in
                                                                    ``orbit_task_id``
+410 ``flow_instance_purged`` with its         ``DELIVERED``       ``DELIVERED`` with that instance id (it ran
+``instance_id``                                                    and was purged since: never started again)
 409 ``idempotency_conflict`` (the key started  ``RECONCILE``       ``NEEDS_RECONCILE``: a person decides
 another flow or input)
 404 (unknown namespace, flow or version, or  ``DEAD``            ``DEAD``, with the command that fixes it
@@ -17,8 +19,10 @@ an older server without the flows API)
 anything else                                  as for a task       (``classify_error``)
 =============================================  ==================  ===========================================
 
-A flow start's key is remembered as long as its instance exists, so the relay's key window
-(``_sending.KeyWindow``) does not apply to flow rows, and reconcile never answers ``too_old`` for one.
+A flow start's key is remembered as long as its instance exists, and after a purge as a tombstone
+until the instance's ``finished_at`` plus the server's key window (README "Retention and the key
+window"), so the relay's key window (``_sending.KeyWindow``) does not apply to flow rows, and
+reconcile never answers ``too_old`` for one.
 """
 
 from __future__ import annotations
@@ -97,6 +101,9 @@ def start_flow(
             tracestate=tracestate,
         )
     except OrbitAPIError as exc:
+        purged = (exc.problem.model_extra or {}).get("instance_id") if exc.problem is not None else None
+        if exc.status_code == 410 and exc.code == "flow_instance_purged" and isinstance(purged, str):
+            return SendOutcome(verdict=Verdict.DELIVERED, task_id=purged, replayed=True, status_code=410)
         if exc.code in _CONFLICT_CODES:
             return SendOutcome(
                 verdict=Verdict.RECONCILE,

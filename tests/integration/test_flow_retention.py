@@ -6,12 +6,13 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Iterator
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
 import sqlalchemy as sa
 
+from orbit_client import OrbitClient
 from orbit_server import retention
 from orbit_server._db import db_now
 from orbit_server.schema import (
@@ -23,6 +24,9 @@ from orbit_server.schema import (
     flow_steps,
     flow_tokens,
 )
+from outbox_adapter import _flow_sending as flow_sending
+from outbox_adapter import _queries as q
+from outbox_adapter._outcomes import Verdict
 from tests.conftest import DatabaseFactory
 from tests.flow_support import FlowApi, ok
 from tests.integration.conftest import BACKENDS
@@ -43,6 +47,11 @@ def orbit(
         api = FlowApi(server.base_url, ns, server.add_namespace(ns, queues=(QUEUE,)))
         yield server, api
         api.close()
+
+
+def server_key(api: FlowApi) -> str:
+    """The submit key of the test's namespace (as the relay holds it)."""
+    return str(api.http["submit"].headers["Authorization"]).removeprefix("Bearer ")
 
 
 def _rows(server: RunningServer, instance_id: str) -> dict[str, int]:
@@ -92,6 +101,15 @@ def test_a_purged_instance_leaves_a_tombstone_and_a_replayed_start_answers_410(
     assert replay.json()["code"] == "flow_instance_purged" and replay.json()["instance_id"] == done["id"]
     other = api.post("submit", f"/flows/{flow}/instances", {"input": {"n": 9}}, **{"Idempotency-Key": key})
     assert other.status_code == 409, other.text  # another request under the key: a conflict, as before
+    # The relay's resend of a flow row whose answer was lost: DELIVERED with the purged instance.
+    claim = q.Claim(
+        id=1, idempotency_key=key, namespace=api.ns, queue="", handler="", ordering_key=None, business_ref=None,
+        attempts=2, send_count=2, budget=5, token="t", lease_expires_at=datetime.now(UTC), params={"n": 1},
+        kind="flow", flow=flow,
+    )  # fmt: skip
+    with OrbitClient(server.base_url, api_key=server_key(api)) as client:
+        outcome = flow_sending.start_flow(client, claim, None, None)
+    assert (outcome.verdict, outcome.task_id, outcome.status_code) == (Verdict.DELIVERED, done["id"], 410)
     with server.engine.connect() as conn:
         again = conn.execute(
             sa.select(sa.func.count()).where(flow_instances.c.idempotency_key == key)
