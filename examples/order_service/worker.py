@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import signal
 import sys
 import threading
 from collections.abc import Callable
@@ -40,7 +41,9 @@ NAMESPACE, QUEUE, HANDLER = "shop", "fulfilment", "orders.fulfil"
 #: after the provider performed it and before the journal records it, and announces it on
 #: stderr, so the demo can SIGKILL the worker in the middle of a step.
 #: ``hang-after-charge@FILE`` (``bench.chaos``) blocks the first charge made after the file
-#: ``FILE`` appears (the file is removed: one arming, one hang).
+#: ``FILE`` appears (the file is removed: one arming, one hang). ``stop-after-reserve`` (the fencing
+#: test) makes the process SIGSTOP itself once, after its first reserve call and before the journal
+#: entry: a worker that loses its lease while stopped and is resumed later (SIGCONT).
 FAULT_ENV = "ORDER_SERVICE_FAULT"
 
 log = logging.getLogger("order_service.worker")
@@ -126,6 +129,21 @@ def _fault_hook(fault: str | None) -> Callable[[], None]:
     return hang_if_asked
 
 
+def _stop_hook(fault: str | None) -> Callable[[], None] | None:
+    """The ``stop-after-reserve`` hook of :data:`FAULT_ENV` (once per process), else ``None``."""
+    if fault != "stop-after-reserve":
+        return None
+    once = threading.Event()
+
+    def stop() -> None:
+        if not once.is_set():
+            once.set()
+            print(f"{FAULT_ENV} stopped-after-reserve", file=sys.stderr, flush=True)
+            os.kill(os.getpid(), signal.SIGSTOP)  # the whole process, until SIGCONT
+
+    return stop
+
+
 def _retry_when_the_database_is_down(
     step: Callable[[TaskContext], dict[str, Any]],
 ) -> Callable[[TaskContext], dict[str, Any]]:
@@ -153,6 +171,7 @@ def make_handler(engine: Engine, *, fault: str | None = None) -> Callable[[TaskC
     """
     providers = Providers(engine)
     hang_if_asked = _fault_hook(fault)
+    stop_if_asked = _stop_hook(fault)
 
     def fulfil(ctx: TaskContext) -> dict[str, Any]:
         try:
@@ -173,6 +192,7 @@ def make_handler(engine: Engine, *, fault: str | None = None) -> Callable[[TaskC
         reservation = durable_step(
             engine, ctx, 0, "reserve_inventory",
             lambda: {"reservation_id": providers.reserve(order_id, p["sku"], p["quantity"], task_id=ctx.task.id, generation=generation)},
+            after_run=stop_if_asked,
         )  # fmt: skip
         ctx.raise_if_cancelled()
         payment = durable_step(
