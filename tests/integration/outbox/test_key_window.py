@@ -71,7 +71,8 @@ def test_a_row_older_than_the_key_window_is_settled_by_its_key_and_never_makes_a
         conn.execute(
             submission_keys.update()
             .where(submission_keys.c.task_id == task_of[forgotten])
-            .values(expires_at=now - timedelta(days=1))
+            # Accepted 8 days ago under the 7-day window (a purge keeps a key for the window in force too).
+            .values(created_at=now - timedelta(days=8), expires_at=now - timedelta(days=1))
         )
         cutoff = now - timedelta(days=30)
         assert retention.inventory(conn, cutoff).purge.submission_keys >= 1
