@@ -289,44 +289,57 @@ def test_a_schedule_created_in_the_repeated_hour_of_a_fall_back_night_starts_aft
     assert first == datetime(2026, 10, 26, 1, 30)
 
 
-def test_concurrent_creates_of_one_name_give_one_schedule_and_409s(
-    db: Db, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """Regression (issue 20 #6): eight simultaneous creates of one name (every app instance's start-up
-    "make sure my schedule exists") gave one 201 and several 500s (IntegrityError 1062 on
-    uq_schedules_namespace_name). Each loser now gets NameTaken (409 already_exists)."""
+def _race(
+    engine: Engine, monkeypatch: pytest.MonkeyPatch, module: Any, between: str, racers: int, create: Any
+) -> list[str]:
+    """Run ``create(conn)`` in ``racers`` threads at once, each in its own transaction, lined up on a
+    barrier inside ``module.between`` (called between the name check and the insert); the outcomes."""
     from orbit_server import errors
 
-    name = f"race-{uuid.uuid4().hex[:8]}"
-    body = ScheduleCreate.model_validate({"name": name, "queue": "q", "handler": "h", "interval_seconds": 60})
-    barrier = threading.Barrier(8)
-    real_first_fire = schedules._first_fire
+    barrier = threading.Barrier(racers)
+    real = getattr(module, between)
 
-    def first_fire_after_everyone_checked(*args: Any) -> Any:  # between the name check and the insert
+    def lined_up(*args: Any) -> Any:
         # SQLite: BEGIN IMMEDIATE serialises the creates, so there is no race to line up.
         with contextlib.suppress(threading.BrokenBarrierError):
             barrier.wait(timeout=3)
-        return real_first_fire(*args)
+        return real(*args)
 
-    monkeypatch.setattr(schedules, "_first_fire", first_fire_after_everyone_checked)
+    monkeypatch.setattr(module, between, lined_up)
     outcomes: list[str] = []
 
-    def create() -> None:
+    def run() -> None:
         try:
-            with db.engine.begin() as conn:
-                schedules.create_schedule(conn, db.principal, body)
+            with engine.begin() as conn:
+                create(conn)
             outcomes.append("created")
         except errors.NameTaken:
             outcomes.append("taken")
         except Exception as exc:
             outcomes.append(f"error {type(exc).__name__}: {exc}")
 
-    threads = [threading.Thread(target=create) for _ in range(8)]
+    threads = [threading.Thread(target=run) for _ in range(racers)]
     for thread in threads:
         thread.start()
     for thread in threads:
         thread.join()
-    assert sorted(outcomes) == ["created"] + ["taken"] * 7
+    return sorted(outcomes)
+
+
+def test_concurrent_creates_of_one_name_give_one_schedule_and_409s(
+    db: Db, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Regression (issue 20 #6): eight simultaneous creates of one name (every app instance's start-up
+    "make sure my schedule exists") gave one 201 and several 500s (IntegrityError 1062 on
+    uq_schedules_namespace_name). Each loser now gets NameTaken (409 already_exists)."""
+    body = ScheduleCreate.model_validate(
+        {"name": f"race-{uuid.uuid4().hex[:8]}", "queue": "q", "handler": "h", "interval_seconds": 60}
+    )
+    outcomes = _race(
+        db.engine, monkeypatch, schedules, "_first_fire", 8,
+        lambda conn: schedules.create_schedule(conn, db.principal, body),
+    )  # fmt: skip
+    assert outcomes == ["created"] + ["taken"] * 7
 
 
 @pytest.mark.parametrize("what", ["queue", "namespace"])
@@ -334,36 +347,12 @@ def test_concurrent_creates_of_one_queue_or_namespace_name_give_409s(
     db: Db, monkeypatch: pytest.MonkeyPatch, what: str
 ) -> None:
     """The same check-then-insert shape as schedules (issue 20 #6): the losers get NameTaken, never a 500."""
-    from orbit_server import errors
-
     name = f"race-{uuid.uuid4().hex[:8]}"
-    barrier = threading.Barrier(6)
-    real_now = store.db_now
 
-    def now_after_everyone_checked(conn: Any) -> Any:  # read between the name check and the insert
-        with contextlib.suppress(threading.BrokenBarrierError):
-            barrier.wait(timeout=3)
-        return real_now(conn)
+    def create(conn: Any) -> None:
+        if what == "queue":
+            store.create_queue(conn, db.ns, name)
+        else:
+            store.create_namespace(conn, name)
 
-    monkeypatch.setattr(store, "db_now", now_after_everyone_checked)
-    outcomes: list[str] = []
-
-    def create() -> None:
-        try:
-            with db.engine.begin() as conn:
-                if what == "queue":
-                    store.create_queue(conn, db.ns, name)
-                else:
-                    store.create_namespace(conn, name)
-            outcomes.append("created")
-        except errors.NameTaken:
-            outcomes.append("taken")
-        except Exception as exc:
-            outcomes.append(f"error {type(exc).__name__}: {exc}")
-
-    threads = [threading.Thread(target=create) for _ in range(6)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    assert sorted(outcomes) == ["created"] + ["taken"] * 5
+    assert _race(db.engine, monkeypatch, store, "db_now", 6, create) == ["created"] + ["taken"] * 5
