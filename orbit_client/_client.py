@@ -23,33 +23,16 @@ import httpx
 from pydantic import BaseModel, JsonValue, TypeAdapter, ValidationError
 
 from orbit_client import _tracing
-from orbit_client._exceptions import (
-    NotFoundError,
-    OrbitAPIError,
-    OrbitConnectError,
-    OrbitError,
-    OrbitOutcomeUnknownError,
-    OrbitTransportError,
-    OrbitUsageError,
-    _api_error_class,
-)
-from orbit_client._flows import AsyncFlowMixin, FlowMixin
-from orbit_client._models import (
+from orbit_client._attempt_models import (
     MAX_ATTEMPT_BATCH_ITEMS,
     Attempt,
     AttemptBatchResponse,
     AttemptError,
     AttemptItemResult,
     AttemptState,
-    BatchItem,
-    BatchItemResult,
-    BatchSubmitResponse,
-    CancelRequest,
     CompleteBatch,
     CompleteItem,
     CompleteRequest,
-    Delivery,
-    DeliveryLeaseRequest,
     FailBatch,
     FailItem,
     FailRequest,
@@ -59,27 +42,43 @@ from orbit_client._models import (
     LeaseGrant,
     LeaseRequest,
     LeaseTokenRequest,
-    Problem,
-    Queue,
-    RetryRequest,
-    ReviewRequest,
     StartBatch,
     StartItem,
+)
+from orbit_client._delivery_models import Delivery, DeliveryLeaseRequest, Subscription, SubscriptionRequest
+from orbit_client._exceptions import (
+    NotFoundError,
+    OrbitAPIError,
+    OrbitConnectError,
+    OrbitError,
+    OrbitOutcomeUnknownError,
+    OrbitTransportError,
+    OrbitUsageError,
+    _api_error,
+)
+from orbit_client._flows import AsyncFlowMixin, FlowMixin
+from orbit_client._models import is_valid_idempotency_key
+from orbit_client._problem import Problem
+from orbit_client._queue_control import AsyncQueueControlMixin, QueueControlMixin
+from orbit_client._queue_models import Queue
+from orbit_client._retry import RetryPolicy, _CallRetries
+from orbit_client._schedule_models import Schedule, ScheduleCreate, ScheduleOccurrence, ScheduleUpdate
+from orbit_client._settings_models import ServerInfo
+from orbit_client._task_models import (
+    BatchItem,
+    BatchItemResult,
+    BatchSubmitResponse,
+    CancelRequest,
+    RetryRequest,
+    ReviewRequest,
     SubmitOptions,
     SubmitResult,
-    Subscription,
-    SubscriptionRequest,
     Task,
     TaskEvent,
     TaskPage,
     TaskStatus,
     TaskSubmission,
-    is_valid_idempotency_key,
 )
-from orbit_client._queue_control import AsyncQueueControlMixin, QueueControlMixin
-from orbit_client._retry import RetryPolicy, _CallRetries
-from orbit_client._schedule_models import Schedule, ScheduleCreate, ScheduleOccurrence, ScheduleUpdate
-from orbit_client._settings_models import ServerInfo
 from orbit_client._version import __version__
 
 __all__ = ["AsyncOrbitClient", "OrbitClient"]
@@ -529,16 +528,10 @@ class _BaseClient:
         else:
             code, title, detail = problem.code, problem.title, problem.detail
             request_id = request_id or problem.request_id
-        error_class = _api_error_class(status, code)
-        message = f"{_target(response.request)} failed with {status} {code}"
-        if detail or title:
-            message += f": {detail or title}"
-        if request_id:
-            message += f" (request id {request_id})"
-        return error_class(
-            f"{message}; {error_class.hint}",
-            status_code=status,
-            code=code,
+        return _api_error(
+            f"{_target(response.request)} failed",
+            status,
+            code,
             title=title,
             detail=detail,
             request_id=request_id,

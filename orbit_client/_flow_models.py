@@ -35,15 +35,8 @@ from pydantic import (
 )
 from typing_extensions import TypedDict
 
-from ._models import (
-    NAME_PATTERN,
-    JsonData,
-    TaskStatus,
-    UTCDateTime,
-    _Wire,
-    canonical_json,
-    check_json_data,
-)
+from ._models import NAME_PATTERN, JsonData, UTCDateTime, _Wire, canonical_json, check_json_data
+from ._task_models import TaskStatus
 
 __all__ = [
     "FLOW_MAX_NODES",

@@ -32,9 +32,7 @@ from typing import Generic, TypeVar
 from pydantic import BaseModel, JsonValue
 
 from orbit_client import _tracing
-from orbit_client._client import AsyncOrbitClient, OrbitClient
-from orbit_client._exceptions import NotFoundError, OrbitError
-from orbit_client._models import (
+from orbit_client._attempt_models import (
     MAX_ATTEMPT_BATCH_ITEMS,
     AttemptError,
     AttemptItemResult,
@@ -45,6 +43,8 @@ from orbit_client._models import (
     HeartbeatItem,
     StartItem,
 )
+from orbit_client._client import AsyncOrbitClient, OrbitClient
+from orbit_client._exceptions import NotFoundError, OrbitError
 
 __all__ = ["AsyncReports", "Reports"]
 

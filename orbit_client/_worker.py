@@ -35,11 +35,12 @@ from types import FrameType
 from typing import Any
 
 from orbit_client import _tracing
+from orbit_client._attempt_models import AttemptError, AttemptState, LeaseGrant
 from orbit_client._client import AsyncOrbitClient, OrbitClient
 from orbit_client._exceptions import LeaseLostError, OrbitError, OrbitUsageError
 from orbit_client._metrics import WorkerMetrics, release_server, serve
-from orbit_client._models import AttemptError, AttemptState, LeaseGrant, Task
 from orbit_client._reports import AsyncReports, Reports
+from orbit_client._task_models import Task
 
 __all__ = ["AsyncWorker", "RetryableError", "TaskCancelled", "TaskContext", "Worker"]
 
