@@ -63,22 +63,14 @@ from orbit_client._exceptions import (
     SuccessorExistsError,
     UnprocessableEntityError,
 )
+from orbit_client._flow_graph import FlowGraph, canonical_graph, canonical_graph_digest
 from orbit_client._flow_models import (
-    FLOW_MAX_NODES,
-    FLOW_NODE_ID_PATTERN,
-    FLOW_PATH_MAX_SEGMENTS,
-    FLOW_SIGNAL_NAME_PATTERN,
-    ChoiceNode,
-    ChoiceRule,
-    EndNode,
     FlowControl,
-    FlowGraph,
     FlowHistoryEntry,
     FlowHistoryPage,
     FlowInstance,
     FlowInstancePage,
     FlowInstanceStatus,
-    FlowNode,
     FlowPublish,
     FlowSignal,
     FlowSignalRecord,
@@ -88,14 +80,22 @@ from orbit_client._flow_models import (
     FlowToken,
     FlowTokenState,
     FlowVersion,
+)
+from orbit_client._flow_nodes import (
+    FLOW_MAX_NODES,
+    FLOW_NODE_ID_PATTERN,
+    FLOW_PATH_MAX_SEGMENTS,
+    FLOW_SIGNAL_NAME_PATTERN,
+    ChoiceNode,
+    ChoiceRule,
+    EndNode,
+    FlowNode,
     JoinNode,
     ParallelNode,
     PollNode,
     SignalNode,
     TaskNode,
     TimerNode,
-    canonical_graph,
-    canonical_graph_digest,
     parse_flow_path,
 )
 from orbit_client._flows import FlowSignalResult, FlowStartResult

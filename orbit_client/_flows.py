@@ -26,9 +26,9 @@ from pydantic import BaseModel, ConfigDict, JsonValue, ValidationError
 
 from . import _tracing
 from ._exceptions import OrbitError, OrbitUsageError
+from ._flow_graph import FlowGraph
 from ._flow_models import (
     FlowControl,
-    FlowGraph,
     FlowHistoryPage,
     FlowInstance,
     FlowInstancePage,
