@@ -4,6 +4,7 @@ Everything public is re-exported here; the ``_modules`` behind it are private.
 Importing this package never imports SQLAlchemy or a database driver (README "Using the client").
 """
 
+from orbit_client._async_worker import AsyncWorker
 from orbit_client._attempt_models import (
     MAX_ATTEMPT_BATCH_ITEMS,
     TRACEBACK_MAX_LENGTH,
@@ -138,8 +139,9 @@ from orbit_client._task_models import (
     TaskStatus,
     TaskSubmission,
 )
+from orbit_client._thread_worker import Worker
 from orbit_client._version import __version__
-from orbit_client._worker import AsyncWorker, RetryableError, TaskCancelled, TaskContext, Worker
+from orbit_client._worker import RetryableError, TaskCancelled, TaskContext
 
 __all__ = [
     "FLOW_MAX_NODES",
