@@ -43,6 +43,7 @@ from orbit_client._attempt_models import (
     HeartbeatItem,
     StartItem,
 )
+from orbit_client._calls import _model
 from orbit_client._client import AsyncOrbitClient, OrbitClient
 from orbit_client._exceptions import NotFoundError, OrbitError
 
@@ -73,7 +74,7 @@ def _copy_error(exc: BaseException, first: bool) -> BaseException:
 def _complete_item(attempt: AttemptLease, result: JsonValue) -> CompleteItem:
     """Raises :class:`OrbitUsageError` for a result that is not JSON (nothing is sent)."""
     fields = {"attempt_id": attempt.id, "lease_token": attempt.lease_token, "result": result}
-    return OrbitClient._model(CompleteItem, fields, "complete request")
+    return _model(CompleteItem, fields, "complete request")
 
 
 def _fail_item(attempt: AttemptLease, error: AttemptError) -> FailItem:
