@@ -24,6 +24,7 @@ from urllib.parse import quote
 import httpx
 from pydantic import BaseModel, TypeAdapter, ValidationError
 
+from orbit_client import _tracing
 from orbit_client._exceptions import OrbitAPIError, OrbitUsageError
 from orbit_client._models import is_valid_idempotency_key
 
@@ -108,6 +109,27 @@ def _check_key(idempotency_key: str) -> None:
             "idempotency_key must be 1-255 printable ASCII characters (0x20-0x7E) without leading "
             "or trailing spaces (IETF Idempotency-Key draft; README, section HTTP API); nothing was sent"
         )
+
+
+def _key_headers(idempotency_key: str, traceparent: str | None = None, tracestate: str | None = None,
+                 *, trace: bool = False) -> dict[str, str]:  # fmt: skip
+    """``Idempotency-Key`` (checked as for tasks) and, with ``trace``, the W3C trace headers."""
+    _check_key(idempotency_key)
+    headers = {"Idempotency-Key": idempotency_key}
+    if not trace:
+        return headers
+    if traceparent is None and _tracing.AVAILABLE:
+        traceparent, tracestate = _tracing.current()
+    if traceparent is not None:
+        if _tracing.parse_traceparent(traceparent) is None:
+            raise OrbitUsageError(
+                "traceparent is not a W3C version-00 traceparent (00-<32 hex>-<16 hex>-<2 hex>, lower "
+                'case; README "Tracing"); nothing was sent'
+            )
+        headers["traceparent"] = traceparent
+        if tracestate:
+            headers["tracestate"] = tracestate
+    return headers
 
 
 def _body(model: type[BaseModel], what: str, **fields: Any) -> dict[str, Any]:

@@ -22,6 +22,7 @@ from orbit_client._calls import (
     _Call,
     _check_key,
     _invalid_response,
+    _key_headers,
     _many,
     _one,
     _parse_model,
@@ -62,19 +63,7 @@ def _submit_task(
     tracestate: str | None = None,
 ) -> _Call[SubmitResult]:
     """Validate a submission: ``POST /v1/namespaces/{ns}/tasks`` with its ``Idempotency-Key``."""
-    _check_key(idempotency_key)
-    headers = {"Idempotency-Key": idempotency_key}
-    if traceparent is None and _tracing.AVAILABLE:
-        traceparent, tracestate = _tracing.current()
-    if traceparent is not None:
-        if _tracing.parse_traceparent(traceparent) is None:
-            raise OrbitUsageError(
-                "traceparent is not a W3C version-00 traceparent (00-<32 hex>-<16 hex>-<2 hex>, lower "
-                'case; README "Tracing"); nothing was sent'
-            )
-        headers["traceparent"] = traceparent
-        if tracestate:
-            headers["tracestate"] = tracestate
+    headers = _key_headers(idempotency_key, traceparent, tracestate, trace=True)
     path = _path("/v1/namespaces/{}/tasks", namespace)
     try:
         if options is not None and not isinstance(options, SubmitOptions):
