@@ -13,14 +13,14 @@ from collections.abc import Callable, Collection, Iterator
 from contextlib import contextmanager
 from datetime import timedelta
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, Self
+from typing import Any, Self
 
 import sqlalchemy as sa
 from sqlalchemy.engine import URL, Connection, Engine
 
 from orbit_client import NotFoundError, OrbitClient, OrbitError, Task
 from outbox_adapter import _flow_sending as flow_sending
-from outbox_adapter import _migrate
+from outbox_adapter import _migrate, _ordering
 from outbox_adapter import _queries as q
 from outbox_adapter._db import (
     create_engine,
@@ -40,11 +40,9 @@ from outbox_adapter._models import (
     OutboxStatus,
     ReconcileDecision,
 )
+from outbox_adapter._ordering import BlockedKey
 from outbox_adapter._sending import KeyWindow
 from outbox_adapter._tables import InboxOutcome, OutboxState, OutboxTables, RowKind
-
-if TYPE_CHECKING:
-    from outbox_adapter._ordering import BlockedKey
 
 __all__ = ["DEFAULT_KEY_WINDOW_SECONDS", "Outbox"]
 
@@ -320,9 +318,47 @@ class Outbox:
                 another process changed it meanwhile); nothing changed.
             OutboxDatabaseError: the database failed; nothing changed.
         """
-        from outbox_adapter._ordering import abandon_row
-
-        return abandon_row(self, row_id, actor=actor, reason=reason)
+        if not isinstance(reason, str) or not reason.strip():
+            raise OutboxUsageError(
+                "give a reason for the audit trail, e.g. reason='order cancelled by the customer'"
+            )
+        with self.transaction(f"abandon row {row_id}", row_id=row_id) as conn:
+            row = q.get_row(conn, self.tables, row_id, for_update=True)
+            if row is None:
+                raise RowNotFoundError(
+                    f"there is no outbox row {row_id} (never enqueued, or purged); see `orbit-outbox list`",
+                    row_id=row_id,
+                )
+            if row.state not in (q.DEAD, q.NEEDS_RECONCILE):
+                raise InvalidStateError(
+                    f"row {row_id} is {row.state}; only DEAD or NEEDS_RECONCILE rows can be abandoned "
+                    f"(see `orbit-outbox show {row_id}`)",
+                    row_id=row_id,
+                    state=row.state,
+                )
+            now = db_now(conn)
+            error = f"abandoned by operator: {reason}"
+            if not q.abandon_row(conn, self.tables, row_id, now=now, error=error, from_state=row.state):
+                raise InvalidStateError(  # pragma: no cover - the row is locked (SQLite: single writer)
+                    f"row {row_id} changed meanwhile; nothing was changed; see `orbit-outbox show {row_id}`",
+                    row_id=row_id,
+                    state=row.state,
+                )
+            released = f"; ordering key {row.ordering_key!r} released" if row.ordering_key is not None else ""
+            event = q.event_values(row_id, row.state, q.ABANDONED, reason=f"abandoned by an operator{released}: {reason}",
+                                   actor=actor, now=now)  # fmt: skip
+            q.add_events(conn, self.tables, [event])
+            after = q.get_row(conn, self.tables, row_id)
+        assert after is not None
+        log.info(
+            "row %d (key %s) abandoned by %s%s",
+            row_id,
+            row.idempotency_key,
+            actor,
+            released,
+            extra={"event": "abandoned", "row_id": row_id, "idempotency_key": row.idempotency_key},
+        )
+        return after
 
     def blocked_keys(self, *, limit: int = 100) -> list[BlockedKey]:
         """Ordering keys held back by a row that needs a person (its first unsent row is ``DEAD``
@@ -331,10 +367,8 @@ class Outbox:
         Raises:
             OutboxDatabaseError: the database failed; :class:`OutboxSchemaError` if not migrated.
         """
-        from outbox_adapter._ordering import blocked_keys
-
         with self.transaction("list blocked ordering keys") as conn:
-            return blocked_keys(conn, self.tables, limit=limit)
+            return _ordering.blocked_keys(conn, self.tables, limit=limit)
 
     def retry_all_dead(
         self, *, actor: str, reason: str = "retried by an operator (--all-dead)", batch_size: int = 500
