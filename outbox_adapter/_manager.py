@@ -20,7 +20,9 @@ from sqlalchemy.engine import URL, Connection, Engine
 
 from orbit_client import NotFoundError, OrbitClient, OrbitError, Task
 from outbox_adapter import _flow_sending as flow_sending
+from outbox_adapter import _inbox_queries as iq
 from outbox_adapter import _migrate, _ordering
+from outbox_adapter import _operator_queries as oq
 from outbox_adapter import _queries as q
 from outbox_adapter._db import (
     create_engine,
@@ -177,7 +179,7 @@ class Outbox:
             OutboxDatabaseError: the database failed; :class:`OutboxSchemaError` if not migrated.
         """
         with self.transaction("read the outbox status") as conn:
-            return q.count_by_state(conn, self.tables)
+            return oq.count_by_state(conn, self.tables)
 
     def list_rows(self, *, state: str | None = None, limit: int = 50, after_id: int = 0) -> list[OutboxRow]:
         """Rows in ``state`` (``None``: every state; any case) with ``id > after_id``, by id, at most ``limit``.
@@ -193,7 +195,7 @@ class Outbox:
         if limit < 1:
             raise OutboxUsageError("limit must be at least 1")
         with self.transaction("list outbox rows") as conn:
-            return q.list_rows(conn, self.tables, state=state, limit=limit, after_id=after_id)
+            return oq.list_rows(conn, self.tables, state=state, limit=limit, after_id=after_id)
 
     def get(self, row_id: int) -> OutboxRow:
         """The row with id ``row_id``.
@@ -215,7 +217,7 @@ class Outbox:
             OutboxDatabaseError: the database failed.
         """
         with self.transaction(f"read the events of row {row_id}", row_id=row_id) as conn:
-            return q.list_events(conn, self.tables, row_id)
+            return oq.list_events(conn, self.tables, row_id)
 
     def inbox_rows(
         self,
@@ -237,7 +239,7 @@ class Outbox:
         if limit < 1:
             raise OutboxUsageError("limit must be at least 1")
         with self.transaction("list inbox rows") as conn:
-            return q.list_inbox(
+            return iq.list_inbox(
                 conn, self.tables, outcome=outcome, subscription=subscription, limit=limit, after_id=after_id
             )
 
@@ -248,7 +250,7 @@ class Outbox:
             OutboxDatabaseError: the database failed; :class:`OutboxSchemaError` if not migrated.
         """
         with self.transaction(f"read the inbox row of event {event_id}") as conn:
-            return q.get_inbox_row(conn, self.tables, subscription=subscription, event_id=event_id)
+            return iq.get_inbox_row(conn, self.tables, subscription=subscription, event_id=event_id)
 
     # --- operator actions ----------------------------------------------------------------------------
 
@@ -290,7 +292,7 @@ class Outbox:
                     state=row.state,
                 )
             now = db_now(conn)
-            q.retry_dead_row(conn, self.tables, row_id, now=now)
+            oq.retry_dead_row(conn, self.tables, row_id, now=now)
             event = q.event_values(row_id, q.DEAD, q.PENDING, reason=reason, actor=actor, now=now)
             q.add_events(conn, self.tables, [event])
             after = q.get_row(conn, self.tables, row_id)
@@ -338,7 +340,7 @@ class Outbox:
                 )
             now = db_now(conn)
             error = f"abandoned by operator: {reason}"
-            if not q.abandon_row(conn, self.tables, row_id, now=now, error=error, from_state=row.state):
+            if not oq.abandon_row(conn, self.tables, row_id, now=now, error=error, from_state=row.state):
                 raise InvalidStateError(  # pragma: no cover - the row is locked (SQLite: single writer)
                     f"row {row_id} changed meanwhile; nothing was changed; see `orbit-outbox show {row_id}`",
                     row_id=row_id,
@@ -382,13 +384,13 @@ class Outbox:
         after = 0
         while True:
             with self.transaction("retry DEAD rows") as conn:
-                rows = q.list_rows(conn, self.tables, state=q.DEAD, limit=batch_size, after_id=after)
+                rows = oq.list_rows(conn, self.tables, state=q.DEAD, limit=batch_size, after_id=after)
                 if not rows:
                     return retried
                 now = db_now(conn)
                 events = []
                 for row in rows:
-                    if q.retry_dead_row(conn, self.tables, row.id, now=now):
+                    if oq.retry_dead_row(conn, self.tables, row.id, now=now):
                         retried.append(row.id)
                         events.append(
                             q.event_values(row.id, q.DEAD, q.PENDING, reason=reason, actor=actor, now=now)
@@ -486,12 +488,12 @@ class Outbox:
         with self.transaction(f"resolve row {row_id}", row_id=row_id) as conn:
             now = db_now(conn)
             if delivered_as is not None:
-                changed = q.record_reconciled_delivered(
+                changed = oq.record_reconciled_delivered(
                     conn, self.tables, row_id, now=now, task_id=delivered_as
                 )
             else:
                 assert error is not None
-                changed = q.abandon_row(conn, self.tables, row_id, now=now, error=error)
+                changed = oq.abandon_row(conn, self.tables, row_id, now=now, error=error)
             if not changed:
                 now_row = q.get_row(conn, self.tables, row_id)
                 state = now_row.state if now_row is not None else "purged"
@@ -600,7 +602,7 @@ class Outbox:
         window = None if limit is None else timedelta(seconds=limit)  # None: the server never forgets a key
         while True:
             with self.transaction("read the rows to reconcile") as conn:
-                rows = q.rows_to_reconcile(conn, self.tables, after_id=after, limit=batch_size)
+                rows = oq.rows_to_reconcile(conn, self.tables, after_id=after, limit=batch_size)
                 now = db_now(conn)
             if not rows:
                 return decisions
@@ -740,7 +742,7 @@ class Outbox:
             now = db_now(conn)
             if decision == "delivered":
                 assert task_id is not None
-                written = q.record_reconciled_delivered(conn, self.tables, row.id, now=now, task_id=task_id)
+                written = oq.record_reconciled_delivered(conn, self.tables, row.id, now=now, task_id=task_id)
                 if written and on_delivered is not None:
                     on_delivered(
                         conn,
@@ -754,9 +756,9 @@ class Outbox:
                         ),
                     )
             elif decision == "pending":
-                written = q.record_reconciled_pending(conn, self.tables, row.id, now=now)
+                written = oq.record_reconciled_pending(conn, self.tables, row.id, now=now)
             else:  # left for a person: only last_error and the audit event are written
-                written = q.record_reconcile_mismatch(conn, self.tables, row.id, now=now, error=detail)
+                written = oq.record_reconcile_mismatch(conn, self.tables, row.id, now=now, error=detail)
             if written:
                 event = q.event_values(
                     row.id,
@@ -825,7 +827,7 @@ class Outbox:
         total = 0
         while True:
             with self.transaction("purge delivered rows") as conn:
-                deleted = q.purge_delivered_batch(conn, self.tables, cutoff=cutoff, batch_size=batch_size)
+                deleted = oq.purge_delivered_batch(conn, self.tables, cutoff=cutoff, batch_size=batch_size)
             total += deleted
             if on_batch is not None and deleted:
                 on_batch(deleted)
@@ -868,7 +870,7 @@ class Outbox:
         purged: list[int] = []
         while True:
             with self.transaction("purge DEAD rows") as conn:
-                ids = q.purge_dead_batch(
+                ids = oq.purge_dead_batch(
                     conn, self.tables, cutoff=cutoff, batch_size=batch_size, reason=reason, actor=actor,
                     now=db_now(conn), row_ids=row_ids,
                 )  # fmt: skip
