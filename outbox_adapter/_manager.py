@@ -1,8 +1,9 @@
 """``Outbox``: the outbox of one business database, and every operator operation on it.
 
-All transactions of the relay and the CLI begin here (:meth:`Outbox.transaction`), and
-every statement they run lives in ``_queries`` (STYLE habit 15, as procrastinate's
-manager). An engine the application built is used as it is and never disposed of.
+All transactions of the relay and the CLI begin here (:meth:`Outbox.transaction`), and every
+statement they run lives in ``_queries``, ``_operator_queries`` or ``_inbox_queries`` (STYLE
+habit 15, as procrastinate's manager); reconciling is carried out by ``_reconcile``. An engine
+the application built is used as it is and never disposed of.
 """
 
 from __future__ import annotations
