@@ -70,12 +70,7 @@ def resolve(
         try:
             instance = flow_sending.get_flow_instance(client, row.namespace, delivered_as)
         except NotFoundError:
-            raise OutboxRowError(
-                f"there is no flow instance {delivered_as!r} in namespace {row.namespace!r} (the server "
-                f"answered 404); check the instance id; row {row_id} stays NEEDS_RECONCILE",
-                row_id=row_id,
-                state=row.state,
-            ) from None
+            raise _not_on_server("flow instance", "instance", delivered_as, row) from None
         to_state, error = q.DELIVERED, None
         detail = f"delivered as flow instance {instance.id} (flow {instance.flow!r})"
     elif delivered_as is not None:
@@ -83,12 +78,7 @@ def resolve(
         try:
             task = client.get_task(row.namespace, delivered_as)
         except NotFoundError:
-            raise OutboxRowError(
-                f"there is no task {delivered_as!r} in namespace {row.namespace!r} (the server answered 404); "
-                f"check the task id; row {row_id} stays NEEDS_RECONCILE",
-                row_id=row_id,
-                state=row.state,
-            ) from None
+            raise _not_on_server("task", "task", delivered_as, row) from None
         to_state, error = q.DELIVERED, None
         detail = f"delivered as task {task.id} (queue {task.queue!r}, handler {task.handler!r})"
     else:
@@ -386,3 +376,13 @@ def _lookup_failed(row: OutboxRow, exc: OrbitError) -> ReconcileDecision:
     """The row stays: its lookup failed; the next run tries again."""
     return ReconcileDecision(row_id=row.id, idempotency_key=row.idempotency_key, decision="error", applied=False,
                              detail=f"lookup failed: {exc}")  # fmt: skip
+
+
+def _not_on_server(what: str, id_name: str, delivered_as: str, row: OutboxRow) -> OutboxRowError:
+    """``resolve --delivered-as`` named a task (or flow instance) the server answered 404 for."""
+    return OutboxRowError(
+        f"there is no {what} {delivered_as!r} in namespace {row.namespace!r} (the server answered 404); "
+        f"check the {id_name} id; row {row.id} stays NEEDS_RECONCILE",
+        row_id=row.id,
+        state=row.state,
+    )
