@@ -42,7 +42,7 @@ class OrbitServerError(Exception):
     status: int = 500
     code: str = "internal_error"
     title: str = "Internal server error"
-    #: When raised inside :func:`orbit_server.execution.transact`, commit what the
+    #: When raised inside :func:`orbit_server.db.transact.transact`, commit what the
     #: transaction wrote before answering with this error (e.g. late-result evidence).
     keep_writes: bool = False
 

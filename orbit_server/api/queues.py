@@ -1,0 +1,90 @@
+"""Queue control routes: ``PATCH /v1/namespaces/{ns}/queues/{queue}`` (limits) and
+``POST .../queues/{queue}/pause`` | ``/resume`` (README "Concurrency limits and pausing a queue").
+
+They need an ``admin`` key and are audited in ``queue_events`` (actor ``api_key:<id>``, the
+person ``actor`` of the body, ``reason``, before and after). ``GET .../queues/{queue}`` (any
+key) shows the gate and limits beside the task counts.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Body, Path
+from sqlalchemy.engine import Engine
+
+from orbit_client import NAME_PATTERN, Problem, Queue, QueueControl, QueueUpdate
+from orbit_server.api.auth import Caller, authorize
+from orbit_server.db.transact import transact
+from orbit_server.tasks import permits
+
+__all__ = ["queues_router"]
+
+NamespaceName = Annotated[str, Path(pattern=NAME_PATTERN, description="Namespace name.")]
+QueueName = Annotated[str, Path(pattern=NAME_PATTERN, description="Queue name.")]
+_PROBLEM: dict[str, Any] = {"model": Problem, "content": {"application/problem+json": {}}}
+_ERRORS: dict[int | str, dict[str, Any]] = {status: _PROBLEM for status in (401, 403, 404, 409, 422)}
+
+
+def queues_router(*, engine: Engine, on_resume: Callable[[], None]) -> APIRouter:
+    """The queue control routes over ``engine``; ``on_resume`` wakes this process's lease long-polls."""
+    router = APIRouter(prefix="/v1/namespaces/{namespace}/queues/{queue}", tags=["queues"])
+
+    @router.patch("", response_model=Queue, responses=_ERRORS)
+    def update_queue(namespace: NamespaceName, queue: QueueName, body: QueueUpdate, caller: Caller) -> Queue:
+        """Change the queue's ``max_concurrency_per_key`` / ``max_concurrency`` (``admin``).
+
+        Only the fields given change; ``null`` removes a limit. Attempts in flight are never
+        taken back: a lowered limit holds new grants until the key is under it. 404
+        ``queue_not_found``; 422 ``validation_error`` for a body with neither field.
+        """
+        authorize(caller, namespace, "admin")
+        changes: dict[str, int | None] = {
+            name: getattr(body, name)
+            for name in ("max_concurrency_per_key", "max_concurrency")
+            if name in body.model_fields_set
+        }
+        found = transact(
+            engine, permits.set_limits, caller.namespace_id, queue, changes, actor=f"api_key:{caller.key_id}",
+            reason=body.reason, on_behalf_of=body.actor,
+        )  # fmt: skip
+        on_resume()  # a raised limit may let waiting tasks through
+        return found
+
+    def control(namespace: str, queue: str, body: QueueControl | None, caller: Caller, paused: bool) -> Queue:
+        authorize(caller, namespace, "admin")
+        body = body or QueueControl()
+        found = transact(
+            engine, permits.set_paused, caller.namespace_id, queue, paused=paused,
+            actor=f"api_key:{caller.key_id}", reason=body.reason, on_behalf_of=body.actor,
+        )  # fmt: skip
+        if not paused:
+            on_resume()
+        return found
+
+    @router.post("/pause", response_model=Queue, responses=_ERRORS)
+    def pause_queue(
+        namespace: NamespaceName,
+        queue: QueueName,
+        caller: Caller,
+        body: Annotated[QueueControl | None, Body()] = None,
+    ) -> Queue:
+        """Pause the queue (``admin``): no new leases, no starts (a start is answered 409 ``lease_lost``
+        with ``queue_paused: true`` and its lease given back). Attempts in flight still heartbeat,
+        complete and fail, and their results are recorded and delivered. Pausing a paused queue
+        changes nothing.
+        """
+        return control(namespace, queue, body, caller, True)
+
+    @router.post("/resume", response_model=Queue, responses=_ERRORS)
+    def resume_queue(
+        namespace: NamespaceName,
+        queue: QueueName,
+        caller: Caller,
+        body: Annotated[QueueControl | None, Body()] = None,
+    ) -> Queue:
+        """Resume the queue (``admin``): leases and starts go on; waiting lease long-polls get tasks."""
+        return control(namespace, queue, body, caller, False)
+
+    return router
