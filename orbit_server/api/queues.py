@@ -14,10 +14,18 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Body, Path
 from sqlalchemy.engine import Engine
 
-from orbit_client import NAME_PATTERN, Problem, Queue, QueueControl, QueueUpdate
+from orbit_client import (
+    NAME_PATTERN,
+    Problem,
+    Queue,
+    QueueControl,
+    QueueUpdate,
+)
+from orbit_server import errors
 from orbit_server.api.auth import Caller, authorize
+from orbit_server.api.deps import _PROBLEMS, EngineDep
 from orbit_server.db.transact import transact
-from orbit_server.tasks import permits
+from orbit_server.tasks import permits, store
 
 __all__ = ["queues_router"]
 
@@ -88,3 +96,28 @@ def queues_router(*, engine: Engine, on_resume: Callable[[], None]) -> APIRouter
         return control(namespace, queue, body, caller, False)
 
     return router
+
+
+#: The read endpoint of a queue; :func:`queues_router` holds the changes.
+router = APIRouter()
+
+
+@router.get(
+    "/v1/namespaces/{namespace}/queues/{queue}",
+    response_model=Queue,
+    tags=["queues"],
+    responses=_PROBLEMS,
+)
+def get_queue(
+    engine: EngineDep,
+    namespace: NamespaceName,
+    queue: Annotated[str, Path(pattern=NAME_PATTERN)],
+    caller: Caller,
+) -> Queue:
+    """A queue, its task count per status, its gate (``paused``) and concurrency limits; 404 ``queue_not_found``."""
+    authorize(caller, namespace, "read")
+    with engine.begin() as conn:
+        found = store.get_queue(conn, namespace, caller.namespace_id, queue)
+    if found is None:
+        raise errors.QueueNotFound(f"queue {queue!r} does not exist in namespace {namespace!r}")
+    return found

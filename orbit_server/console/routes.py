@@ -25,11 +25,11 @@ from starlette.concurrency import run_in_threadpool
 
 from orbit_client import TaskStatus
 from orbit_server import errors
-from orbit_server.api.auth import KeyCache
 from orbit_server.console._session import Session, Sessions
 from orbit_server.db.transact import transact
 from orbit_server.settings import ServerSettings
 from orbit_server.tasks import admin, operations, store
+from orbit_server.tasks.keys import KeyCache
 
 __all__ = ["console_router"]
 
