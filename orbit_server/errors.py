@@ -1,5 +1,5 @@
 """Domain errors. Endpoints raise them; one handler turns each into an RFC 9457
-problem body with a stable ``code`` (see ``app.py``)."""
+problem body with a stable ``code`` (see :mod:`orbit_server.api.problems`)."""
 
 from __future__ import annotations
 

@@ -3,7 +3,7 @@
 The gauges (live tasks per queue and status, the review backlog, unacked result deliveries and
 the oldest one's age) are read by :func:`sample` once per ``ORBIT_METRICS_SAMPLE_INTERVAL_SECONDS``
 in a background task of the app, never per scrape: a scrape only reads the last sample. Each
-statement is served by an index of ``schema.py``:
+statement is served by an index of ``db/schema.py``:
 
 - tasks per queue and status: ``queue_id IN (every queue) AND status IN (live statuses)`` over
   ``ix_tasks_claim (queue_id, status, available_at)``, index only, a range per (queue, status):

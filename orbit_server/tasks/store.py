@@ -499,7 +499,7 @@ def _answer_is_exact(conn: Connection, submission: TaskSubmission) -> bool:
     )
 
 
-# Acceptance pieces shared with the batch path (acceptance_batch.py), so both answer and write alike.
+# Acceptance pieces shared with the batch path (tasks/acceptance_batch.py), so both answer and write alike.
 
 
 def key_reused() -> errors.IdempotencyKeyReused:

@@ -9,7 +9,7 @@ The rules, from §2, §3 and §5 of the reliability model (seed 001) and DESIGN 
 - A task moves only along :data:`TRANSITIONS`, and only through :func:`apply_transition`: a
   conditional ``UPDATE`` on the status and ``state_version`` it read, which bumps the version,
   checks the affected-row count and appends a ``task_events`` row in the same transaction
-  (and, for a result state, a ``result_events`` row with its deliveries: :mod:`.results`).
+  (and, for a result state, a ``result_events`` row with its deliveries: :mod:`.result_events`).
   The one exception is its set-based twin in :func:`lease_tasks`, which makes the same
   conditional update (``WAITING → LEASED``) for every claimed row in one statement, checks
   that every row was updated, and inserts their events in one multi-row ``INSERT``.
