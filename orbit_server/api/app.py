@@ -15,7 +15,7 @@ from fastapi import FastAPI
 from sqlalchemy.engine import Engine
 
 from orbit_client import ServerInfo
-from orbit_server.api import attempts, deliveries, operations, queues, tasks
+from orbit_server.api import attempts, deliveries, operations, queues, schedules, tasks
 from orbit_server.api.attempt_batches import attempt_batch_router
 from orbit_server.api.batch import batch_router
 from orbit_server.api.flows import flows_router
@@ -24,7 +24,6 @@ from orbit_server.api.metrics import Metrics
 from orbit_server.api.middleware import RequestContextMiddleware
 from orbit_server.api.openapi import _finish_openapi
 from orbit_server.api.problems import install_problem_handlers
-from orbit_server.api.schedules import schedules_router
 from orbit_server.api.wakeup import Wakeup
 from orbit_server.console import console_router
 from orbit_server.db.engine import create_engine
@@ -78,9 +77,9 @@ def create_app(settings: ServerSettings | None = None, *, engine: Engine | None 
     app.include_router(
         batch_router(engine=the_engine, settings=settings, metrics=metrics, on_created=wakeup.notify)
     )
-    app.include_router(schedules_router(engine=the_engine))
+    app.include_router(schedules.router)
     app.include_router(flows_router(engine_=the_engine, settings=settings, on_created=wakeup.notify))
-    app.include_router(queues.queues_router(engine=the_engine, on_resume=wakeup.notify))
+    app.include_router(queues.control_router)
     app.include_router(
         console_router(
             engine=the_engine, settings=settings, key_cache=state.key_cache, on_created=wakeup.notify

@@ -8,7 +8,6 @@ key) shows the gate and limits beside the task counts.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Body, Path
@@ -23,11 +22,12 @@ from orbit_client import (
 )
 from orbit_server import errors
 from orbit_server.api.auth import Caller, authorize
-from orbit_server.api.deps import _PROBLEMS, EngineDep
+from orbit_server.api.deps import _PROBLEMS, EngineDep, WakeupDep
+from orbit_server.api.wakeup import Wakeup
 from orbit_server.db.transact import transact
 from orbit_server.tasks import permits, store
 
-__all__ = ["queues_router"]
+__all__ = ["control_router", "router"]
 
 NamespaceName = Annotated[str, Path(pattern=NAME_PATTERN, description="Namespace name.")]
 QueueName = Annotated[str, Path(pattern=NAME_PATTERN, description="Queue name.")]
@@ -35,70 +35,90 @@ _PROBLEM: dict[str, Any] = {"model": Problem, "content": {"application/problem+j
 _ERRORS: dict[int | str, dict[str, Any]] = {status: _PROBLEM for status in (401, 403, 404, 409, 422)}
 
 
-def queues_router(*, engine: Engine, on_resume: Callable[[], None]) -> APIRouter:
-    """The queue control routes over ``engine``; ``on_resume`` wakes this process's lease long-polls."""
-    router = APIRouter(prefix="/v1/namespaces/{namespace}/queues/{queue}", tags=["queues"])
-
-    @router.patch("", response_model=Queue, responses=_ERRORS)
-    def update_queue(namespace: NamespaceName, queue: QueueName, body: QueueUpdate, caller: Caller) -> Queue:
-        """Change the queue's ``max_concurrency_per_key`` / ``max_concurrency`` (``admin``).
-
-        Only the fields given change; ``null`` removes a limit. Attempts in flight are never
-        taken back: a lowered limit holds new grants until the key is under it. 404
-        ``queue_not_found``; 422 ``validation_error`` for a body with neither field.
-        """
-        authorize(caller, namespace, "admin")
-        changes: dict[str, int | None] = {
-            name: getattr(body, name)
-            for name in ("max_concurrency_per_key", "max_concurrency")
-            if name in body.model_fields_set
-        }
-        found = transact(
-            engine, permits.set_limits, caller.namespace_id, queue, changes, actor=f"api_key:{caller.key_id}",
-            reason=body.reason, on_behalf_of=body.actor,
-        )  # fmt: skip
-        on_resume()  # a raised limit may let waiting tasks through
-        return found
-
-    def control(namespace: str, queue: str, body: QueueControl | None, caller: Caller, paused: bool) -> Queue:
-        authorize(caller, namespace, "admin")
-        body = body or QueueControl()
-        found = transact(
-            engine, permits.set_paused, caller.namespace_id, queue, paused=paused,
-            actor=f"api_key:{caller.key_id}", reason=body.reason, on_behalf_of=body.actor,
-        )  # fmt: skip
-        if not paused:
-            on_resume()
-        return found
-
-    @router.post("/pause", response_model=Queue, responses=_ERRORS)
-    def pause_queue(
-        namespace: NamespaceName,
-        queue: QueueName,
-        caller: Caller,
-        body: Annotated[QueueControl | None, Body()] = None,
-    ) -> Queue:
-        """Pause the queue (``admin``): no new leases, no starts (a start is answered 409 ``lease_lost``
-        with ``queue_paused: true`` and its lease given back). Attempts in flight still heartbeat,
-        complete and fail, and their results are recorded and delivered. Pausing a paused queue
-        changes nothing.
-        """
-        return control(namespace, queue, body, caller, True)
-
-    @router.post("/resume", response_model=Queue, responses=_ERRORS)
-    def resume_queue(
-        namespace: NamespaceName,
-        queue: QueueName,
-        caller: Caller,
-        body: Annotated[QueueControl | None, Body()] = None,
-    ) -> Queue:
-        """Resume the queue (``admin``): leases and starts go on; waiting lease long-polls get tasks."""
-        return control(namespace, queue, body, caller, False)
-
-    return router
+#: The queue control routes; the read (:func:`get_queue`) is on :data:`router`.
+control_router = APIRouter(prefix="/v1/namespaces/{namespace}/queues/{queue}", tags=["queues"])
 
 
-#: The read endpoint of a queue; :func:`queues_router` holds the changes.
+@control_router.patch("", response_model=Queue, responses=_ERRORS)
+def update_queue(
+    engine: EngineDep,
+    wakeup: WakeupDep,
+    namespace: NamespaceName,
+    queue: QueueName,
+    body: QueueUpdate,
+    caller: Caller,
+) -> Queue:
+    """Change the queue's ``max_concurrency_per_key`` / ``max_concurrency`` (``admin``).
+
+    Only the fields given change; ``null`` removes a limit. Attempts in flight are never
+    taken back: a lowered limit holds new grants until the key is under it. 404
+    ``queue_not_found``; 422 ``validation_error`` for a body with neither field.
+    """
+    authorize(caller, namespace, "admin")
+    changes: dict[str, int | None] = {
+        name: getattr(body, name)
+        for name in ("max_concurrency_per_key", "max_concurrency")
+        if name in body.model_fields_set
+    }
+    found = transact(
+        engine, permits.set_limits, caller.namespace_id, queue, changes, actor=f"api_key:{caller.key_id}",
+        reason=body.reason, on_behalf_of=body.actor,
+    )  # fmt: skip
+    wakeup.notify()  # a raised limit may let waiting tasks through
+    return found
+
+
+def control(
+    engine: Engine,
+    wakeup: Wakeup,
+    namespace: str,
+    queue: str,
+    body: QueueControl | None,
+    caller: Caller,
+    paused: bool,
+) -> Queue:
+    authorize(caller, namespace, "admin")
+    body = body or QueueControl()
+    found = transact(
+        engine, permits.set_paused, caller.namespace_id, queue, paused=paused,
+        actor=f"api_key:{caller.key_id}", reason=body.reason, on_behalf_of=body.actor,
+    )  # fmt: skip
+    if not paused:
+        wakeup.notify()
+    return found
+
+
+@control_router.post("/pause", response_model=Queue, responses=_ERRORS)
+def pause_queue(
+    engine: EngineDep,
+    wakeup: WakeupDep,
+    namespace: NamespaceName,
+    queue: QueueName,
+    caller: Caller,
+    body: Annotated[QueueControl | None, Body()] = None,
+) -> Queue:
+    """Pause the queue (``admin``): no new leases, no starts (a start is answered 409 ``lease_lost``
+    with ``queue_paused: true`` and its lease given back). Attempts in flight still heartbeat,
+    complete and fail, and their results are recorded and delivered. Pausing a paused queue
+    changes nothing.
+    """
+    return control(engine, wakeup, namespace, queue, body, caller, True)
+
+
+@control_router.post("/resume", response_model=Queue, responses=_ERRORS)
+def resume_queue(
+    engine: EngineDep,
+    wakeup: WakeupDep,
+    namespace: NamespaceName,
+    queue: QueueName,
+    caller: Caller,
+    body: Annotated[QueueControl | None, Body()] = None,
+) -> Queue:
+    """Resume the queue (``admin``): leases and starts go on; waiting lease long-polls get tasks."""
+    return control(engine, wakeup, namespace, queue, body, caller, False)
+
+
+#: The read endpoint of a queue; :data:`control_router` holds the changes.
 router = APIRouter()
 
 
