@@ -10,7 +10,8 @@ The transaction that wrote an event marks its connection; :func:`orbit_server.db
 calls :func:`after_commit` once it committed, which wakes the flow loops of this process at once
 (other processes find the event by polling, every ``ORBIT_FLOW_INTERVAL_SECONDS``).
 
-This module imports nothing of the server but the schema, so ``execution`` can import it.
+It lives in ``db`` because both the task transitions (``tasks``) and :func:`~orbit_server.db.transact.transact`
+call it, and it imports nothing of the server but the schema.
 """
 
 from __future__ import annotations
