@@ -13,9 +13,8 @@ import pytest
 import sqlalchemy as sa
 
 from orbit_client import OrbitClient
-from orbit_server import retention
-from orbit_server._db import db_now
-from orbit_server.schema import (
+from orbit_server.db.engine import db_now
+from orbit_server.db.schema import (
     flow_events,
     flow_history,
     flow_instances,
@@ -24,6 +23,7 @@ from orbit_server.schema import (
     flow_steps,
     flow_tokens,
 )
+from orbit_server.retention import purge as retention
 from outbox_adapter import _flow_sending as flow_sending
 from outbox_adapter import _queries as q
 from outbox_adapter._outcomes import Verdict

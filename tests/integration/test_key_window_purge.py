@@ -13,9 +13,11 @@ import pytest
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
-from orbit_server import _migrate, retention, store
-from orbit_server._db import create_engine, db_now
-from orbit_server.schema import submission_keys
+from orbit_server.db import migrate as _migrate
+from orbit_server.db.engine import create_engine, db_now
+from orbit_server.db.schema import submission_keys
+from orbit_server.retention import purge as retention
+from orbit_server.tasks import store
 from tests.conftest import DatabaseFactory
 from tests.integration.conftest import BACKENDS
 
