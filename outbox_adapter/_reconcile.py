@@ -17,13 +17,14 @@ from typing import Any, Protocol
 
 from sqlalchemy.engine import Connection
 
-from orbit_client import NotFoundError, OrbitClient, OrbitError, Task
+from orbit_client import NotFoundError, OrbitAPIError, OrbitClient, OrbitError, Task
 from outbox_adapter import _flow_sending as flow_sending
 from outbox_adapter import _operator_queries as oq
 from outbox_adapter import _queries as q
 from outbox_adapter._db import db_now
 from outbox_adapter._exceptions import InvalidStateError, OutboxRowError, OutboxUsageError
 from outbox_adapter._models import DeliveredRow, OutboxRow, ReconcileDecision
+from outbox_adapter._outcomes import purged_task_id
 from outbox_adapter._sending import KeyWindow
 from outbox_adapter._tables import OutboxTables, RowKind
 
@@ -188,6 +189,16 @@ def _reconcile_one(
         )
     try:
         task = client.find_submission(row.namespace, key)
+    except OrbitAPIError as exc:
+        purged = purged_task_id(exc.status_code, exc.problem)
+        if purged is None:
+            return _lookup_failed(row, exc)
+        # 410 task_purged: the key's task ran and was purged since (its key kept): delivered.
+        detail = f"the server had task {purged} for this key, finished and purged since: delivered"
+        return _apply_decision(
+            outbox, row, "delivered", q.DELIVERED, detail, purged,
+            actor=actor, dry_run=dry_run, on_delivered=on_delivered,
+        )  # fmt: skip
     except OrbitError as exc:
         return _lookup_failed(row, exc)
     if task is not None and _same_submission(task, row):

@@ -111,6 +111,23 @@ def test_a_row_older_than_the_key_window_is_settled_by_its_key_and_never_makes_a
     assert (decision.decision, decision.applied) == ("too_old", False)
     assert task_count(orbit, ns.name) == before + 1
 
+    # A NEEDS_RECONCILE row whose key's task was purged (410 task_purged) is delivered, with that task
+    # (issue 20 #7: it was decided `error` by every reconcile, for ever).
+    with biz.engine.begin() as conn:
+        conn.execute(
+            tables.outbox.update()
+            .where(tables.outbox.c.id == purged)
+            .values(state="NEEDS_RECONCILE", orbit_task_id=None, delivered_at=None)
+        )
+    delivered: list[str | None] = []
+    with OrbitClient(orbit.base_url, api_key=ns.keys["read"]) as client:
+        decisions = outbox.reconcile(
+            client, actor="test", on_delivered=lambda conn, row: delivered.append(row.orbit_task_id)
+        )
+    assert {d.row_id: d.decision for d in decisions}[purged] == "delivered"
+    assert (outbox.get(purged).state, outbox.get(purged).orbit_task_id) == ("DELIVERED", task_of[purged])
+    assert delivered == [task_of[purged]]
+
 
 def test_reconcile_by_default_uses_the_server_s_key_window_not_a_week(
     biz: Biz, tables: OutboxTables, make_database: DatabaseFactory
