@@ -9,12 +9,14 @@ command: 0 done, 1 refused, 2 bad usage, 3 the database is unreachable.
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Any, TypeVar
 
 import click
 
 from orbit_server.cli.options import (
+    _DEFAULTS,
     _actor,
     _actor_option,
     _database_url_option,
@@ -29,6 +31,22 @@ from orbit_server.retention import purge as retention
 
 __all__ = ["purge", "retention_group"]
 
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def _key_ttl_option(func: F) -> F:
+    return click.option(
+        "--key-ttl-seconds",
+        "key_ttl_seconds",
+        envvar="ORBIT_SUBMISSION_KEY_TTL_SECONDS",
+        show_envvar=True,
+        type=click.IntRange(3600),
+        default=_DEFAULTS["submission_key_ttl_seconds"].default,
+        show_default=True,
+        help="The key window in force (the servers' setting): a key goes only once past its own expiry and "
+        "accepted longer ago than this; a purged flow start's tombstone lives this long after it finished.",
+    )(func)
+
 
 def _cutoff(conn: Any, value: datetime | timedelta) -> datetime:
     """An age (measured back from the database clock) or a time, as an aware UTC datetime."""
@@ -42,6 +60,8 @@ _INVENTORY_ROWS = (
     ("  kept: a result event not yet acked by every subscription", "protected_tasks"),
     ("  kept: part of a retry chain that must stay", "chain_kept_tasks"),
     ("result events still unacked (protected)", "protected_result_events"),
+    ("finished flow instances before the cut-off", "finished_flow_instances"),
+    ("  kept: a step task unfinished or an event not applied", "protected_flow_instances"),
     ("expired submission keys kept (task unfinished or unacked)", "protected_keys"),
 )
 _PURGE_ROWS = (
@@ -51,13 +71,27 @@ _PURGE_ROWS = (
     ("their result events (every delivery acked)", "result_events"),
     ("those acked deliveries", "event_deliveries"),
     ("schedule occurrences (of those tasks, or skipped)", "schedule_occurrences"),
+    ("flow instances (finished before the cut-off)", "flow_instances"),
+    ("their tokens, steps, timers, signals", "flow_parts"),
+    ("their events and history", "flow_log"),
     ("expired submission keys", "submission_keys"),
+    ("expired flow start tombstones", "flow_start_tombstones"),
 )
+
+
+def _purge_figures(counts: dict[str, int]) -> dict[str, int]:
+    """The purge counts with the flow tables summed as the table shows them."""
+    parts = ("flow_tokens", "flow_steps", "flow_timers", "flow_signals")
+    return counts | {
+        "flow_parts": sum(counts.get(k, 0) for k in parts),
+        "flow_log": counts.get("flow_events", 0) + counts.get("flow_history", 0),
+    }
 
 
 def _print_inventory(found: retention.Inventory, *, title: str) -> None:
     data = found.as_dict()
-    rows: list[list[Any]] = [[label, data["purge"][key]] for label, key in _PURGE_ROWS]
+    figures = _purge_figures(data["purge"])
+    rows: list[list[Any]] = [[label, figures[key]] for label, key in _PURGE_ROWS]
     if found.tasks_before is not None:
         rows += [[label, data[key]] for label, key in _INVENTORY_ROWS]
     else:
@@ -83,12 +117,13 @@ def retention_group() -> None:
     required=True,
     help="Cut-off: a UTC time (2026-11-01T00:00) or an age (30d) back from the database clock.",
 )
+@_key_ttl_option
 @_json_option
 @_database_url_option
-def inventory(before: datetime | timedelta, as_json: bool, database_url: str) -> None:
+def inventory(before: datetime | timedelta, key_ttl_seconds: int, as_json: bool, database_url: str) -> None:
     """Count, read-only, what `orbit-server purge --before TIME --keys` would delete and what it keeps."""
     with _engine(database_url) as engine, engine.begin() as conn:
-        found = retention.inventory(conn, _cutoff(conn, before))
+        found = retention.inventory(conn, _cutoff(conn, before), key_ttl=timedelta(seconds=key_ttl_seconds))
     if as_json:
         _print_json(found.as_dict())
     else:
@@ -144,6 +179,7 @@ def runs(limit: int, as_json: bool, database_url: str) -> None:
     help="Tasks (or keys) deleted per transaction.",
 )
 @click.option("--dry-run", is_flag=True, help="Delete nothing: print the inventory of this purge.")
+@_key_ttl_option
 @_actor_option
 @_json_option
 @_database_url_option
@@ -153,12 +189,15 @@ def purge(
     keys: bool,
     batch_size: int,
     dry_run: bool,
+    key_ttl_seconds: int,
     actor: str | None,
     as_json: bool,
     database_url: str,
 ) -> None:
     """Delete terminal tasks finished before a cut-off with their attempts, events and fully acked
-    result events, and with --keys expired submission keys; in batches, audited (README "Retention and the key window").
+    result events, finished flow instances with everything they own (their start keys kept as
+    tombstones), and with --keys expired submission keys and tombstones; in batches, audited
+    (README "Retention and the key window").
 
     Tasks with a result event not yet acked, and retry chains with a task that must stay, are kept.
     Run `orbit-server retention runs` to see past purges.
@@ -180,8 +219,9 @@ def purge(
                     "a purge only deletes what finished in the past",
                     param_hint="--before",
                 )
+            key_ttl = timedelta(seconds=key_ttl_seconds)
             if dry_run or sys.stderr.isatty():
-                found = retention.inventory(conn, cutoff)
+                found = retention.inventory(conn, cutoff, key_ttl=key_ttl)
         if dry_run:
             if not keys:
                 found = _without_keys(found)
@@ -201,25 +241,28 @@ def purge(
             ) as bar:  # fmt: skip
                 job = bar.add_task("purge", total=total or None)
                 run_id, counts = retention.purge(
-                    engine, actor=who, tasks_before=cutoff, keys=keys, batch_size=batch_size,
+                    engine, actor=who, tasks_before=cutoff, keys=keys, batch_size=batch_size, key_ttl=key_ttl,
                     on_progress=lambda done: bar.advance(job, done.tasks + done.submission_keys),
                 )  # fmt: skip
         else:
             run_id, counts = retention.purge(
-                engine, actor=who, tasks_before=cutoff, keys=keys, batch_size=batch_size
+                engine, actor=who, tasks_before=cutoff, keys=keys, batch_size=batch_size, key_ttl=key_ttl
             )
     if as_json:
         _print_json({"run_id": run_id, "actor": who, "tasks_before": cutoff, "keys": keys,
                      "deleted": counts.as_dict()})  # fmt: skip
         return
     click.echo(f"purge run {run_id} by {who} finished (see `orbit-server retention runs`)", err=True)
-    _table(["what", "deleted"], [[label, counts.as_dict()[key]] for label, key in _PURGE_ROWS])
+    figures = _purge_figures(counts.as_dict())
+    _table(["what", "deleted"], [[label, figures[key]] for label, key in _PURGE_ROWS])
 
 
 def _without_keys(found: retention.Inventory) -> retention.Inventory:
     from dataclasses import replace
 
-    return replace(found, purge=replace(found.purge, submission_keys=0), protected_keys=0)
+    return replace(
+        found, purge=replace(found.purge, submission_keys=0, flow_start_tombstones=0), protected_keys=0
+    )
 
 
 def _stderr_console() -> Any:
