@@ -91,12 +91,16 @@ class Relay:
     (one conditional update per outcome class). A server without the batch route (404 /
     405) is remembered and rows are then submitted one by one.
 
-    **Leases.** A send never starts after its lease has expired, nor so late that it could
-    outlive it: just before a request, the lease's end (database clock) is compared with
-    the database time of the claim plus the time elapsed since; unless at least the
-    request timeout plus a margin (``min(5, max(0.1, lease_seconds / 10))`` s) is left, or
-    half the lease when the lease is shorter than that, the rows are released unsent
-    (attempt given back, due now) and claimed again.
+    **Leases.** A send starts only while its lease has time left, as this process sees it:
+    just before a request, the lease's end (database clock) is compared with the database
+    time of the claim plus the time elapsed since; unless at least the request timeout plus
+    a margin (``min(5, max(0.1, lease_seconds / 10))`` s) is left, or half the lease when the
+    lease is shorter than that, the rows are released unsent (attempt given back, due now)
+    and claimed again. The server does not check relay leases: a process paused between
+    that check and the send (SIGSTOP, a long pause) sends late, perhaps after a peer
+    re-claimed and sent the rows; the keys make that a replay (one task per row) and this
+    relay's record is refused, but an operator's abandon cannot stop such a send (README
+    "Outbox", "Leases").
 
     **Outcomes** (README "Outbox", per row, also per item of a batch; the table is in
     ``_outcomes``): accepted (201/200) → ``DELIVERED`` with the task id; definitely not
