@@ -575,33 +575,21 @@ def purge(
         if cutoff is not None:
             with engine.begin() as conn:
                 chains = _chains(conn, cutoff)
-            walk, walk_on = _walk(batch_size, first=True), _walk(batch_size, first=False)
-            for terminal in _TERMINAL:
-                # The walk's select runs in the batch's own transaction; its position moves on only
-                # once the batch committed (a retried batch walks from the same place).
-                position: dict[str, Any] = {}
-                seen: list[Any] = []
-
-                def batch(
-                    conn: Connection,
-                    status: str = terminal,
-                    position: dict[str, Any] = position,
-                    seen: list[Any] = seen,
-                ) -> PurgeCounts:
-                    params = {"cutoff": cutoff, "status": status, **position}
-                    seen[:] = conn.execute(walk_on if position else walk, params).all()
-                    return _purge_task_batch(conn, cutoff, [row.id for row in seen], chains)
-
-                while True:
-                    step(batch)
-                    if len(seen) < batch_size:
-                        break
-                    position.update(after_f=seen[-1].finished_at, after_id=seen[-1].id)
+            _walk_batches(
+                step, (_walk(batch_size, first=True), _walk(batch_size, first=False)), _TERMINAL, cutoff,
+                batch_size, lambda conn, ids: _purge_task_batch(conn, cutoff, ids, chains),
+            )  # fmt: skip
             while True:
                 done = step(lambda conn: _purge_skipped(conn, cutoff, batch_size))
                 if done.schedule_occurrences < batch_size:
                     break
-            _purge_flows(step, cutoff, started, batch_size, key_ttl)
+            _walk_batches(
+                step, (flow_retention.walk(batch_size, first=True), flow_retention.walk(batch_size, first=False)),
+                flow_retention.FINISHED, cutoff, batch_size,
+                lambda conn, ids: PurgeCounts(
+                    **flow_retention.purge_batch(conn, cutoff, ids, now=started, key_ttl=key_ttl)
+                ),
+            )  # fmt: skip
         if keys:
             while True:
                 done = step(lambda conn: _purge_keys(conn, started, key_ttl, batch_size))
@@ -629,30 +617,32 @@ def purge(
     return run_id, totals
 
 
-def _purge_flows(
+def _walk_batches(
     step: Callable[[Callable[[Connection], PurgeCounts]], PurgeCounts],
+    walks: tuple[sa.Select[Any], sa.Select[Any]],
+    statuses: Sequence[str],
     cutoff: datetime,
-    now: datetime,
     batch_size: int,
-    key_ttl: timedelta,
+    purge_ids: Callable[[Connection, list[str]], PurgeCounts],
 ) -> None:
-    """Purge finished flow instances in batches walked by ``(status, finished_at, id)``."""
-    walk, walk_on = flow_retention.walk(batch_size, first=True), flow_retention.walk(batch_size, first=False)
-    for status in flow_retention.FINISHED:
+    """Purge, status by status, batches walked by ``(finished_at, id)`` (``walks``: from the start,
+    and on after ``(:after_f, :after_id)``) with ``purge_ids(conn, ids)``. The walk's select runs in the
+    batch's own transaction; its position moves on only once the batch committed (a retried batch
+    walks from the same place)."""
+    walk, walk_on = walks
+    for terminal in statuses:
         position: dict[str, Any] = {}
         seen: list[Any] = []
 
         def batch(
             conn: Connection,
-            status: str = status,
+            status: str = terminal,
             position: dict[str, Any] = position,
             seen: list[Any] = seen,
         ) -> PurgeCounts:
             params = {"cutoff": cutoff, "status": status, **position}
             seen[:] = conn.execute(walk_on if position else walk, params).all()
-            ids = [row.id for row in seen]
-            done = flow_retention.purge_batch(conn, cutoff, ids, now=now, key_ttl=key_ttl)
-            return PurgeCounts(**done)
+            return purge_ids(conn, [row.id for row in seen])
 
         while True:
             step(batch)
