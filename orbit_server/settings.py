@@ -82,6 +82,14 @@ class ServerSettings(BaseSettings):
             "one, so console sessions end when the server restarts and do not span several server processes."
         ),
     )
+    console_login_failures_per_minute: int = Field(
+        default=10,
+        ge=0,
+        description=(
+            "Most failed web console sign-ins per client address in any minute, per server process; then "
+            "the sign-in page answers 429 with Retry-After (0: no limit)."
+        ),
+    )
     log_level: str = Field(default="info", description="Log level: debug, info, warning, error.")
     header_timeout_seconds: float = Field(
         default=10.0,

@@ -28,6 +28,7 @@ from .. import errors, flow_admin, store
 from ..flows import engine as flow_engine
 from ..flows import store as flow_store
 from . import flowgraph
+from ._forms import FormError, validated
 from ._session import Session
 
 __all__ = ["ConsoleKit", "add_flow_pages"]
@@ -155,7 +156,11 @@ def add_flow_pages(router: APIRouter, kit: ConsoleKit) -> None:
                     request, principal, session, instance_id, 422,
                     action_error="Give a reason: it is kept in the instance's history.",
                 )  # fmt: skip
-            body = FlowControl(reason=reason[:2000])  # audited as api_key:<id>, as through the API
+            try:  # the API's body model and its limits; audited as api_key:<id>, as through the API
+                body = validated(FlowControl, {"reason": reason})
+            except FormError as exc:
+                return await instance_response(request, principal, session, instance_id, 422,
+                                               action_error=str(exc))  # fmt: skip
             try:
                 await run_in_threadpool(
                     flow_admin.control_instance, kit.engine, principal, instance_id, action, body, kit.settings,
