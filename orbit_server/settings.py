@@ -100,6 +100,21 @@ class ServerSettings(BaseSettings):
             "Bounds slow-header (slow-loris) clients; a proxy in front should bound it too (README)."
         ),
     )
+    max_header_bytes: int = Field(
+        default=16 * 1024,
+        ge=1024,
+        le=1024 * 1024,
+        description=(
+            "Largest request line plus headers accepted, in bytes (default 16 KiB, as h11's); above it the "
+            "server answers 431 and closes the connection."
+        ),
+    )
+    max_headers: int = Field(
+        default=100,
+        ge=10,
+        le=10_000,
+        description="Most header fields in one request; above it the server answers 431 and closes the connection.",
+    )
     body_timeout_seconds: float = Field(
         default=30.0,
         gt=0,
