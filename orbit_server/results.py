@@ -61,7 +61,7 @@ from sqlalchemy.engine import Connection
 from orbit_client import Delivery, DeliveryAck, ResultEvent, Subscription, TaskStatus
 
 from . import _faults, errors
-from ._db import db_now, to_utc
+from ._db import BIGINT_MAX, db_now, to_utc
 from .schema import (
     Key,
     Timestamp,
@@ -498,7 +498,7 @@ def ack_delivery(conn: Connection, namespace_id: int, subscription: str, deliver
     """
     subscription_id = _subscription_id(conn, namespace_id, subscription)
     well_formed = delivery_id.isascii() and delivery_id.isdigit() and len(delivery_id) <= _MAX_ID_DIGITS
-    if not well_formed or str(int(delivery_id)) != delivery_id:
+    if not well_formed or str(int(delivery_id)) != delivery_id or int(delivery_id) > BIGINT_MAX:
         raise errors.DeliveryNotFound(f"no delivery {delivery_id!r} in subscription {subscription!r}")
     d = event_deliveries
     mine = sa.and_(d.c.id == int(delivery_id), d.c.subscription_id == subscription_id)

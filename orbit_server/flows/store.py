@@ -39,7 +39,7 @@ from orbit_client import (
 )
 
 from .. import _ids, errors
-from .._db import as_db_time, db_now, db_now_expression, to_utc
+from .._db import BIGINT_MAX, as_db_time, db_now, db_now_expression, to_utc
 from ..schema import (
     flow_definitions,
     flow_events,
@@ -285,6 +285,8 @@ def start(
         errors.FlowNotFound, errors.FlowVersionNotFound: 404.
         sqlalchemy.exc.IntegrityError: a concurrent start with the same key committed first.
     """
+    if body.version is not None and body.version > BIGINT_MAX:  # SQLite cannot even send it (OverflowError)
+        raise errors.FlowVersionNotFound(f"flow {name!r} has no version {body.version}")
     digest = start_digest(name, body)
     found = conn.execute(_start_lookup(conn), {"ns": principal.namespace_id, "key": key, "name": name,
                                                "version": body.version}).mappings().one()  # fmt: skip
