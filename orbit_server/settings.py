@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from pydantic import Field
+from pydantic import Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 __all__ = ["ServerSettings"]
@@ -90,6 +90,21 @@ class ServerSettings(BaseSettings):
             "the sign-in page answers 429 with Retry-After (0: no limit)."
         ),
     )
+    metrics_token: SecretStr | None = Field(
+        default=None,
+        description=(
+            "A token GET /metrics requires as 'Authorization: Bearer TOKEN' (401 without); unset, /metrics "
+            "needs no token but answers only requests whose Host is an IP address, localhost or one of "
+            "ORBIT_ALLOWED_HOSTS (DNS rebinding)."
+        ),
+    )
+    allowed_hosts: str = Field(
+        default="",
+        description=(
+            "Comma-separated host names the server answers to (the Host header; '*.example.com' allowed); "
+            "any other Host gets 400. Empty: any Host, except for /metrics without a token (above)."
+        ),
+    )
     log_level: str = Field(default="info", description="Log level: debug, info, warning, error.")
     header_timeout_seconds: float = Field(
         default=10.0,
@@ -169,3 +184,8 @@ class ServerSettings(BaseSettings):
         le=64,
         description="Threads of the flow loop that advance different flow instances at once, per process.",
     )
+
+    @property
+    def allowed_host_list(self) -> list[str]:
+        """``allowed_hosts`` as a list (empty: any Host)."""
+        return [host.strip() for host in self.allowed_hosts.split(",") if host.strip()]
