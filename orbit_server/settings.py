@@ -105,6 +105,10 @@ class ServerSettings(BaseSettings):
             "any other Host gets 400. Empty: any Host, except for /metrics without a token (above)."
         ),
     )
+    docs: bool = Field(
+        default=True,
+        description="Serve the API reference at /docs (Swagger UI) and /redoc, from the package; /openapi.json is always served.",
+    )
     log_level: str = Field(default="info", description="Log level: debug, info, warning, error.")
     header_timeout_seconds: float = Field(
         default=10.0,
