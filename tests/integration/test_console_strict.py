@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import re
+import uuid
 from collections.abc import Iterator
 from contextlib import closing
 
@@ -287,3 +288,31 @@ def test_failed_sign_ins_are_limited_per_address(make_database: DatabaseFactory)
             assert 1 <= int(r.headers["retry-after"]) <= 60
             # While limited, even the right key waits: the limit is on the address, not the guess.
             assert client.post("/ui/login", data={"api_key": keys["read"]}).status_code == 429
+
+
+def test_flow_control_reasons_keep_the_apis_limit(
+    server: RunningServer, console: tuple[httpx.Client, str]
+) -> None:
+    """Pause, resume and cancel of a flow instance: a reason past 2,000 characters is 422, not cut to 2,000."""
+    api = httpx.Client(
+        base_url=f"{server.base_url}/v1/namespaces/shop",
+        headers={"Authorization": f"Bearer {server.keys['admin']}"},
+        timeout=30,
+    )
+    with api:
+        flow = f"f-{uuid.uuid4().hex[:8]}"
+        graph = {"start": "w", "nodes": {"w": {"type": "timer", "seconds": 3600, "next": "e"},
+                                         "e": {"type": "end"}}}  # fmt: skip
+        assert api.post(f"/flows/{flow}/versions", json={"graph": graph}).status_code == 201
+        started = api.post(
+            f"/flows/{flow}/instances", json={}, headers={"Idempotency-Key": str(uuid.uuid4())}
+        )
+        assert started.status_code in (200, 201), started.text
+        instance = started.json()["id"]
+        client, csrf = console
+        for action in ("pause", "resume", "cancel"):
+            r = client.post(
+                f"/ui/flow-instances/{instance}/{action}", data={"csrf_token": csrf, "reason": "x" * 2001}
+            )
+            assert r.status_code == 422 and "2000 characters" in r.text, (action, r.status_code)
+        assert api.get(f"/flow-instances/{instance}").json()["status"] == "RUNNING"
