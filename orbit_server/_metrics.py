@@ -7,11 +7,11 @@ subscriptions, so ``/metrics`` is guarded (:func:`metrics_refusal`, README "Secu
 from __future__ import annotations
 
 import hmac
-import ipaddress
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from starlette.datastructures import Headers
 
+from ._hosts import is_address_or_localhost
 from ._sampling import LEASE_EXPIRIES, SampledGauges
 from .flows.engine import ADVANCES as FLOW_ADVANCES
 
@@ -59,23 +59,6 @@ class Metrics:
         self.registry.register(FLOW_ADVANCES)
 
 
-def _host_name(host: str) -> str:
-    """The name of a ``Host`` header value, without its port (``[::1]:8080`` -> ``::1``)."""
-    if host.startswith("["):
-        return host[1:].split("]", 1)[0]
-    return host.rsplit(":", 1)[0] if host.count(":") == 1 else host
-
-
-def _is_address_or_localhost(name: str) -> bool:
-    if name.lower() == "localhost":
-        return True
-    try:
-        ipaddress.ip_address(name)
-    except ValueError:
-        return False
-    return True
-
-
 def metrics_refusal(
     headers: Headers, token: str | None, allowed_hosts: list[str]
 ) -> tuple[int, str, str] | None:
@@ -99,7 +82,7 @@ def metrics_refusal(
                 "GET /metrics needs 'Authorization: Bearer <ORBIT_METRICS_TOKEN>'",
             )
         return None
-    if allowed_hosts or _is_address_or_localhost(_host_name(headers.get("host", ""))):
+    if allowed_hosts or is_address_or_localhost(headers.get("host", "")):
         return None
     return (
         403,

@@ -3,6 +3,7 @@ past 64 bits in paths and bodies, flow templates at the depth limit, JSON bodies
 
 from __future__ import annotations
 
+import re
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -10,7 +11,8 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.servers import RunningServer
+from tests.conftest import DatabaseFactory
+from tests.servers import RunningServer, run_server
 
 HUGE = ["9223372036854775808", "18446744073709551616", "99999999999999999999999999"]
 
@@ -90,3 +92,83 @@ def test_one_depth_rule_for_flow_templates_on_every_database(http: httpx.Client,
     else:
         assert r.status_code == 422, r.text
         assert r.json()["code"] == "validation_error" and "30 levels" in r.json()["detail"], r.text
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        b"\xef\xbb\xbf" + b'{"queue":"default","handler":"h"}',
+        '{"queue":"default","handler":"h"}'.encode("utf-16"),
+        '{"queue":"default","handler":"h"}'.encode("utf-16-le"),
+        '{"queue":"default","handler":"h"}'.encode("utf-32"),
+    ],
+    ids=["utf-8-bom", "utf-16-bom", "utf-16-le", "utf-32"],
+)
+def test_json_bodies_that_are_not_plain_utf_8_are_400(http: httpx.Client, body: bytes) -> None:
+    r = http.post(
+        "/tasks",
+        content=body,
+        headers={"Content-Type": "application/json", "Idempotency-Key": f"k-{uuid.uuid4()}"},
+    )
+    assert r.status_code == 400, r.text
+    assert r.json()["code"] == "invalid_utf8", r.text
+
+
+# --------------------------------------------------------------------------------- API docs
+
+
+def test_the_docs_load_nothing_from_another_site_and_run_in_a_sandbox(server: RunningServer) -> None:
+    for page in ("/docs", "/redoc"):
+        r = httpx.get(f"{server.base_url}{page}")
+        assert r.status_code == 200
+        csp = r.headers["content-security-policy"]
+        assert csp.startswith("sandbox allow-scripts") and "allow-same-origin" not in csp
+        assert "script-src 'self'" in csp and "connect-src 'none'" in csp
+        assert "cdn." not in r.text and "https://" not in r.text.split('<script type="application/json"')[0]
+        assert '"openapi":' in r.text  # the document is embedded, the page fetches nothing
+        for asset in re.findall(r'(?:src|href)="(/docs/assets/[^"]+)"', r.text):
+            served = httpx.get(f"{server.base_url}{asset}")
+            assert served.status_code == 200 and len(served.content) > 100, asset
+    assert httpx.get(f"{server.base_url}/docs/assets/../../settings.py").status_code == 404
+    assert httpx.get(f"{server.base_url}/docs/assets/nothing.js").status_code == 404
+
+
+def test_docs_can_be_turned_off(make_database: DatabaseFactory) -> None:
+    with run_server(make_database("sqlite"), docs=False) as running:
+        assert httpx.get(f"{running.base_url}/docs").status_code == 404
+        assert httpx.get(f"{running.base_url}/redoc").status_code == 404
+        assert httpx.get(f"{running.base_url}/openapi.json").status_code == 200
+
+
+# ----------------------------------------------------------------------------------- /metrics
+
+
+def test_metrics_without_a_token_answer_only_an_address_or_localhost(server: RunningServer) -> None:
+    url = f"{server.base_url}/metrics"
+    assert httpx.get(url).status_code == 200  # Host: 127.0.0.1:port
+    assert httpx.get(url, headers={"Host": "localhost:8080"}).status_code == 200
+    assert httpx.get(url, headers={"Host": "[::1]:8080"}).status_code == 200
+    rebound = httpx.get(url, headers={"Host": "attacker.example"})
+    assert rebound.status_code == 403 and rebound.json()["code"] == "host_not_allowed"
+    assert "orbit_tasks" not in rebound.text
+
+
+def test_a_metrics_token_is_required_once_set(make_database: DatabaseFactory) -> None:
+    with run_server(make_database("sqlite"), metrics_token="s3cret-token") as running:
+        url = f"{running.base_url}/metrics"
+        for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": "Basic s3cret-token"}):
+            r = httpx.get(url, headers=headers)
+            assert r.status_code == 401 and r.json()["code"] == "metrics_token_required", headers
+        ok = httpx.get(url, headers={"Authorization": "Bearer s3cret-token", "Host": "orbit.internal"})
+        assert ok.status_code == 200 and "orbit_http_request_duration_seconds" in ok.text
+
+
+def test_allowed_hosts_are_checked_on_every_request(make_database: DatabaseFactory) -> None:
+    with run_server(make_database("sqlite"), allowed_hosts="orbit.example.com, *.orbit.internal") as running:
+        for host, status in (("orbit.example.com", 200), ("a.orbit.internal", 200), ("evil.example", 400)):
+            assert httpx.get(f"{running.base_url}/healthz", headers={"Host": host}).status_code == status, (
+                host
+            )
+            assert httpx.get(f"{running.base_url}/metrics", headers={"Host": host}).status_code == status, (
+                host
+            )
