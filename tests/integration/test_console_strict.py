@@ -19,6 +19,7 @@ import pytest
 from orbit_server import admin, store
 from tests.conftest import DatabaseFactory
 from tests.console_support import Seeder, sign_in
+from tests.integration import test_console_http
 from tests.integration.conftest import BACKENDS
 from tests.servers import RunningServer, run_server
 
@@ -36,6 +37,8 @@ BAD_JSON = {
     "not-json": ('{"a": ', "not JSON"),
 }
 #: JSON texts at the limits, which the API stores and gives back unchanged.
+#: The fixture: tasks made over HTTP in namespace "shop".
+seed = test_console_http.seed
 GOOD_JSON = ["[" * 30 + "]" * 30, "1" + "0" * 400, '{"name": "Zoë ✓"}', "-0.0", "18446744073709551616"]
 HUGE = ["9223372036854775808", "18446744073709551616", "99999999999999999999999999"]
 
@@ -47,13 +50,6 @@ def server(request: pytest.FixtureRequest, make_database: DatabaseFactory) -> It
     ) as running:
         running.keys = running.add_namespace("shop", queues=("default",))
         yield running
-
-
-@pytest.fixture(scope="module")
-def seed(server: RunningServer) -> Iterator[Seeder]:
-    seeder = Seeder(server, "shop", {role: server.keys[role] for role in ("read", "submit", "work", "admin")})
-    yield seeder
-    seeder.close()
 
 
 @pytest.fixture(scope="module")

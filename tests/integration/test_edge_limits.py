@@ -5,43 +5,31 @@ from __future__ import annotations
 
 import re
 import uuid
-from collections.abc import Iterator
 from typing import Any
 
 import httpx
 import pytest
 
 from tests.conftest import DatabaseFactory
+from tests.integration import test_bad_input
 from tests.servers import RunningServer, run_server
 
+#: The fixtures: a namespace, and an admin client of it.
+ns, http = test_bad_input.ns, test_bad_input.http
 HUGE = ["9223372036854775808", "18446744073709551616", "99999999999999999999999999"]
 
 
-@pytest.fixture(scope="module")
-def ns(server: RunningServer) -> tuple[str, dict[str, str]]:
-    name = f"ns-{uuid.uuid4().hex[:8]}"
-    return name, server.add_namespace(name, ("default",))
-
-
-@pytest.fixture(scope="module")
-def http(server: RunningServer, ns: tuple[str, dict[str, str]]) -> Iterator[httpx.Client]:
-    with httpx.Client(
-        base_url=f"{server.base_url}/v1/namespaces/{ns[0]}",
-        headers={"Authorization": f"Bearer {ns[1]['admin']}"},
-        timeout=30,
-    ) as client:
-        yield client
+def _task_graph(params: Any) -> dict[str, Any]:
+    return {
+        "start": "t",
+        "nodes": {"t": {"type": "task", "queue": "default", "handler": "h", "params": params, "next": "e"},
+                  "e": {"type": "end"}},
+    }  # fmt: skip
 
 
 def _end_flow(http: httpx.Client, params: Any = None) -> str:
     flow = f"f-{uuid.uuid4().hex[:8]}"
-    graph: dict[str, Any] = {"start": "e", "nodes": {"e": {"type": "end"}}}
-    if params is not None:
-        graph = {
-            "start": "t",
-            "nodes": {"t": {"type": "task", "queue": "default", "handler": "h", "params": params, "next": "e"},
-                      "e": {"type": "end"}},
-        }  # fmt: skip
+    graph = {"start": "e", "nodes": {"e": {"type": "end"}}} if params is None else _task_graph(params)
     r = http.post(f"/flows/{flow}/versions", json={"graph": graph})
     assert r.status_code == 201, r.text
     return flow
@@ -79,12 +67,7 @@ def test_one_depth_rule_for_flow_templates_on_every_database(http: httpx.Client,
     for _ in range(depth - 1):
         params = {"a": params}
     flow = f"f-{uuid.uuid4().hex[:8]}"
-    graph = {
-        "start": "t",
-        "nodes": {"t": {"type": "task", "queue": "default", "handler": "h", "params": params, "next": "e"},
-                  "e": {"type": "end"}},
-    }  # fmt: skip
-    r = http.post(f"/flows/{flow}/versions", json={"graph": graph})
+    r = http.post(f"/flows/{flow}/versions", json={"graph": _task_graph(params)})
     # graph > nodes > t > params: the template's own depth plus 3 levels above it.
     if depth + 3 <= 30:
         assert r.status_code == 201, r.text
