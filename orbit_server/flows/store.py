@@ -498,7 +498,7 @@ def history(
     query = sa.select(h).where(h.c.instance_id == instance_id)
     if cursor is not None:
         (after,) = _decode(cursor, 1)
-        if not isinstance(after, int):
+        if not isinstance(after, int) or isinstance(after, bool) or not 0 <= after <= BIGINT_MAX:
             raise errors.InvalidCursor("pass back the cursor of an earlier page unchanged")
         query = query.where(h.c.id > after)
     rows = conn.execute(query.order_by(h.c.id).limit(limit + 1)).mappings().all()

@@ -3,6 +3,8 @@ past 64 bits in paths and bodies, flow templates at the depth limit, JSON bodies
 
 from __future__ import annotations
 
+import base64
+import json
 import re
 import uuid
 from typing import Any
@@ -58,6 +60,16 @@ def test_integers_past_64_bits_are_404_or_422_never_500(http: httpx.Client, huge
     }
     for what, r in answers.items():
         assert r.status_code in (404, 422), (what, r.status_code, r.text)
+
+
+@pytest.mark.parametrize("after", [2**63, 2**64, -1, True, 1.5])
+def test_a_history_cursor_past_64_bits_is_400(http: httpx.Client, after: Any) -> None:
+    flow = _end_flow(http)
+    started = http.post(f"/flows/{flow}/instances", json={}, headers={"Idempotency-Key": f"k-{uuid.uuid4()}"})
+    assert started.status_code == 201, started.text
+    cursor = base64.urlsafe_b64encode(json.dumps([after]).encode()).decode().rstrip("=")
+    r = http.get(f"/flow-instances/{started.json()['id']}/history", params={"cursor": cursor})
+    assert r.status_code == 400 and r.json()["code"] == "invalid_cursor", r.text
 
 
 @pytest.mark.parametrize("depth", [26, 27, 28, 29, 30, 31])
