@@ -228,12 +228,8 @@ def console_router(
         return response
 
     async def signed_key(key: str) -> store.Principal | None:
-        digest = sessions.key_hash(key)
-        principal = key_cache.get_digest(digest)
-        if principal is None:
-            principal = await run_in_threadpool(lookup, digest)
-            if principal is not None:
-                key_cache.put_digest(digest, principal)
+        # The database, not the key cache: a key revoked a moment ago on another process opens no session.
+        principal: store.Principal | None = await run_in_threadpool(lookup, sessions.key_hash(key))
         return principal
 
     @router.post("/logout")

@@ -72,6 +72,15 @@ def test_a_history_cursor_past_64_bits_is_400(http: httpx.Client, after: Any) ->
     assert r.status_code == 400 and r.json()["code"] == "invalid_cursor", r.text
 
 
+@pytest.mark.parametrize(
+    "created", ["0001-01-01T00:00:00+14:00", "9999-12-31T23:59:59-14:00", "2026-01-01T00:00:00+05:00", "x", 5]
+)
+def test_a_task_cursor_with_an_odd_time_is_answered_never_500(http: httpx.Client, created: Any) -> None:
+    cursor = base64.urlsafe_b64encode(json.dumps([created, str(uuid.uuid4())]).encode()).decode().rstrip("=")
+    r = http.get("/tasks", params={"cursor": cursor})
+    assert r.status_code in (200, 400), r.text
+
+
 @pytest.mark.parametrize("depth", [26, 27, 28, 29, 30, 31])
 def test_one_depth_rule_for_flow_templates_on_every_database(http: httpx.Client, depth: int) -> None:
     """The graph as stored may nest at most 30 levels, counted from its root as the database counts."""
