@@ -24,9 +24,9 @@ from sqlalchemy.engine import Engine
 from starlette.requests import Request
 from starlette.responses import Response
 
-from .. import store
-from .._db import db_now
-from ..schema import api_keys, console_sessions, namespaces
+from orbit_server.db.engine import db_now
+from orbit_server.db.schema import api_keys, console_sessions, namespaces
+from orbit_server.tasks import store
 
 __all__ = ["COOKIE", "SESSION_SECONDS", "Session", "Sessions"]
 

@@ -24,13 +24,14 @@ from sqlalchemy.engine import Engine
 from starlette.concurrency import run_in_threadpool
 
 from orbit_client import CancelRequest, RetryRequest, ReviewRequest, TaskStatus
-
-from .. import admin, errors, execution, store
-from .._auth import KeyCache
-from .._db import BIGINT_MAX
-from ..settings import ServerSettings
-from ._forms import LoginThrottle, form_fields, json_field, validated
-from ._session import Session, Sessions
+from orbit_server import errors
+from orbit_server.console._forms import LoginThrottle, form_fields, json_field, validated
+from orbit_server.console._session import Session, Sessions
+from orbit_server.db.engine import BIGINT_MAX
+from orbit_server.db.transact import transact
+from orbit_server.settings import ServerSettings
+from orbit_server.tasks import admin, operations, store
+from orbit_server.tasks.keys import KeyCache
 
 __all__ = ["console_router"]
 
@@ -404,9 +405,9 @@ def console_router(
     async def cancel(request: Request, task_id: str) -> Response:
         def run(principal: store.Principal, form: dict[str, str]) -> Any:
             body = validated(CancelRequest, {"reason": form["reason"].strip()})
-            return execution.transact(
+            return transact(
                 engine,
-                execution.cancel_task,
+                operations.cancel_task,
                 principal.namespace_id,
                 task_id,
                 reason=body.reason,
@@ -433,9 +434,9 @@ def console_router(
                     "actor": form.get("on_behalf_of", "").strip() or None,
                 },
             )
-            return execution.transact(
+            return transact(
                 engine,
-                execution.review_task,
+                operations.review_task,
                 principal.namespace_id,
                 task_id,
                 outcome=body.outcome,
@@ -452,9 +453,9 @@ def console_router(
     async def retry(request: Request, task_id: str) -> Response:
         def run(principal: store.Principal, form: dict[str, str]) -> Any:
             body = validated(RetryRequest, {"reason": form["reason"].strip()})
-            task = execution.transact(
+            task = transact(
                 engine,
-                execution.retry_task,
+                operations.retry_task,
                 principal.namespace_id,
                 task_id,
                 reason=body.reason,
@@ -556,8 +557,8 @@ def console_router(
             return response
         return redirect("/ui/api-keys")
 
-    from ..flow_admin import engine_settings
-    from .flow_pages import ConsoleKit, add_flow_pages
+    from orbit_server.console.flow_pages import ConsoleKit, add_flow_pages
+    from orbit_server.flows.admin import engine_settings
 
     add_flow_pages(
         router,

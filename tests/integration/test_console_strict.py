@@ -16,7 +16,7 @@ from contextlib import closing
 import httpx
 import pytest
 
-from orbit_server import admin, store
+from orbit_server.tasks import admin, store
 from tests.conftest import DatabaseFactory
 from tests.console_support import Seeder, sign_in
 from tests.integration import test_console_http
