@@ -47,8 +47,8 @@ class Metrics:
         # --- operations (README "Operations"): lease grants, expiries and the sampled gauges ---
         self.lease_grants = Counter(
             "orbit_lease_grants",
-            "Tasks leased to workers (one grant = one new attempt), by queue.",
-            ["queue"],
+            "Tasks leased to workers (one grant = one new attempt), by namespace and queue.",
+            ["namespace", "queue"],
             registry=self.registry,
         )
         #: The sampled gauges (``orbit_tasks`` etc.); the app's sampler stores into it.

@@ -117,7 +117,7 @@ def test_server_samples_live_tasks_the_review_and_delivery_backlogs_and_counts_g
         )
         or -1
     ) >= 0
-    assert _value(text, f'orbit_lease_grants_total{{queue="{queue}"}}') == 1
+    assert _value(text, f'orbit_lease_grants_total{{namespace="{ns}",queue="{queue}"}}') == 1
     assert _value(text, 'orbit_lease_expiries_total{attempt_status="RUNNING"}') == expired_before + 1
     assert (_value(text, "orbit_metrics_sampled_timestamp_seconds") or 0) > 0
     assert grant.task.id not in text and keys["admin"] not in text  # no task id or key in any label
