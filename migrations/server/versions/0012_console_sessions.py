@@ -1,6 +1,6 @@
 """Web console sessions kept on the server, so that sign-out and revocation end them (issue 21).
 
-Revision ID: 0010
+Revision ID: 0012
 Revises: 0009
 Create Date: 2026-12-01
 """
@@ -11,7 +11,7 @@ import sqlalchemy as sa
 from alembic import op
 from sqlalchemy.dialects import mysql
 
-revision = "0010"
+revision = "0012"
 down_revision = "0009"
 branch_labels = None
 depends_on = None
