@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from pydantic import Field
+from pydantic import Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 __all__ = ["ServerSettings"]
@@ -82,6 +82,33 @@ class ServerSettings(BaseSettings):
             "one, so console sessions end when the server restarts and do not span several server processes."
         ),
     )
+    console_login_failures_per_minute: int = Field(
+        default=10,
+        ge=0,
+        description=(
+            "Most failed web console sign-ins per client address in any minute, per server process; then "
+            "the sign-in page answers 429 with Retry-After (0: no limit)."
+        ),
+    )
+    metrics_token: SecretStr | None = Field(
+        default=None,
+        description=(
+            "A token GET /metrics requires as 'Authorization: Bearer TOKEN' (401 without); unset, /metrics "
+            "needs no token but answers only requests whose Host is an IP address, localhost or one of "
+            "ORBIT_ALLOWED_HOSTS (DNS rebinding)."
+        ),
+    )
+    allowed_hosts: str = Field(
+        default="",
+        description=(
+            "Comma-separated host names the server answers to (the Host header; '*.example.com' allowed); "
+            "any other Host gets 400. Empty: any Host, except for /metrics without a token (above)."
+        ),
+    )
+    docs: bool = Field(
+        default=True,
+        description="Serve the API reference at /docs (Swagger UI) and /redoc, from the package; /openapi.json is always served.",
+    )
     log_level: str = Field(default="info", description="Log level: debug, info, warning, error.")
     header_timeout_seconds: float = Field(
         default=10.0,
@@ -91,6 +118,21 @@ class ServerSettings(BaseSettings):
             "from the connection or from the request's first byte; then the connection is closed (408). "
             "Bounds slow-header (slow-loris) clients; a proxy in front should bound it too (README)."
         ),
+    )
+    max_header_bytes: int = Field(
+        default=16 * 1024,
+        ge=1024,
+        le=1024 * 1024,
+        description=(
+            "Largest request line plus headers accepted, in bytes (default 16 KiB, as h11's); above it the "
+            "server answers 431 and closes the connection."
+        ),
+    )
+    max_headers: int = Field(
+        default=100,
+        ge=10,
+        le=10_000,
+        description="Most header fields in one request; above it the server answers 431 and closes the connection.",
     )
     body_timeout_seconds: float = Field(
         default=30.0,
@@ -146,3 +188,8 @@ class ServerSettings(BaseSettings):
         le=64,
         description="Threads of the flow loop that advance different flow instances at once, per process.",
     )
+
+    @property
+    def allowed_host_list(self) -> list[str]:
+        """``allowed_hosts`` as a list (empty: any Host)."""
+        return [host.strip() for host in self.allowed_hosts.split(",") if host.strip()]

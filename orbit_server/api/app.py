@@ -18,7 +18,10 @@ from orbit_client import ServerInfo
 from orbit_server.api import attempts, deliveries, operations, queues, schedules, tasks
 from orbit_server.api.attempt_batches import attempt_batch_router
 from orbit_server.api.batch import batch_router
+from orbit_server.api.bodies import Utf8JsonBodies
+from orbit_server.api.docs import docs_router
 from orbit_server.api.flows import flows_router
+from orbit_server.api.hosts import AllowedHosts
 from orbit_server.api.lifespan import lifespan
 from orbit_server.api.metrics import Metrics
 from orbit_server.api.middleware import RequestContextMiddleware
@@ -53,6 +56,8 @@ def create_app(settings: ServerSettings | None = None, *, engine: Engine | None 
         version="0.1.0",
         summary="Idempotent task acceptance and execution",
         lifespan=lifespan,
+        docs_url=None,  # served from the package, in a sandbox (orbit_server.api.docs)
+        redoc_url=None,
     )
     state = app.state
     state.engine = the_engine
@@ -85,7 +90,12 @@ def create_app(settings: ServerSettings | None = None, *, engine: Engine | None 
             engine=the_engine, settings=settings, key_cache=state.key_cache, on_created=wakeup.notify
         )
     )
+    if settings.docs:
+        app.include_router(docs_router(lambda: app.openapi(), app.title))
     _finish_openapi(app)
+    app.add_middleware(Utf8JsonBodies)
+    if settings.allowed_host_list:
+        app.add_middleware(AllowedHosts, allowed=settings.allowed_host_list)
     app.add_middleware(
         RequestContextMiddleware,
         max_body_bytes=settings.max_body_bytes,

@@ -93,7 +93,7 @@ async def lease_tasks(
         )
         remaining = give_up - loop.time()
         if grants:
-            metrics.lease_grants.labels(queue).inc(len(grants))
+            metrics.lease_grants.labels(namespace, queue).inc(len(grants))
         if grants or remaining <= 0:
             if _tracing.AVAILABLE and grants:
                 server_tracing.lease_granted(started_ns, grants, body.worker_id)

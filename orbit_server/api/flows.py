@@ -14,6 +14,7 @@ from typing import Annotated, Any
 
 import sqlalchemy as sa
 from fastapi import APIRouter, Body, Header, Path, Query, Request, Response
+from fastapi.exceptions import RequestValidationError
 from sqlalchemy.engine import Engine
 
 from orbit_client import (
@@ -31,11 +32,14 @@ from orbit_client import (
     FlowVersion,
     Problem,
     _tracing,
+    canonical_graph,
+    check_json_data,
     is_valid_idempotency_key,
 )
 from orbit_server import errors
 from orbit_server.api.auth import Caller, authorize
 from orbit_server.db import flow_hooks
+from orbit_server.db.engine import BIGINT_MAX
 from orbit_server.db.transact import transact
 from orbit_server.flows import control, engine
 from orbit_server.flows import store as flow_store
@@ -95,6 +99,7 @@ def flows_router(*, engine_: Engine, settings: ServerSettings, on_created: Calla
         with the existing version when the identical graph (same digest) was published before.
         ``422 validation_error`` names the node at fault."""
         authorize(caller, namespace, "submit")
+        _check_stored_depth(body)
         try:
             version, new = transact(db, flow_store.publish, caller, name, body)
         except sa.exc.IntegrityError:  # a concurrent first publish of this flow (or of this graph) won
@@ -119,7 +124,10 @@ def flows_router(*, engine_: Engine, settings: ServerSettings, on_created: Calla
 
     @router.get("/flows/{name}/versions/{version}", response_model=FlowVersion, responses=_ERRORS)
     def get_version(
-        namespace: NamespaceName, name: FlowName, version: Annotated[int, Path(ge=1)], caller: Caller
+        namespace: NamespaceName,
+        name: FlowName,
+        version: Annotated[int, Path(ge=1, le=BIGINT_MAX)],
+        caller: Caller,
     ) -> FlowVersion:
         """One version; ``404 flow_not_found`` / ``flow_version_not_found``."""
         authorize(caller, namespace, "read")
@@ -279,3 +287,21 @@ def flows_router(*, engine_: Engine, settings: ServerSettings, on_created: Calla
         return record
 
     return router
+
+
+def _check_stored_depth(body: FlowPublish) -> None:
+    """One depth rule on every database: the graph as stored (its canonical form) may nest at most
+    ``JSON_MAX_DEPTH`` levels counted from its root, as MySQL/MariaDB count the document's depth; a
+    template inside a node starts 3 levels down (graph, nodes, node). SQLite took deeper graphs and
+    MariaDB refused them with a 500 (CHECK constraint).
+
+    Raises:
+        RequestValidationError: answered ``422 validation_error`` naming the limit.
+    """
+    try:
+        check_json_data(canonical_graph(body.graph))
+    except ValueError as exc:
+        raise RequestValidationError(
+            [{"loc": ("body", "graph"), "msg": f"the graph as stored (a node's templates 3 levels "
+              f"below its root): {exc}", "type": "value_error"}]
+        ) from None  # fmt: skip

@@ -1,17 +1,21 @@
 """Prometheus metrics of one app instance (DESIGN §7), on a registry of its own.
 
-No label carries a namespace, key, task id or params: only the route template,
-the method, the status code and the submission outcome.
+No label carries a key, task id or params. The sampled gauges name namespaces, queues and
+subscriptions, so ``/metrics`` is guarded (:func:`metrics_refusal`, README "Security").
 """
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Histogram
+import hmac
 
+from prometheus_client import CollectorRegistry, Counter, Histogram
+from starlette.datastructures import Headers
+
+from orbit_server.api.hosts import is_address_or_localhost
 from orbit_server.db.sampling import LEASE_EXPIRIES, SampledGauges
 from orbit_server.flows.engine import ADVANCES as FLOW_ADVANCES
 
-__all__ = ["Metrics", "method_label"]
+__all__ = ["Metrics", "method_label", "metrics_refusal"]
 
 #: The methods that keep their own label value (RFC 9110 §9); any other token a client sends is
 #: counted as ``OTHER``, so made-up methods cannot grow the page without bound.
@@ -43,8 +47,8 @@ class Metrics:
         # --- operations (README "Operations"): lease grants, expiries and the sampled gauges ---
         self.lease_grants = Counter(
             "orbit_lease_grants",
-            "Tasks leased to workers (one grant = one new attempt), by queue.",
-            ["queue"],
+            "Tasks leased to workers (one grant = one new attempt), by namespace and queue.",
+            ["namespace", "queue"],
             registry=self.registry,
         )
         #: The sampled gauges (``orbit_tasks`` etc.); the app's sampler stores into it.
@@ -53,3 +57,36 @@ class Metrics:
         self.registry.register(self.sampled.failures)
         self.registry.register(LEASE_EXPIRIES)
         self.registry.register(FLOW_ADVANCES)
+
+
+def metrics_refusal(
+    headers: Headers, token: str | None, allowed_hosts: list[str]
+) -> tuple[int, str, str] | None:
+    """Why ``GET /metrics`` with these request ``headers`` is refused, as ``(status, code, detail)``; ``None``: served.
+
+    With a ``token`` (``ORBIT_METRICS_TOKEN``) the request must carry ``Authorization: Bearer
+    <token>`` (compared in constant time), from any Host. Without one, the Host must be an IP
+    address, ``localhost`` or in ``allowed_hosts`` (``ORBIT_ALLOWED_HOSTS``, which the app's host
+    check already applies): a page of another site that re-points its own name at the server
+    (DNS rebinding) sends its own name as Host, so it cannot read the metrics.
+    """
+    if token is not None:
+        sent = headers.get("authorization", "")
+        scheme, _, credentials = sent.partition(" ")
+        if scheme.lower() != "bearer" or not hmac.compare_digest(
+            credentials.strip().encode(), token.encode()
+        ):
+            return (
+                401,
+                "metrics_token_required",
+                "GET /metrics needs 'Authorization: Bearer <ORBIT_METRICS_TOKEN>'",
+            )
+        return None
+    if allowed_hosts or is_address_or_localhost(headers.get("host", "")):
+        return None
+    return (
+        403,
+        "host_not_allowed",
+        "/metrics answers a Host that is an IP address or localhost; set ORBIT_METRICS_TOKEN or "
+        "ORBIT_ALLOWED_HOSTS to scrape it by name (README, Security)",
+    )

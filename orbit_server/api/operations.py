@@ -19,7 +19,9 @@ from orbit_server.api.deps import (
     EngineDep,
     MetricsDep,
     ServerInfoDep,
+    SettingsDep,
 )
+from orbit_server.api.metrics import metrics_refusal
 from orbit_server.api.problems import _request_id, problem_response
 
 __all__ = ["router"]
@@ -58,8 +60,15 @@ def published_settings(server_info: ServerInfoDep, caller: Caller) -> ServerInfo
 
 
 @router.get("/metrics", tags=["operations"], response_class=PlainTextResponse)
-def prometheus_metrics(
-    metrics: MetricsDep,
-) -> Response:
-    """Prometheus metrics (text exposition format); no API key, like /healthz: expose it internally."""
+def prometheus_metrics(metrics: MetricsDep, settings: SettingsDep, request: Request) -> Response:
+    """Prometheus metrics (text exposition format). With ``ORBIT_METRICS_TOKEN`` it needs
+    ``Authorization: Bearer <token>`` (401); without, a Host that is an IP address, localhost or in
+    ``ORBIT_ALLOWED_HOSTS`` (403 ``host_not_allowed``; README "Security")."""
+    token = settings.metrics_token.get_secret_value() if settings.metrics_token else None
+    refused = metrics_refusal(request.headers, token, settings.allowed_host_list)
+    if refused is not None:
+        status, code, detail = refused
+        return problem_response(
+            status, code, code.replace("_", " ").capitalize(), detail, _request_id(request)
+        )
     return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)

@@ -25,6 +25,7 @@ from starlette.concurrency import run_in_threadpool
 from orbit_client import FlowControl, FlowInstanceStatus
 from orbit_server import errors
 from orbit_server.console import flowgraph
+from orbit_server.console._forms import FormError, validated
 from orbit_server.console._session import Session
 from orbit_server.flows import admin as flow_admin
 from orbit_server.flows import engine as flow_engine
@@ -156,7 +157,11 @@ def add_flow_pages(router: APIRouter, kit: ConsoleKit) -> None:
                     request, principal, session, instance_id, 422,
                     action_error="Give a reason: it is kept in the instance's history.",
                 )  # fmt: skip
-            body = FlowControl(reason=reason[:2000])  # audited as api_key:<id>, as through the API
+            try:  # the API's body model and its limits; audited as api_key:<id>, as through the API
+                body = validated(FlowControl, {"reason": reason})
+            except FormError as exc:
+                return await instance_response(request, principal, session, instance_id, 422,
+                                               action_error=str(exc))  # fmt: skip
             try:
                 await run_in_threadpool(
                     flow_admin.control_instance, kit.engine, principal, instance_id, action, body, kit.settings,

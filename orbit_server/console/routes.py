@@ -15,7 +15,7 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
-from urllib.parse import parse_qs, urlencode, urlsplit
+from urllib.parse import urlencode, urlsplit
 
 from fastapi import APIRouter, Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
@@ -23,9 +23,11 @@ from jinja2 import Environment, FileSystemLoader, select_autoescape
 from sqlalchemy.engine import Engine
 from starlette.concurrency import run_in_threadpool
 
-from orbit_client import TaskStatus
+from orbit_client import CancelRequest, RetryRequest, ReviewRequest, TaskStatus
 from orbit_server import errors
+from orbit_server.console._forms import LoginThrottle, form_fields, json_field, validated
 from orbit_server.console._session import Session, Sessions
+from orbit_server.db.engine import BIGINT_MAX
 from orbit_server.db.transact import transact
 from orbit_server.settings import ServerSettings
 from orbit_server.tasks import admin, operations, store
@@ -89,7 +91,8 @@ def console_router(
     """The ``/ui`` routes. ``on_created`` is called after a retry made a task due (wakes lease polls)."""
     router = APIRouter(prefix="/ui", include_in_schema=False)
     env = _environment()
-    sessions = Sessions(settings.console_secret)
+    sessions = Sessions(settings.console_secret, engine)
+    throttle = LoginThrottle(settings.console_login_failures_per_minute)
 
     # ------------------------------------------------------------- plumbing
 
@@ -114,16 +117,9 @@ def console_router(
             return admin.api_key_principal(conn, key_hash)
 
     async def signed_in(request: Request) -> tuple[store.Principal, Session] | None:
-        session = sessions.read(request)
-        if session is None:
-            return None
-        principal = key_cache.get_digest(session.key_hash)
-        if principal is None:
-            principal = await run_in_threadpool(lookup, session.key_hash)
-            if principal is None:
-                return None
-            key_cache.put_digest(session.key_hash, principal)
-        return principal, session
+        # Read from the database on every request, so sign-out and revocation end it at once.
+        found: tuple[store.Principal, Session] | None = await run_in_threadpool(sessions.read, request)
+        return found
 
     def to_login(request: Request) -> RedirectResponse:
         target = request.url.path + (f"?{request.url.query}" if request.url.query else "")
@@ -132,8 +128,7 @@ def console_router(
         return response
 
     async def form_of(request: Request) -> dict[str, str]:
-        body = (await request.body()).decode("utf-8", errors="replace")
-        return {name: values[0] for name, values in parse_qs(body, keep_blank_values=True).items()}
+        return form_fields(await request.body())
 
     def same_origin(request: Request) -> bool:
         origin = request.headers.get("origin")
@@ -206,25 +201,36 @@ def console_router(
         form = await form_of(request)
         key = form.get("api_key", "").strip()
         target = _safe_next(form.get("next", "/ui/"))
+        address = request.client.host if request.client else ""
+        wait = throttle.retry_after(address)
+        if wait > 0:
+            seconds = max(1, round(wait))
+            page = render(
+                request,
+                "login.html",
+                429,
+                next=target,
+                error=f"Too many failed sign-ins from this address; try again in {seconds} s "
+                f"(at most {throttle.limit} a minute).",
+            )
+            page.headers["Retry-After"] = str(seconds)
+            return page
         principal = await signed_key(key) if key else None
         if principal is None:
+            throttle.failed(address)
             return render(
                 request, "login.html", 401, next=target, error="This API key is unknown or revoked."
             )
         response = redirect(target)
-        sessions.issue(request, response, key)
+        await run_in_threadpool(sessions.issue, request, response, principal)
         log.info(
             "console sign-in by api_key:%s (%s, %s)", principal.key_id, principal.namespace, principal.role
         )
         return response
 
     async def signed_key(key: str) -> store.Principal | None:
-        digest = sessions.key_hash(key)
-        principal = key_cache.get_digest(digest)
-        if principal is None:
-            principal = await run_in_threadpool(lookup, digest)
-            if principal is not None:
-                key_cache.put_digest(digest, principal)
+        # The database, not the key cache: a key revoked a moment ago on another process opens no session.
+        principal: store.Principal | None = await run_in_threadpool(lookup, sessions.key_hash(key))
         return principal
 
     @router.post("/logout")
@@ -236,7 +242,7 @@ def console_router(
                 request, "error.html", 403, *found, message="The form's CSRF token is missing or wrong."
             )
         response = redirect("/ui/login")
-        sessions.clear(response)
+        await run_in_threadpool(sessions.end, request, response)
         return response
 
     # -------------------------------------------------------------- pages
@@ -398,12 +404,13 @@ def console_router(
     @router.post("/tasks/{task_id}/cancel")
     async def cancel(request: Request, task_id: str) -> Response:
         def run(principal: store.Principal, form: dict[str, str]) -> Any:
+            body = validated(CancelRequest, {"reason": form["reason"].strip()})
             return transact(
                 engine,
                 operations.cancel_task,
                 principal.namespace_id,
                 task_id,
-                reason=form["reason"].strip(),
+                reason=body.reason,
                 actor=f"api_key:{principal.key_id}",
             )
 
@@ -415,24 +422,29 @@ def console_router(
             outcome = form.get("outcome", "")
             if outcome not in ("succeeded", "failed"):
                 raise ValueError("Choose an outcome: succeeded or failed.")
-            result: Any = None
             raw = form.get("result", "").strip()
-            if outcome == "succeeded" and raw:
-                try:
-                    result = json.loads(raw)
-                except json.JSONDecodeError as exc:
-                    raise ValueError(f"The result is not JSON: {exc}") from None
+            # The API's own body model: its lengths and its JSON data rules (check_json_data).
+            body = validated(
+                ReviewRequest,
+                {
+                    "outcome": outcome,
+                    "reason": form["reason"].strip(),
+                    "evidence_ref": form["evidence_ref"].strip(),
+                    "result": json_field(raw) if outcome == "succeeded" and raw else None,
+                    "actor": form.get("on_behalf_of", "").strip() or None,
+                },
+            )
             return transact(
                 engine,
                 operations.review_task,
                 principal.namespace_id,
                 task_id,
-                outcome=outcome,
-                reason=form["reason"].strip(),
-                evidence_ref=form["evidence_ref"].strip(),
-                result=result,
+                outcome=body.outcome,
+                reason=body.reason,
+                evidence_ref=body.evidence_ref,
+                result=body.result,
                 actor=f"api_key:{principal.key_id}",
-                on_behalf_of=form.get("on_behalf_of", "").strip() or None,
+                on_behalf_of=body.actor,
             )
 
         return await task_action(request, task_id, run, "reviewed", needs_evidence=True)
@@ -440,12 +452,13 @@ def console_router(
     @router.post("/tasks/{task_id}/retry")
     async def retry(request: Request, task_id: str) -> Response:
         def run(principal: store.Principal, form: dict[str, str]) -> Any:
+            body = validated(RetryRequest, {"reason": form["reason"].strip()})
             task = transact(
                 engine,
                 operations.retry_task,
                 principal.namespace_id,
                 task_id,
-                reason=form["reason"].strip(),
+                reason=body.reason,
                 actor=f"api_key:{principal.key_id}",
             )
             on_created()
@@ -499,7 +512,11 @@ def console_router(
             return await keys_response(
                 request, principal, session, 422, key_error=f"Choose a role: {', '.join(store.ROLES)}."
             )
-        label = form.get("label", "").strip()[:255] or None
+        label = form.get("label", "").strip() or None
+        if label is not None and len(label) > 255:
+            return await keys_response(
+                request, principal, session, 422, key_error="The label: at most 255 characters."
+            )
 
         def create() -> str:
             with engine.begin() as conn:
@@ -516,9 +533,17 @@ def console_router(
             return checked
         principal, session, form = checked
         reason = form.get("reason", "").strip()
-        if not reason:
+        if not reason or len(reason) > 2000:
             return await keys_response(
-                request, principal, session, 422, key_error="Give a reason for the revocation."
+                request,
+                principal,
+                session,
+                422,
+                key_error="Give a reason for the revocation (at most 2000 characters).",
+            )
+        if not 1 <= key_id <= BIGINT_MAX:  # no such id (SQLite cannot even compare it: OverflowError)
+            return await keys_response(
+                request, principal, session, 404, key_error=f"No API key with id {key_id}."
             )
         actor = f"api_key:{principal.key_id} ({reason})"
         try:
@@ -563,4 +588,7 @@ def _parse_time(text: str) -> datetime | None:
         raise ValueError(
             f"'created since' must be a date and time like 2026-12-01T09:30 (UTC), not {text!r}"
         ) from None
-    return value if value.tzinfo else value.replace(tzinfo=UTC)
+    try:
+        return value.astimezone(UTC) if value.tzinfo else value.replace(tzinfo=UTC)
+    except OverflowError:  # 0001-01-01T00:00+14:00 is before year 1 in UTC
+        raise ValueError(f"'created since' {text!r} is out of range once converted to UTC") from None

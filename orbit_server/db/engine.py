@@ -24,6 +24,7 @@ from sqlalchemy.engine import URL, Connection, Engine, make_url
 from orbit_server.db import faults as _faults
 
 __all__ = [
+    "BIGINT_MAX",
     "as_db_time",
     "create_engine",
     "db_now",
@@ -34,6 +35,10 @@ __all__ = [
     "is_unique_violation",
     "to_utc",
 ]
+
+#: The largest id or integer a column holds (signed 64-bit) on every database; SQLite's driver cannot
+#: even send a larger one (OverflowError), so an id above it is answered "not found" before a query.
+BIGINT_MAX = 2**63 - 1
 
 #: MySQL/MariaDB error numbers meaning "another transaction got in the way; try again".
 _MYSQL_RETRYABLE = {1205, 1213}  # lock wait timeout, deadlock

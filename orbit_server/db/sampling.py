@@ -13,9 +13,9 @@ statement is served by an index of ``db/schema.py``:
   ``ix_event_deliveries_claim (subscription_id, state, id)``, index only, whose ``MIN(id)`` is
   the oldest; their ``created_at`` by primary key.
 
-Labels carry queue, subscription and status names only: like the HTTP metrics, no namespace
-(``/metrics`` needs no API key), no task id, key or params. A queue name used in several namespaces
-is one series (their sum; for an age, the oldest).
+Labels carry namespace, queue, subscription and status names, no task id, key or params: a queue
+or subscription name used in several namespaces is one series per namespace (issue 21: they were
+added together). They name every namespace: set ``ORBIT_METRICS_TOKEN`` (README "Security").
 """
 
 from __future__ import annotations
@@ -34,7 +34,15 @@ from sqlalchemy.engine import Connection
 
 from orbit_client import TaskStatus
 from orbit_server.db.engine import db_now
-from orbit_server.db.schema import event_deliveries, flow_events, flow_instances, queues, subscriptions, tasks
+from orbit_server.db.schema import (
+    event_deliveries,
+    flow_events,
+    flow_instances,
+    namespaces,
+    queues,
+    subscriptions,
+    tasks,
+)
 
 __all__ = ["LEASE_EXPIRIES", "Sample", "SampledGauges", "lease_expired", "sample"]
 
@@ -64,12 +72,12 @@ def lease_expired(attempt_status: str) -> None:
 class Sample:
     """One reading of the gauges (database clock)."""
 
-    #: (queue, status) -> live tasks
-    tasks: dict[tuple[str, str], int] = field(default_factory=dict)
+    #: (namespace, queue, status) -> live tasks
+    tasks: dict[tuple[str, str, str], int] = field(default_factory=dict)
     #: age of the oldest NEEDS_REVIEW task, in seconds (``None``: none)
     review_oldest: float | None = None
-    #: subscription -> (unacked deliveries, age of the oldest in seconds or 0)
-    deliveries: dict[str, tuple[int, float]] = field(default_factory=dict)
+    #: (namespace, subscription) -> (unacked deliveries, age of the oldest in seconds or 0)
+    deliveries: dict[tuple[str, str], tuple[int, float]] = field(default_factory=dict)
     #: internal flow events recorded but not yet applied (the flow backlog)
     flow_events_pending: int = 0
     #: age of the oldest of them whose instance is not paused, in seconds (``None``: none)
@@ -84,11 +92,15 @@ def sample(conn: Connection) -> Sample:
     """Read every sampled gauge; a handful of index-served statements (module docstring)."""
     now = db_now(conn)
     out = Sample()
-    names = dict(conn.execute(sa.select(queues.c.id, queues.c.name)).all())
+    spaces = dict(conn.execute(sa.select(namespaces.c.id, namespaces.c.name)).all())
+    names = {
+        qid: (spaces[ns], name)
+        for qid, ns, name in conn.execute(sa.select(queues.c.id, queues.c.namespace_id, queues.c.name))
+    }
     live = [s.value for s in LIVE_STATUSES]
-    for name in names.values():
+    for ns_name, name in names.values():
         for status in live:
-            out.tasks[(name, status)] = 0
+            out.tasks[(ns_name, name, status)] = 0
     if names:
         counts = (
             sa.select(tasks.c.queue_id, tasks.c.status, sa.func.count())
@@ -96,13 +108,18 @@ def sample(conn: Connection) -> Sample:
             .group_by(tasks.c.queue_id, tasks.c.status)
         )
         for qid, status, n in conn.execute(counts):
-            out.tasks[(names[qid], status)] += int(n)
+            out.tasks[(*names[qid], status)] += int(n)
     oldest_review = conn.execute(
         sa.select(sa.func.min(tasks.c.updated_at)).where(tasks.c.status == TaskStatus.NEEDS_REVIEW.value)
     ).scalar()
     if oldest_review is not None:
         out.review_oldest = max(0.0, (now - _as_datetime(oldest_review)).total_seconds())
-    subs = dict(conn.execute(sa.select(subscriptions.c.id, subscriptions.c.name)).all())
+    subs = {
+        sid: (spaces[ns], name)
+        for sid, ns, name in conn.execute(
+            sa.select(subscriptions.c.id, subscriptions.c.namespace_id, subscriptions.c.name)
+        )
+    }
     for sub in subs.values():
         out.deliveries[sub] = (0, 0.0)
     if subs:
@@ -171,12 +188,12 @@ class SampledGauges:
         since = time.monotonic() - at
         gauge = GaugeMetricFamily(
             "orbit_tasks",
-            "Live tasks per queue and status (WAITING, LEASED, RUNNING, NEEDS_REVIEW), sampled.",
-            labels=["queue", "status"],
+            "Live tasks per namespace, queue and status (WAITING, LEASED, RUNNING, NEEDS_REVIEW), sampled.",
+            labels=["namespace", "queue", "status"],
         )
         review = 0
-        for (queue, status), n in value.tasks.items():
-            gauge.add_metric([queue, status], n)
+        for (ns, queue, status), n in value.tasks.items():
+            gauge.add_metric([ns, queue, status], n)
             if status == TaskStatus.NEEDS_REVIEW.value:
                 review += n
         yield gauge
@@ -191,17 +208,17 @@ class SampledGauges:
         )
         unacked = GaugeMetricFamily(
             "orbit_result_deliveries_unacked",
-            "Result deliveries not acked yet, per subscription (the delivery backlog), sampled.",
-            labels=["subscription"],
+            "Result deliveries not acked yet, per namespace and subscription (the delivery backlog), sampled.",
+            labels=["namespace", "subscription"],
         )
         oldest = GaugeMetricFamily(
             "orbit_result_delivery_oldest_unacked_age_seconds",
             "Age of the oldest unacked result delivery of a subscription in seconds (0: none), sampled.",
-            labels=["subscription"],
+            labels=["namespace", "subscription"],
         )
-        for sub, (n, age_seconds) in value.deliveries.items():
-            unacked.add_metric([sub], n)
-            oldest.add_metric([sub], age_seconds + since if n else 0.0)
+        for (ns, sub), (n, age_seconds) in value.deliveries.items():
+            unacked.add_metric([ns, sub], n)
+            oldest.add_metric([ns, sub], age_seconds + since if n else 0.0)
         yield unacked
         yield oldest
         yield GaugeMetricFamily(

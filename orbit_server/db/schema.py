@@ -21,6 +21,7 @@ __all__ = [
     "Timestamp",
     "api_keys",
     "concurrency_permits",
+    "console_sessions",
     "event_deliveries",
     "flow_definitions",
     "flow_events",
@@ -125,6 +126,18 @@ api_keys = sa.Table(
     sa.Column("label", sa.String(255), nullable=True),
     sa.Column("created_at", Timestamp, nullable=False),
     sa.Column("revoked_at", Timestamp, nullable=True),
+)
+
+#: Web console sessions (README "Web console"): a row per signed-in browser, deleted by sign-out,
+#: by the key's revocation and once expired. The cookie carries the random token; only its
+#: SHA-256 is stored.
+console_sessions = sa.Table(
+    "console_sessions",
+    metadata,
+    sa.Column("token_hash", Key(64), primary_key=True),
+    sa.Column("api_key_id", sa.BigInteger, sa.ForeignKey("api_keys.id"), nullable=False, index=True),
+    sa.Column("created_at", Timestamp, nullable=False),
+    sa.Column("expires_at", Timestamp, nullable=False, index=True),
 )
 
 queues = sa.Table(

@@ -38,7 +38,7 @@ from orbit_client import (
     canonical_graph_digest,
 )
 from orbit_server import _ids, errors
-from orbit_server.db.engine import as_db_time, db_now, db_now_expression, to_utc
+from orbit_server.db.engine import BIGINT_MAX, as_db_time, db_now, db_now_expression, to_utc
 from orbit_server.db.schema import (
     flow_definitions,
     flow_events,
@@ -309,6 +309,8 @@ def start(
         errors.FlowNotFound, errors.FlowVersionNotFound: 404.
         sqlalchemy.exc.IntegrityError: a concurrent start with the same key committed first.
     """
+    if body.version is not None and body.version > BIGINT_MAX:  # SQLite cannot even send it (OverflowError)
+        raise errors.FlowVersionNotFound(f"flow {name!r} has no version {body.version}")
     digest = start_digest(name, body)
     found = conn.execute(_start_lookup(conn), {"ns": principal.namespace_id, "key": key, "name": name,
                                                "version": body.version}).mappings().one()  # fmt: skip
@@ -522,7 +524,7 @@ def history(
     query = sa.select(h).where(h.c.instance_id == instance_id)
     if cursor is not None:
         (after,) = _decode(cursor, 1)
-        if not isinstance(after, int):
+        if not isinstance(after, int) or isinstance(after, bool) or not 0 <= after <= BIGINT_MAX:
             raise errors.InvalidCursor("pass back the cursor of an earlier page unchanged")
         query = query.where(h.c.id > after)
     rows = conn.execute(query.order_by(h.c.id).limit(limit + 1)).mappings().all()

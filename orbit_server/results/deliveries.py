@@ -60,7 +60,7 @@ from sqlalchemy.engine import Connection
 from orbit_client import Delivery, DeliveryAck, ResultEvent, Subscription, TaskStatus
 from orbit_server import errors
 from orbit_server.db import faults as _faults
-from orbit_server.db.engine import db_now
+from orbit_server.db.engine import BIGINT_MAX, db_now
 from orbit_server.db.schema import (
     event_deliveries,
     namespaces,
@@ -290,7 +290,7 @@ def ack_delivery(conn: Connection, namespace_id: int, subscription: str, deliver
     """
     subscription_id = _subscription_id(conn, namespace_id, subscription)
     well_formed = delivery_id.isascii() and delivery_id.isdigit() and len(delivery_id) <= _MAX_ID_DIGITS
-    if not well_formed or str(int(delivery_id)) != delivery_id:
+    if not well_formed or str(int(delivery_id)) != delivery_id or int(delivery_id) > BIGINT_MAX:
         raise errors.DeliveryNotFound(f"no delivery {delivery_id!r} in subscription {subscription!r}")
     d = event_deliveries
     mine = sa.and_(d.c.id == int(delivery_id), d.c.subscription_id == subscription_id)

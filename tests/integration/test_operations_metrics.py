@@ -53,6 +53,25 @@ def _namespace(server: RunningServer) -> tuple[str, str, dict[str, str]]:
     return ns, queue, server.add_namespace(ns, (queue,))
 
 
+def test_same_named_queues_of_two_namespaces_are_two_series(server: RunningServer) -> None:
+    """They were added together into one ``orbit_tasks{queue,status}`` series (issue 21)."""
+    queue = f"q-{uuid.uuid4().hex[:8]}"
+    spaces = {f"ns-{uuid.uuid4().hex[:8]}": n for n in (1, 2)}
+    for ns, n in spaces.items():
+        keys = server.add_namespace(ns, (queue,))
+        with OrbitClient(server.base_url, api_key=keys["submit"]) as client:
+            for i in range(n):
+                client.submit_task(ns, queue, "h", {"i": i}, idempotency_key=str(uuid.uuid4()))
+
+    def sample(ns: str) -> str:
+        return f'orbit_tasks{{namespace="{ns}",queue="{queue}",status="WAITING"}}'
+
+    text = _scrape_until(
+        f"{server.base_url}/metrics", lambda t: all(_value(t, sample(ns)) == n for ns, n in spaces.items())
+    )
+    assert [_value(text, sample(ns)) for ns in spaces] == [1, 2]
+
+
 def test_server_samples_live_tasks_the_review_and_delivery_backlogs_and_counts_grants_and_expiries(
     server: RunningServer,
 ) -> None:
@@ -65,10 +84,10 @@ def test_server_samples_live_tasks_the_review_and_delivery_backlogs_and_counts_g
         for i in range(3):
             admin.submit_task(ns, queue, "h", {"i": i}, idempotency_key=str(uuid.uuid4()))
         text = _scrape_until(
-            url, lambda t: _value(t, f'orbit_tasks{{queue="{queue}",status="WAITING"}}') == 3
+            url, lambda t: _value(t, f'orbit_tasks{{namespace="{ns}",queue="{queue}",status="WAITING"}}') == 3
         )
-        assert _value(text, f'orbit_tasks{{queue="{queue}",status="WAITING"}}') == 3
-        assert _value(text, f'orbit_tasks{{queue="{queue}",status="RUNNING"}}') == 0
+        assert _value(text, f'orbit_tasks{{namespace="{ns}",queue="{queue}",status="WAITING"}}') == 3
+        assert _value(text, f'orbit_tasks{{namespace="{ns}",queue="{queue}",status="RUNNING"}}') == 0
         # One task runs, then its lease lapses while running: not retry-safe, so NEEDS_REVIEW (and an
         # unacked result event for the subscription).
         [grant] = admin.lease_tasks(ns, queue, worker_id="w", max_tasks=1)
@@ -82,22 +101,26 @@ def test_server_samples_live_tasks_the_review_and_delivery_backlogs_and_counts_g
         text = _scrape_until(
             url,
             lambda t: (
-                _value(t, f'orbit_tasks{{queue="{queue}",status="NEEDS_REVIEW"}}') == 1
-                and _value(t, f'orbit_result_deliveries_unacked{{subscription="{sub}"}}') == 1
+                _value(t, f'orbit_tasks{{namespace="{ns}",queue="{queue}",status="NEEDS_REVIEW"}}') == 1
+                and _value(t, f'orbit_result_deliveries_unacked{{namespace="{ns}",subscription="{sub}"}}')
+                == 1
             ),
         )
-    assert _value(text, f'orbit_tasks{{queue="{queue}",status="NEEDS_REVIEW"}}') == 1
-    assert _value(text, f'orbit_tasks{{queue="{queue}",status="WAITING"}}') == 2
+    assert _value(text, f'orbit_tasks{{namespace="{ns}",queue="{queue}",status="NEEDS_REVIEW"}}') == 1
+    assert _value(text, f'orbit_tasks{{namespace="{ns}",queue="{queue}",status="WAITING"}}') == 2
     assert (_value(text, "orbit_review_backlog_tasks") or 0) >= 1
     assert (_value(text, "orbit_review_backlog_oldest_age_seconds") or -1) >= 0
-    assert _value(text, f'orbit_result_deliveries_unacked{{subscription="{sub}"}}') == 1
+    assert _value(text, f'orbit_result_deliveries_unacked{{namespace="{ns}",subscription="{sub}"}}') == 1
     assert (
-        _value(text, f'orbit_result_delivery_oldest_unacked_age_seconds{{subscription="{sub}"}}') or -1
+        _value(
+            text, f'orbit_result_delivery_oldest_unacked_age_seconds{{namespace="{ns}",subscription="{sub}"}}'
+        )
+        or -1
     ) >= 0
-    assert _value(text, f'orbit_lease_grants_total{{queue="{queue}"}}') == 1
+    assert _value(text, f'orbit_lease_grants_total{{namespace="{ns}",queue="{queue}"}}') == 1
     assert _value(text, 'orbit_lease_expiries_total{attempt_status="RUNNING"}') == expired_before + 1
     assert (_value(text, "orbit_metrics_sampled_timestamp_seconds") or 0) > 0
-    assert ns not in text and grant.task.id not in text  # no namespace, task id or key in any label
+    assert grant.task.id not in text and keys["admin"] not in text  # no task id or key in any label
 
 
 def test_a_worker_serves_its_counters_and_handler_durations_while_it_runs(server: RunningServer) -> None:

@@ -7,6 +7,7 @@ configured deadline. These are transport rules, the same on every database: SQLi
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import socket
 import time
@@ -99,3 +100,59 @@ def test_the_access_log_redacts_idempotency_keys_and_cursors(
     assert _redacted_target("/v1/namespaces/a/tasks", b"limit=1&cursor=abc") == (
         "/v1/namespaces/a/tasks?limit=1&cursor=<redacted>"
     )
+
+
+# ------------------------------------------------- header size and count (issue 21 #4: 1 MB was a 200)
+
+
+def _answer_to(server: RunningServer, request: bytes) -> bytes:
+    with _connect(server) as sock:
+        # The server may close before it has read it all; its answer is still there to read.
+        with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+            sock.sendall(request)
+        try:
+            return _read_until_closed(sock)
+        except ConnectionResetError:
+            return b""
+
+
+@pytest.mark.parametrize(
+    "headers",
+    [b"X-Big: " + b"a" * 1_000_000 + b"\r\n", b"".join(b"X-%d: v\r\n" % i for i in range(5000)),
+     b"X-Big: " + b"a" * (16 * 1024) + b"\r\n", b"".join(b"X-%d: v\r\n" % i for i in range(101))],
+    ids=["1-MB-header", "5000-headers", "16-KiB-header", "101-headers"],
+)  # fmt: skip
+def test_too_large_or_too_many_headers_are_431(server: RunningServer, headers: bytes) -> None:
+    answer = _answer_to(server, b"GET /healthz HTTP/1.1\r\nHost: x\r\n" + headers + b"\r\n")
+    assert answer.startswith(b"HTTP/1.1 431 "), answer[:200]
+
+
+def test_headers_within_the_limits_are_served(server: RunningServer) -> None:
+    headers = {"X-Big": "a" * 15_000, **{f"X-{i}": "v" for i in range(90)}}
+    assert httpx.get(f"{server.base_url}/healthz", headers=headers).status_code == 200
+    # Pipelined requests on one connection are each counted on their own.
+    one = b"GET /healthz HTTP/1.1\r\nHost: x\r\nX-Pad: " + b"p" * 10_000 + b"\r\n\r\n"
+    with _connect(server) as sock:
+        sock.sendall(one * 3 + b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        answer = _read_until_closed(sock)
+    assert answer.count(b"HTTP/1.1 200 ") == 4, answer[:300]
+
+
+def test_a_header_that_never_ends_is_cut_off_at_the_limit(server: RunningServer) -> None:
+    """The server answers 431 once the limit is passed, drops the rest unread and soon closes."""
+    began = time.monotonic()
+    with _connect(server) as sock:
+        sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\nX-Endless: ")
+        try:
+            while time.monotonic() - began < 10:
+                sock.sendall(b"a" * 65536)
+        except (BrokenPipeError, ConnectionResetError):
+            pass
+        cut_off = time.monotonic() - began
+        sock.settimeout(1)
+        try:
+            answer = sock.recv(65536)
+        except (ConnectionResetError, TimeoutError):
+            answer = b""
+    assert cut_off < 5, "the server kept reading a header without end"
+    assert answer == b"" or answer.startswith(b"HTTP/1.1 431 "), answer[:200]

@@ -40,7 +40,9 @@ def _names(registry: CollectorRegistry) -> set[str]:
 
 def exported() -> set[str]:
     server = Metrics()
-    server.sampled.store(Sample(tasks={("q", "WAITING"): 1}, review_oldest=1.0, deliveries={"s": (1, 2.0)}))
+    server.sampled.store(
+        Sample(tasks={("ns", "q", "WAITING"): 1}, review_oldest=1.0, deliveries={("ns", "s"): (1, 2.0)})
+    )
     relay = RelayMetrics()
     relay.backlog.store({"PENDING": 1, "NEEDS_RECONCILE": 0, "DEAD": 0}, 3.0)
     return (
