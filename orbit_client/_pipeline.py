@@ -33,7 +33,8 @@ import time
 from collections import deque
 from dataclasses import dataclass
 
-from orbit_client._models import LeaseGrant, TaskStatus
+from orbit_client._attempt_models import LeaseGrant
+from orbit_client._task_models import TaskStatus
 
 __all__ = ["START_WITHIN", "Held", "Pipeline"]
 

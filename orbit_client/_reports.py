@@ -43,9 +43,7 @@ from typing import Generic, Protocol, TypeVar
 from pydantic import BaseModel, JsonValue
 
 from orbit_client import _tracing
-from orbit_client._client import AsyncOrbitClient, OrbitClient
-from orbit_client._exceptions import NotFoundError, OrbitError, PayloadTooLargeError
-from orbit_client._models import (
+from orbit_client._attempt_models import (
     MAX_ATTEMPT_BATCH_ITEMS,
     AttemptBatchResponse,
     AttemptError,
@@ -59,6 +57,9 @@ from orbit_client._models import (
     LeaseGrant,
     StartItem,
 )
+from orbit_client._calls import _model
+from orbit_client._client import AsyncOrbitClient, OrbitClient
+from orbit_client._exceptions import NotFoundError, OrbitError, PayloadTooLargeError
 
 __all__ = ["DEFAULT_BODY_LIMIT", "AsyncReports", "LeaseRider", "Reports"]
 
@@ -111,7 +112,7 @@ def _copy_error(exc: BaseException, first: bool) -> BaseException:
 def _complete_item(attempt: AttemptLease, result: JsonValue) -> CompleteItem:
     """Raises :class:`OrbitUsageError` for a result that is not JSON (nothing is sent)."""
     fields = {"attempt_id": attempt.id, "lease_token": attempt.lease_token, "result": result}
-    return OrbitClient._model(CompleteItem, fields, "complete request")
+    return _model(CompleteItem, fields, "complete request")
 
 
 def _fail_item(attempt: AttemptLease, error: AttemptError) -> FailItem:

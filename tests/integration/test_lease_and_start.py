@@ -18,7 +18,7 @@ import pytest
 import sqlalchemy as sa
 
 from orbit_client import AttemptError, BatchLease, CompleteItem, FailItem, OrbitClient
-from orbit_server.schema import task_attempts
+from orbit_server.db.schema import task_attempts
 from tests.conftest import DatabaseFactory
 from tests.execution_support import check_attempt_history
 from tests.integration.conftest import BACKENDS
