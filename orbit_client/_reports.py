@@ -250,7 +250,7 @@ class _Batcher(Generic[_Item]):
                     self.supported = False
                     error = _Unsupported()
                     logger.info("the server has no batched attempt calls (404); reporting with single calls")
-                elif _refused_whole(exc) and len(chunk) > 1:
+                elif _refused_whole(exc):
                     error = _TooLarge()
                     logger.warning(
                         "a batch of %d reports was refused whole as too large (413); sending each alone",
@@ -508,7 +508,7 @@ class _AsyncBatcher(Generic[_Item]):
                     self.supported = False
                     error = _Unsupported()
                     logger.info("the server has no batched attempt calls (404); reporting with single calls")
-                elif _refused_whole(exc) and len(chunk) > 1:
+                elif _refused_whole(exc):
                     error = _TooLarge()
                     logger.warning(
                         "a batch of %d reports was refused whole as too large (413); sending each alone",
