@@ -209,7 +209,13 @@ def test_a_start_does_not_linger_for_tasks_that_are_already_running(env: Env) ->
     linger = 1.0
     recorder = Recorder()
     worker_for = lambda client: Worker(  # noqa: E731
-        client, env.ns, queue, {"held": held, "echo": echo}, concurrency=2, report_linger=linger, **EXPLICIT_START
+        client,
+        env.ns,
+        queue,
+        {"held": held, "echo": echo},
+        concurrency=2,
+        report_linger=linger,
+        **EXPLICIT_START,
     )
     with counted_client(env, recorder) as client, running(worker_for(client)):
         a = env.submit(queue, "held")
