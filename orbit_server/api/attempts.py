@@ -90,6 +90,7 @@ async def lease_tasks(
             worker_id=body.worker_id,
             max_tasks=body.max_tasks,
             lease_seconds=body.lease_seconds,
+            start=body.start,
         )
         remaining = give_up - loop.time()
         if grants:
