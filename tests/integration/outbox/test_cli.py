@@ -240,7 +240,7 @@ def test_help_shows_the_environment_variables_and_bad_urls_are_usage_errors() ->
     no_driver = _run(
         "status", "--database-url", "mysql+mysqlconnector://app@127.0.0.1/shop"
     )  # mysql-connector is not installed (mysqlclient, MySQLdb, is: the server's C driver extra)
-    assert no_driver.exit_code == 2 and "install orbit[mysql] or orbit[postgres]" in no_driver.stderr
+    assert no_driver.exit_code == 2 and "install 'orbit-tasks[mysql]' or 'orbit-tasks[postgres]'" in no_driver.stderr
     assert _run("status", "--database-url", "nonsense://").exit_code == 2
     down = _run("status", "--database-url", f"mysql+pymysql://root@127.0.0.1:{closed_port()}/x")
     assert down.exit_code == 3 and "may be down" in down.stderr
