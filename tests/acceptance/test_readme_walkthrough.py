@@ -247,7 +247,7 @@ def test_the_readme_runs_top_to_bottom(tmp_path: Path, database: tuple[str, dict
         failed = walk.run(
             Block("run", "sh", "orbit-server task list --namespace shop --status FAILED --json\n", 0)
         )
-        assert json.loads(failed) == [], failed
+        assert json.loads(failed)["items"] == [], failed
         [inbox] = [out for body, out in walk.outputs if "examples/inbox_example.py" in body]
         assert inbox.split()[-1] == "COMPLETED" and inbox.split()[0] == "1", inbox
     except BaseException:
