@@ -25,7 +25,7 @@ from starlette.concurrency import run_in_threadpool
 
 from orbit_client import TaskStatus
 
-from .. import admin, errors, execution, store
+from .. import admin, errors, execution, ops, store
 from .._auth import KeyCache
 from ..settings import ServerSettings
 from ._session import Session, Sessions
@@ -70,6 +70,11 @@ def _pretty(value: Any) -> str:
     return json.dumps(value, indent=2, ensure_ascii=False, sort_keys=True, default=str)
 
 
+def _compact(value: Any) -> str:
+    """JSON on one line as written (no ``\\u0027`` or ``\\u00e9`` escapes: autoescaping makes it safe)."""
+    return json.dumps(value, ensure_ascii=False, sort_keys=True, default=str, separators=(", ", ": "))
+
+
 def _environment() -> Environment:
     env = Environment(
         loader=FileSystemLoader(_HERE / "templates"),
@@ -77,7 +82,7 @@ def _environment() -> Environment:
         trim_blocks=True,
         lstrip_blocks=True,
     )
-    env.filters.update(age=_age, when=_when, pretty=_pretty)
+    env.filters.update(age=_age, when=_when, pretty=_pretty, compact=_compact)
     env.globals["statuses"] = [status.value for status in TaskStatus]
     return env
 
@@ -245,13 +250,18 @@ def console_router(
         return redirect("/ui/")
 
     @router.get("/")
-    async def overview_page(request: Request) -> Response:
+    async def overview_page(request: Request, done: str = "") -> Response:
         found = await signed_in(request)
         if found is None:
             return to_login(request)
         principal, session = found
         data = await read_db(admin.overview, principal.namespace_id)
-        return render(request, "overview.html", 200, principal, session, overview=data, page="overview")
+        summary = await read_db(ops.operator_summary, principal.namespace_id)
+        notice = {"paused": "Queue paused.", "resumed": "Queue resumed."}.get(done)
+        return render(
+            request, "overview.html", 200, principal, session, overview=data, ops=summary, page="overview",
+            notice=notice,
+        )  # fmt: skip
 
     @router.get("/tasks")
     async def tasks_page(
@@ -275,6 +285,7 @@ def console_router(
             "created_since": created_since,
         }
         error = None
+        keys: dict[str, str] = {}
         page = admin.TaskListPage(items=[], next_cursor=None)
         try:
             task_filter = admin.TaskFilter(
@@ -287,6 +298,7 @@ def console_router(
             page = await read_db(
                 admin.list_tasks, principal.namespace_id, task_filter, limit=_PAGE_SIZE, cursor=cursor or None
             )
+            keys = await read_db(ops.idempotency_keys, principal.namespace_id, [t.id for t in page.items])
         except ValueError as exc:
             error = str(exc)
         except errors.OrbitServerError as exc:
@@ -304,6 +316,7 @@ def console_router(
             session,
             page="tasks",
             tasks=page.items,
+            keys=keys,
             filters=filters,
             next_url=next_url,
             first_page=not cursor,
@@ -329,6 +342,7 @@ def console_router(
     ) -> Response:
         try:
             detail = await read_db(admin.get_task_detail, principal.namespace_id, task_id)
+            flow_step = await read_db(ops.flow_step_of, principal.namespace_id, task_id)
         except errors.TaskNotFound:
             return render(
                 request,
@@ -347,6 +361,7 @@ def console_router(
             page="tasks",
             detail=detail,
             task=detail.task,
+            flow_step=flow_step,
             **context,
         )
 
@@ -383,15 +398,25 @@ def console_router(
                 "Give an evidence reference (a ticket, a log link, a payment id): it is kept with the review."
             )
         if problem:
-            return await task_response(request, principal, session, task_id, 422, action_error=problem)
+            return await task_response(
+                request, principal, session, task_id, 422, action_error=problem, form=form
+            )
         try:
             task = await run_in_threadpool(run, principal, form)
         except errors.OrbitServerError as exc:
             return await task_response(
-                request, principal, session, task_id, exc.status, action_error=exc.detail or exc.title
+                request,
+                principal,
+                session,
+                task_id,
+                exc.status,
+                action_error=exc.detail or exc.title,
+                form=form,
             )
         except ValueError as exc:
-            return await task_response(request, principal, session, task_id, 422, action_error=str(exc))
+            return await task_response(
+                request, principal, session, task_id, 422, action_error=str(exc), form=form
+            )
         return redirect(f"/ui/tasks/{task.id}?done={done}")
 
     @router.post("/tasks/{task_id}/cancel")
@@ -533,14 +558,14 @@ def console_router(
 
     from ..flow_admin import engine_settings
     from .flow_pages import ConsoleKit, add_flow_pages
+    from .ops_pages import add_ops_pages
 
-    add_flow_pages(
-        router,
-        ConsoleKit(
-            engine=engine, settings=engine_settings(settings), on_created=on_created, render=render,
-            redirect=redirect, signed_in=signed_in, to_login=to_login, action=action, read_db=read_db,
-        ),
+    kit = ConsoleKit(
+        engine=engine, settings=engine_settings(settings), on_created=on_created, render=render,
+        redirect=redirect, signed_in=signed_in, to_login=to_login, action=action, read_db=read_db,
     )  # fmt: skip
+    add_flow_pages(router, kit)
+    add_ops_pages(router, kit)
     return router
 
 
