@@ -253,3 +253,12 @@ def test_overview_shows_worker_liveness_from_lease_calls(
     assert row.locator("td").nth(-2).inner_text() == "1"  # workers seen in the last minute
     assert row.locator("td").nth(-2).get_attribute("title") == "flow-test"
     assert row.locator("td").nth(-1).inner_text().endswith("ago")
+
+
+def test_an_instances_updated_time_moves_with_its_tokens(api: FlowApi) -> None:
+    flow = f"moves-{uuid.uuid4().hex[:6]}"
+    api.publish(flow, GRAPH)
+    started = api.start(flow, {"order_id": 9})
+    api.signal(started["id"], "approve", {"by": "ops"})  # the token moves on to the ship step
+    moved = until(lambda: (i := api.instance(started["id"]))["steps"] and i, what="the ship step")
+    assert moved["updated_at"] > started["updated_at"]
