@@ -43,6 +43,16 @@ _FAVICON = (
 def add_ops_pages(router: APIRouter, kit: ConsoleKit) -> None:
     """Add the operator pages and actions to the console's ``router``."""
 
+    def missing(request: Request, principal: Any, session: Any, what: str) -> Response:
+        return kit.render(
+            request,
+            "error.html",
+            404,
+            principal,
+            session,
+            message=f"No {what} in namespace {principal.namespace!r}.",
+        )
+
     @router.get("/static/favicon.svg")
     async def favicon() -> Response:
         return Response(_FAVICON, media_type="image/svg+xml", headers={"Cache-Control": "max-age=86400"})
@@ -104,10 +114,7 @@ def add_ops_pages(router: APIRouter, kit: ConsoleKit) -> None:
         except errors.OrbitServerError as exc:
             if exc.status != 404:
                 raise
-            return kit.render(
-                request, "error.html", 404, principal, session,
-                message=f"No schedule {name!r} in namespace {principal.namespace!r}.",
-            )  # fmt: skip
+            return missing(request, principal, session, f"schedule {name!r}")
         return kit.render(
             request, "schedule.html", status, principal, session, page="schedules", schedule=schedule,
             occurrences=occurrences, **context,
@@ -168,10 +175,7 @@ def add_ops_pages(router: APIRouter, kit: ConsoleKit) -> None:
 
         stats, pending = await kit.read_db(load)
         if not stats or pending is None:
-            return kit.render(
-                request, "error.html", 404, principal, session,
-                message=f"No subscription {name!r} in namespace {principal.namespace!r}.",
-            )  # fmt: skip
+            return missing(request, principal, session, f"subscription {name!r}")
         return kit.render(
             request, "subscription.html", 200, principal, session, page="subscriptions", sub=stats[0],
             pending=pending,
@@ -191,10 +195,7 @@ def add_ops_pages(router: APIRouter, kit: ConsoleKit) -> None:
         except errors.OrbitServerError as exc:
             if exc.status != 404:
                 raise
-            return kit.render(
-                request, "error.html", 404, principal, session,
-                message=f"No flow instance {instance_id!r} in namespace {principal.namespace!r}.",
-            )  # fmt: skip
+            return missing(request, principal, session, f"flow instance {instance_id!r}")
         return kit.render(
             request, "flow_signals.html", status, principal, session, page="flows", instance=instance,
             signals=signals, **context,
