@@ -25,11 +25,14 @@ from pydantic import ValidationError
 from starlette.concurrency import run_in_threadpool
 
 from orbit_client import FlowSignal
-
-from .. import admin, errors, flow_admin, ops, permits, schedules
-from ..execution import transact
-from ..flows import store as flow_store
-from .flow_pages import ConsoleKit
+from orbit_server import errors
+from orbit_server.console.flow_pages import ConsoleKit
+from orbit_server.db.transact import transact
+from orbit_server.flows import admin as flow_admin
+from orbit_server.flows import store as flow_store
+from orbit_server.schedules import schedules
+from orbit_server.tasks import admin, permits
+from orbit_server.tasks import overview as ops
 
 __all__ = ["add_ops_pages"]
 

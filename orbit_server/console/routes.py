@@ -24,11 +24,13 @@ from sqlalchemy.engine import Engine
 from starlette.concurrency import run_in_threadpool
 
 from orbit_client import TaskStatus
-
-from .. import admin, errors, execution, ops, store
-from .._auth import KeyCache
-from ..settings import ServerSettings
-from ._session import Session, Sessions
+from orbit_server import errors
+from orbit_server.console._session import Session, Sessions
+from orbit_server.db.transact import transact
+from orbit_server.settings import ServerSettings
+from orbit_server.tasks import admin, operations, store
+from orbit_server.tasks import overview as ops
+from orbit_server.tasks.keys import KeyCache
 
 __all__ = ["console_router"]
 
@@ -422,9 +424,9 @@ def console_router(
     @router.post("/tasks/{task_id}/cancel")
     async def cancel(request: Request, task_id: str) -> Response:
         def run(principal: store.Principal, form: dict[str, str]) -> Any:
-            return execution.transact(
+            return transact(
                 engine,
-                execution.cancel_task,
+                operations.cancel_task,
                 principal.namespace_id,
                 task_id,
                 reason=form["reason"].strip(),
@@ -446,9 +448,9 @@ def console_router(
                     result = json.loads(raw)
                 except json.JSONDecodeError as exc:
                     raise ValueError(f"The result is not JSON: {exc}") from None
-            return execution.transact(
+            return transact(
                 engine,
-                execution.review_task,
+                operations.review_task,
                 principal.namespace_id,
                 task_id,
                 outcome=outcome,
@@ -464,9 +466,9 @@ def console_router(
     @router.post("/tasks/{task_id}/retry")
     async def retry(request: Request, task_id: str) -> Response:
         def run(principal: store.Principal, form: dict[str, str]) -> Any:
-            task = execution.transact(
+            task = transact(
                 engine,
-                execution.retry_task,
+                operations.retry_task,
                 principal.namespace_id,
                 task_id,
                 reason=form["reason"].strip(),
@@ -556,9 +558,9 @@ def console_router(
             return response
         return redirect("/ui/api-keys")
 
-    from ..flow_admin import engine_settings
-    from .flow_pages import ConsoleKit, add_flow_pages
-    from .ops_pages import add_ops_pages
+    from orbit_server.console.flow_pages import ConsoleKit, add_flow_pages
+    from orbit_server.console.ops_pages import add_ops_pages
+    from orbit_server.flows.admin import engine_settings
 
     kit = ConsoleKit(
         engine=engine, settings=engine_settings(settings), on_created=on_created, render=render,
