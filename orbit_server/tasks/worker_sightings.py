@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import threading
 import time
+import weakref
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
@@ -23,7 +24,7 @@ from sqlalchemy.engine import Connection, Engine
 from orbit_server.db.engine import db_now
 from orbit_server.db.schema import worker_sightings
 
-__all__ = ["QueueLiveness", "Sightings", "liveness", "record_sighting"]
+__all__ = ["QueueLiveness", "Sightings", "liveness", "record_sighting", "sightings_for"]
 
 #: "Workers seen" counts the workers whose last lease call is at most this old.
 RECENT = timedelta(minutes=1)
@@ -75,16 +76,27 @@ class Sightings:
             self._last[key] = now
             return True
 
-    def seen(self, namespace_id: int, queue: str, worker_id: str) -> None:
-        """Write the sighting if it is due; a failure is swallowed (liveness is advisory, a lease is not)."""
-        if not self.due(namespace_id, queue, worker_id):
-            return
+    def write(self, namespace_id: int, queue: str, worker_id: str) -> None:
+        """Write a sighting :meth:`due` allowed; a failure is swallowed (liveness is advisory, a lease is not)."""
         try:
             with self._engine.begin() as conn:
                 record_sighting(conn, namespace_id, queue, worker_id)
         except sa.exc.SQLAlchemyError:  # a concurrent first sighting, a lock timeout: the next call writes it
             with self._lock:
                 self._last.pop((namespace_id, queue, worker_id), None)
+
+
+_BY_ENGINE: weakref.WeakKeyDictionary[Engine, Sightings] = weakref.WeakKeyDictionary()
+_BY_ENGINE_LOCK = threading.Lock()
+
+
+def sightings_for(engine: Engine) -> Sightings:
+    """This process's :class:`Sightings` of ``engine`` (one per engine, made on first use)."""
+    with _BY_ENGINE_LOCK:
+        found = _BY_ENGINE.get(engine)
+        if found is None:
+            found = _BY_ENGINE[engine] = Sightings(engine)
+        return found
 
 
 @dataclass(frozen=True)

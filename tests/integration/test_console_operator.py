@@ -16,7 +16,7 @@ import httpx
 import pytest
 
 from orbit_client import OrbitClient
-from orbit_server import store
+from orbit_server.tasks import store
 from tests.conftest import DatabaseFactory
 from tests.console_support import Seeder
 from tests.flow_support import FlowApi, until
