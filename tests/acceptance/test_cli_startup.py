@@ -36,17 +36,7 @@ def _loaded_by(module: str, args: list[str]) -> tuple[int, set[str]]:
     return report["code"], set(report["loaded"])
 
 
-@pytest.mark.parametrize(
-    ("module", "args"),
-    [
-        ("orbit_server.cli", ["--help"]),
-        ("orbit_server.cli", ["task", "--help"]),
-        ("orbit_server.cli", ["flow", "--help"]),
-        ("outbox_adapter.cli", ["--help"]),
-        ("outbox_adapter.cli", ["relay", "--help"]),
-    ],
-    ids=lambda v: v if isinstance(v, str) else " ".join(v),
-)
+@pytest.mark.parametrize(("module", "args"), [("orbit_server.cli", ["--help"])], ids=["orbit-server --help"])
 def test_help_imports_nothing_a_command_needs_only_when_it_runs(module: str, args: list[str]) -> None:
     code, loaded = _loaded_by(module, args)
     assert code in (0, None)
