@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from orbit_server._auth import forbidden_detail
+from orbit_server.api.auth import forbidden_detail
 
 
 def test_an_admin_action_names_an_admin_key_once() -> None:
