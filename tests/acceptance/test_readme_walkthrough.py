@@ -249,7 +249,8 @@ def test_the_readme_runs_top_to_bottom(tmp_path: Path, database: tuple[str, dict
         )
         assert json.loads(failed)["items"] == [], failed
         [inbox] = [out for body, out in walk.outputs if "examples/inbox_example.py" in body]
-        assert inbox.split()[-1] == "COMPLETED" and inbox.split()[0] == "1", inbox
+        # Every result event of the subscription is applied (the other examples' tasks change no order).
+        assert inbox.split()[-1] == "COMPLETED" and int(inbox.split()[0]) >= 1, inbox
     except BaseException:
         walk.stop(check=False)
         raise
