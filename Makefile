@@ -5,7 +5,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint bench clean
+.PHONY: demo test test-quick lint bench clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -20,6 +20,13 @@ test: $(STAMP)
 	$(PY) -m ruff check .
 	$(PY) -m mypy
 	$(PY) -m pytest $(PYTEST_ARGS)
+
+# The inner loop: unit and integration tests on SQLite only (no MariaDB/PostgreSQL, no browser, no slow
+# seeds), stopping at the first failure. `make test` before you push runs everything.
+QUICK_MARKS := not mariadb and not postgres and not slow
+test-quick: $(STAMP)
+	ORBIT_TEST_DATABASES=sqlite $(PY) -m pytest -q -x -p no:cacheprovider tests/unit tests/integration \
+		-m "$(QUICK_MARKS)" --deselect tests/integration/test_console_browser.py $(PYTEST_ARGS)
 
 lint: $(STAMP)
 	$(PY) -m ruff check .

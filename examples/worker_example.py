@@ -1,5 +1,8 @@
 # examples/worker_example.py
-"""Run the handlers of one queue until SIGTERM or Ctrl-C (running tasks finish first)."""
+"""Run the handlers of one queue until SIGTERM or Ctrl-C (running tasks finish first).
+
+It handles every task the README's examples put on ``fulfilment``: the orders, the flow's ``ship`` step and
+the inbox example's receipt follow-ups."""
 
 import os
 
@@ -16,7 +19,16 @@ def fulfil(ctx: TaskContext) -> dict[str, object]:
     return {"order_id": order_id, "reservation": reservation}  # saved as the task's result
 
 
+def ship(ctx: TaskContext) -> dict[str, object]:  # the order-approval flow's step
+    return {"order_id": ctx.params["order_id"], "shipped_by": ctx.params["approved_by"]}
+
+
+def send_receipt(ctx: TaskContext) -> dict[str, object]:  # the inbox example's follow-up
+    return {"receipt_for": ctx.params["task_id"]}
+
+
 with OrbitClient(os.environ["ORBIT_URL"], api_key=os.environ["ORBIT_API_KEY"]) as client:
-    worker = Worker(client, "shop", "fulfilment", {"orders.fulfil": fulfil}, concurrency=4, lease_seconds=30)
+    handlers = {"orders.fulfil": fulfil, "orders.ship": ship, "orders.send_receipt": send_receipt}
+    worker = Worker(client, "shop", "fulfilment", handlers, concurrency=4, lease_seconds=30)
     print("worker", worker.worker_id, "ready", flush=True)
     worker.run()  # leases, heartbeats every 10 s while a handler runs, reports; returns after SIGTERM

@@ -1,7 +1,7 @@
 """Prometheus metrics of workers (README "Operations"): a worker's ``metrics_port`` option.
 
 ``prometheus-client`` is not a dependency of the client: it is imported only when a worker is
-given a ``metrics_port`` (install ``orbit[metrics]``). Every worker of a process counts into one
+given a ``metrics_port`` (install ``orbit-tasks[metrics]``). Every worker of a process counts into one
 registry, labelled by namespace and queue, so several workers may share one port; the
 metrics server of a port runs while at least one worker using it runs.
 
@@ -37,7 +37,7 @@ def _prometheus() -> Any:
         import prometheus_client
     except ImportError:
         raise OrbitUsageError(
-            "a worker's metrics_port needs prometheus-client: pip install 'orbit[metrics]'"
+            "a worker's metrics_port needs prometheus-client: pip install 'orbit-tasks[metrics]'"
         ) from None
     return prometheus_client
 

@@ -292,7 +292,7 @@ _DOC_ARGS = """
         metrics_port: serve Prometheus metrics at ``http://metrics_host:metrics_port/metrics``
             while ``run()`` runs (``0``: a free port, logged; :attr:`metrics_port` tells which).
             Workers of one process share a port and one registry, labelled by namespace and
-            queue. ``None`` (the default) counts nothing. Needs ``pip install 'orbit[metrics]'``
+            queue. ``None`` (the default) counts nothing. Needs ``pip install 'orbit-tasks[metrics]'``
             (prometheus-client); README "Operations".
         metrics_host: address the metrics server listens on. Default ``"127.0.0.1"``.
         prefetch: most grants held beyond ``concurrency``, waiting for a slot; the worker holds

@@ -1,5 +1,5 @@
 """The ``orbit-server`` command's entry point: says which extra to install when the server's
-dependencies are missing (a client-only ``pip install orbit``) instead of a traceback."""
+dependencies are missing (a client-only ``pip install orbit-tasks``) instead of a traceback."""
 
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ def main() -> None:
             raise
         sys.stderr.write(
             f"error: orbit-server needs the server extra ({missing!r} is not installed); "
-            "install it with: pip install 'orbit[server]' (add ',mysql' for MariaDB/MySQL)\n"
+            "install it with: pip install 'orbit-tasks[server]' (add ',mysql' for MariaDB/MySQL)\n"
         )
         sys.exit(2)
     cli_main()

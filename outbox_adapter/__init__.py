@@ -124,7 +124,7 @@ if not _typing.TYPE_CHECKING:  # for type checkers the module has exactly the na
         if _missing is not None and name in __all__:
             raise ModuleNotFoundError(
                 f"outbox_adapter needs the outbox extra ({_missing.name!r} is not installed); "
-                "install it with: pip install 'orbit[outbox]' (add ',mysql' for MariaDB/MySQL)",
+                "install it with: pip install 'orbit-tasks[outbox]' (add ',mysql' for MariaDB/MySQL)",
                 name=_missing.name,
             ) from _missing
         raise AttributeError(f"module 'outbox_adapter' has no attribute {name!r}")

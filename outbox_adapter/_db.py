@@ -197,7 +197,7 @@ def create_engine(url: str | URL, *, pool_size: int = 5) -> Engine:
         return engine
     except (ImportError, sa.exc.NoSuchModuleError) as exc:
         raise OutboxUsageError(
-            f"no driver for {describe_url(url)}: {exc}; install orbit[mysql] or orbit[postgres]"
+            f"no driver for {describe_url(url)}: {exc}; install 'orbit-tasks[mysql]' or 'orbit-tasks[postgres]'"
         ) from None
 
 

@@ -56,10 +56,14 @@ if TYPE_CHECKING:
 
 __all__ = ["DEFAULT_MAX_PARAMS_BYTES", "enqueue", "enqueue_async", "enqueue_flow", "enqueue_flow_async"]
 
-#: Largest params accepted by default, in bytes of compact UTF-8 JSON (64 KiB). Keep it well
-#: under the server's body limit (``ORBIT_MAX_BODY_BYTES``, default 256 KiB); pass a
-#: reference to large data instead of the data.
+#: Largest params accepted by default, in bytes of compact UTF-8 JSON (64 KiB): a quarter of the
+#: server's body limit (``ORBIT_MAX_BODY_BYTES``, default 256 KiB), so that a row always fits one
+#: request with its envelope and the relay's batch requests (about 192 KiB each) carry several rows
+#: (README "Outbox", "One body limit"). A row is refused here, in the business transaction, rather
+#: than going ``DEAD`` later on the server's ``413``; pass a reference to large data instead.
 DEFAULT_MAX_PARAMS_BYTES = 64 * 1024
+#: The server's default ``ORBIT_MAX_BODY_BYTES`` (the error message names both limits).
+_SERVER_BODY_BYTES = 256 * 1024
 _NAME_RE = re.compile(NAME_PATTERN)
 #: Whether ``opentelemetry-api`` is installed: without it, ``enqueue`` never looks for a span.
 _TRACING = _tracing.AVAILABLE
@@ -94,8 +98,10 @@ def _check_params(params: Any, max_params_bytes: int, label: str) -> None:
     size = len(encoded.encode("utf-8"))
     if size > max_params_bytes:
         raise ParamsTooLargeError(
-            f"{label} are {size} bytes of JSON, over the limit of {max_params_bytes} bytes; store the data "
-            "elsewhere and pass a reference to it; nothing was written",
+            f"{label} are {size} bytes of JSON, over enqueue's limit of {max_params_bytes} bytes "
+            f"(max_params_bytes; the server's own limit is on the whole request body, ORBIT_MAX_BODY_BYTES, "
+            f"{_SERVER_BODY_BYTES} bytes by default: enqueue keeps a quarter of it so a row always fits one "
+            'request, README "Outbox"); store the data elsewhere and pass a reference to it; nothing was written',
             size=size,
             limit=max_params_bytes,
         )

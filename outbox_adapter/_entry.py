@@ -1,5 +1,5 @@
 """The ``orbit-outbox`` command's entry point: says which extra to install when the outbox's
-dependencies are missing (a client-only ``pip install orbit``) instead of a traceback."""
+dependencies are missing (a client-only ``pip install orbit-tasks``) instead of a traceback."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ def main() -> None:
             raise
         sys.stderr.write(
             f"error: orbit-outbox needs the outbox extra ({missing!r} is not installed); "
-            "install it with: pip install 'orbit[outbox]' (add ',mysql' for MariaDB/MySQL, "
+            "install it with: pip install 'orbit-tasks[outbox]' (add ',mysql' for MariaDB/MySQL, "
             "',postgres' for PostgreSQL)\n"
         )
         sys.exit(2)

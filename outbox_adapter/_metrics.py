@@ -53,7 +53,7 @@ def _prometheus() -> Any:
         import prometheus_client
     except ImportError:  # pragma: no cover - the outbox extra installs it
         raise OutboxUsageError(
-            "metrics need prometheus-client: pip install 'orbit[outbox]' (or pip install prometheus-client)"
+            "metrics need prometheus-client: pip install 'orbit-tasks[outbox]' (or pip install prometheus-client)"
         ) from None
     return prometheus_client
 

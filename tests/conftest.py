@@ -25,6 +25,9 @@ from sqlalchemy.engine import URL, make_url
 MYSQL_DEFAULT = "mysql+pymysql://root@127.0.0.1:3306/test"
 POSTGRES_DEFAULT = "postgresql+psycopg://postgres@127.0.0.1:5432/postgres"
 IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
+#: ``make test-quick`` sets ``sqlite``: the database servers are not asked for at all (a test that needs one
+#: skips, CI or not); unset, every database is tested.
+ONLY_SQLITE = os.environ.get("ORBIT_TEST_DATABASES", "").strip().lower() == "sqlite"
 
 
 def _unreachable(what: str, url: URL, exc: Exception) -> None:
@@ -82,6 +85,8 @@ def _container_url(kind: str) -> URL | None:
 
 
 def _server_url(env: str, default: str, what: str) -> URL:
+    if ONLY_SQLITE:
+        pytest.skip(f"ORBIT_TEST_DATABASES=sqlite (make test-quick): {what} not tested")
     explicit = os.environ.get(env)
     kind = "mysql" if "MYSQL" in env else "postgres"
     url = make_url(explicit) if explicit else (_container_url(kind) or make_url(default))

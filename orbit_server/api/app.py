@@ -11,6 +11,8 @@ plain ``def`` functions: FastAPI runs them in its thread pool, and each opens on
 
 from __future__ import annotations
 
+from typing import Any
+
 from fastapi import FastAPI
 from sqlalchemy.engine import Engine
 
@@ -22,11 +24,12 @@ from orbit_server.api.bodies import Utf8JsonBodies
 from orbit_server.api.docs import docs_router
 from orbit_server.api.flows import flows_router
 from orbit_server.api.hosts import AllowedHosts
+from orbit_server.api.json_bodies import JsonContentTypeMiddleware
 from orbit_server.api.lifespan import lifespan
 from orbit_server.api.metrics import Metrics
 from orbit_server.api.middleware import RequestContextMiddleware
 from orbit_server.api.openapi import _finish_openapi
-from orbit_server.api.problems import install_problem_handlers
+from orbit_server.api.problems import install_problem_handlers, problem_response
 from orbit_server.api.wakeup import Wakeup
 from orbit_server.console import console_router
 from orbit_server.db.engine import create_engine
@@ -100,6 +103,8 @@ def create_app(settings: ServerSettings | None = None, *, engine: Engine | None 
         app.include_router(docs_router(lambda: app.openapi(), app.title))
     _finish_openapi(app)
     app.add_middleware(Utf8JsonBodies)
+    # Inside the request context (its request id, size limit and timeouts), before any route.
+    app.add_middleware(JsonContentTypeMiddleware, problem=_scope_problem)
     if settings.allowed_host_list:
         app.add_middleware(AllowedHosts, allowed=settings.allowed_host_list)
     app.add_middleware(
@@ -111,3 +116,8 @@ def create_app(settings: ServerSettings | None = None, *, engine: Engine | None 
         redact=settings.access_log_redact,
     )
     return app
+
+
+def _scope_problem(status: int, code: str, title: str, detail: str, scope: Any) -> Any:
+    """A problem answer from plain ASGI, with the request id the context middleware put in the scope."""
+    return problem_response(status, code, title, detail, scope.get("state", {}).get("request_id"))

@@ -38,6 +38,7 @@ from orbit_server.api.deps import (
 from orbit_server.db.transact import transact
 from orbit_server.tasks import attempts as attempt_reports
 from orbit_server.tasks import leases as leasing
+from orbit_server.tasks.worker_sightings import sightings_for
 
 __all__ = ["router"]
 
@@ -76,6 +77,7 @@ async def lease_tasks(
     authorize(caller, namespace, "work")
     loop = asyncio.get_running_loop()
     give_up = loop.time() + body.wait_seconds
+    sighted = False
     while True:
         signal = wakeup.current()
         if await request.is_disconnected():
@@ -92,6 +94,11 @@ async def lease_tasks(
             lease_seconds=body.lease_seconds,
             start=body.start,
         )
+        if not sighted:  # the queue exists (no 404): this worker is alive, task or not (console liveness)
+            sighted = True
+            sightings = sightings_for(engine)
+            if sightings.due(caller.namespace_id, queue, body.worker_id):
+                await run_in_threadpool(sightings.write, caller.namespace_id, queue, body.worker_id)
         remaining = give_up - loop.time()
         if grants:
             metrics.lease_grants.labels(namespace, queue).inc(len(grants))

@@ -61,4 +61,11 @@ def authorize(caller: store.Principal, namespace: str, action: str) -> None:
         # Say no more than the key may know: whether the namespace exists at all is not its business.
         raise errors.NamespaceNotFound(f"namespace {namespace!r} not found for this key")
     if not caller.can(action):
-        raise errors.Forbidden(f"a {caller.role!r} key cannot do this; it needs the {action!r} role or admin")
+        raise errors.Forbidden(forbidden_detail(caller.role, action))
+
+
+def forbidden_detail(role: str, action: str) -> str:
+    """The 403 message: what the key is and which key would do (README "Running the server", roles)."""
+    if action == "admin":
+        return f"a {role!r} key cannot do this; it needs an 'admin' key"
+    return f"a {role!r} key cannot do this; it needs a {action!r} key (or an 'admin' key)"

@@ -25,8 +25,9 @@ def _finish_openapi(app: FastAPI) -> None:
 
     The route takes the key as optional so that a missing or malformed key is answered with the
     documented ``400 idempotency_key_missing``/``idempotency_key_invalid``, not a 422. A body may
-    be refused before any route runs: ``400`` unreadable (``invalid_utf8``, ``integer_too_long``,
-    ``nesting_too_deep``), ``408 request_timeout``, ``413 payload_too_large``, ``422``.
+    be refused before any route runs: ``400`` unreadable (``invalid_json`` with line and column,
+    ``invalid_utf8``, ``integer_too_long``, ``nesting_too_deep``), ``408 request_timeout``, ``413
+    payload_too_large``, ``415 unsupported_media_type`` (no ``Content-Type: application/json``), ``422``.
     """
     build = app.openapi
 
@@ -41,7 +42,7 @@ def _finish_openapi(app: FastAPI) -> None:
         for operations in schema.get("paths", {}).values():
             for operation in operations.values():
                 if "requestBody" in operation:
-                    for status in ("400", "408", "413", "422"):
+                    for status in ("400", "408", "413", "415", "422"):
                         operation["responses"].setdefault(status, problem)
                 for parameter in operation.get("parameters", []):
                     if parameter.get("in") == "header" and parameter.get("name") == "Idempotency-Key":

@@ -17,6 +17,7 @@ from orbit_client import (
     Problem,
 )
 from orbit_server import errors
+from orbit_server.api.json_bodies import invalid_json
 
 __all__ = ["install_problem_handlers", "problem_response"]
 
@@ -63,6 +64,9 @@ async def _domain_error(request: Request, exc: errors.OrbitServerError) -> JSONR
 
 
 async def _validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
+    not_json = invalid_json(list(exc.errors()), exc.body)
+    if not_json is not None:  # not a field's problem: the body is no JSON at all (README "HTTP API")
+        return problem_response(400, "invalid_json", "The body is not JSON", not_json, _request_id(request))
     # Report where and why, never the offending input (it may hold params). A validator's own
     # message (e.g. "node 'a': next 'b' is not a node of the graph") loses pydantic's prefix.
     problems = [

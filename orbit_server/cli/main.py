@@ -19,16 +19,50 @@ from typing import Any
 
 import click
 
-from orbit_client._logs import JsonFormatter
-from orbit_server.cli import flows, keys, namespaces, queues, retention, schedules, subscriptions, tasks
+from orbit_server.cli.lazy import LazyGroup
 from orbit_server.cli.options import _DEFAULTS, _database_url_option, _engine
-from orbit_server.db import migrate as _migrate
 from orbit_server.settings import ServerSettings
 
 __all__ = ["main"]
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 110})
+#: The command groups, imported when one runs (``orbit-server --help`` imports none): README "Admin commands".
+_GROUPS = {
+    "api-key": ("orbit_server.cli.keys", "api_key", "Manage API keys."),
+    "flow": (
+        "orbit_server.cli.flows",
+        "flow",
+        'Publish flows and run, signal, pause, resume and cancel their instances (README "Flows").',
+    ),
+    "namespace": ("orbit_server.cli.namespaces", "namespace", "Manage namespaces."),
+    "purge": (
+        "orbit_server.cli.retention",
+        "purge",
+        "Delete terminal tasks finished before a cut-off with their attempts, events and fully acked result "
+        'events, and with --keys expired submission keys; in batches, audited (README "Retention and the key '
+        'window").',
+    ),
+    "queue": ("orbit_server.cli.queues", "queue", "Manage queues."),
+    "retention": (
+        "orbit_server.cli.retention",
+        "retention_group",
+        'See what a purge would delete, and the audit of past purges (README "Retention and the key window").',
+    ),
+    "schedule": (
+        "orbit_server.cli.schedules",
+        "schedule",
+        "Manage schedules (tasks created at cron or interval fire times).",
+    ),
+    "subscription": ("orbit_server.cli.subscriptions", "subscription", "Manage result-event subscriptions."),
+    "task": ("orbit_server.cli.tasks", "task", "See and settle tasks: list, show, cancel, review, retry."),
+}
+
+
+@click.group(
+    cls=LazyGroup,
+    lazy=_GROUPS,
+    context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 110},
+)
 @click.option(
     "--log-level",
     envvar="ORBIT_LOG_LEVEL",
@@ -50,6 +84,8 @@ __all__ = ["main"]
 def main(log_level: str, log_format: str) -> None:
     """Orbit task platform: idempotent task acceptance over HTTP."""
     if log_format.lower() == "json":
+        from orbit_client._logs import JsonFormatter
+
         handler = logging.StreamHandler(sys.stderr)
         handler.setFormatter(JsonFormatter())
         logging.basicConfig(level=log_level.upper(), handlers=[handler])
@@ -150,20 +186,8 @@ def _uvicorn_log_config(log_level: str, log_format: str) -> dict[str, Any]:
 @_database_url_option
 def migrate(database_url: str) -> None:
     """Upgrade the database schema to the newest revision (Alembic)."""
+    from orbit_server.db import migrate as _migrate
+
     with _engine(database_url, ensure_schema=False) as engine:
         _migrate.upgrade(engine)
         click.echo(f"schema at revision {_migrate.current_revision(engine)}", err=True)
-
-
-for group in (
-    namespaces.namespace,
-    queues.queue,
-    keys.api_key,
-    tasks.task,
-    subscriptions.subscription,
-    schedules.schedule,
-    retention.retention_group,
-    retention.purge,
-    flows.flow,
-):
-    main.add_command(group)

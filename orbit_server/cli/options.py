@@ -13,17 +13,18 @@ import sys
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
-import sqlalchemy as sa
-from sqlalchemy.engine import Engine
 
 from orbit_server import errors
-from orbit_server.db import migrate as _migrate
-from orbit_server.db.engine import create_engine, is_sqlite
 from orbit_server.settings import ServerSettings
-from orbit_server.tasks import store
+
+if TYPE_CHECKING:
+    from sqlalchemy.engine import Engine
+
+# SQLAlchemy, Alembic and the areas are imported by the functions that use them, when a command runs:
+# `orbit-server --help` imports none of them (issue 23).
 
 F = TypeVar("F", bound=Callable[..., Any])
 _DEFAULTS = ServerSettings.model_fields
@@ -48,6 +49,11 @@ def _engine(url: str, *, ensure_schema: bool = True) -> Iterator[Engine]:
     other database must already be at the newest revision, or the command stops with
     exit code 1 and says to run ``orbit-server migrate``.
     """
+    import sqlalchemy as sa
+
+    from orbit_server.db import migrate as _migrate
+    from orbit_server.db.engine import create_engine, is_sqlite
+
     try:
         engine = create_engine(url, pool_size=2)
     except (ValueError, sa.exc.ArgumentError, ImportError) as exc:
@@ -78,6 +84,8 @@ def _engine(url: str, *, ensure_schema: bool = True) -> Iterator[Engine]:
 
 
 def _check_label(label: str | None) -> str | None:
+    from orbit_server.tasks import store
+
     if label is not None and len(label) > store.API_KEY_LABEL_MAX_LENGTH:
         raise click.BadParameter(
             f"the label has {len(label)} characters; the limit is {store.API_KEY_LABEL_MAX_LENGTH}: "

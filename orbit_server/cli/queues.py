@@ -75,7 +75,7 @@ def queue_create(
 @_json_option
 @_database_url_option
 def queue_list(namespace_name: str | None, as_json: bool, database_url: str) -> None:
-    """List queues with their tasks per status, oldest due WAITING age and last hour's outcomes."""
+    """List queues: paused or not, tasks per status, oldest due WAITING age and last hour's outcomes."""
     with _engine(database_url) as engine, engine.begin() as conn:
         found = admin.queue_stats(conn, _namespace_id(conn, namespace_name))
     if as_json:
@@ -83,11 +83,12 @@ def queue_list(namespace_name: str | None, as_json: bool, database_url: str) -> 
         return
     statuses = [s.value for s in TaskStatus]
     _table(
-        ["namespace", "queue", *statuses, "oldest waiting", "succeeded 1h", "failed 1h"],
+        ["namespace", "queue", "paused", *statuses, "oldest waiting", "succeeded 1h", "failed 1h"],
         [
             [
                 q.namespace,
                 q.name,
+                "yes" if q.paused else "no",
                 *(q.counts.get(s, 0) for s in statuses),
                 _age(q.oldest_waiting_seconds),
                 q.succeeded_last_hour,

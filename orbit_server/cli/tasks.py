@@ -206,17 +206,37 @@ def _reason_option(func: F) -> F:
 
 
 def _act(
-    database_url: str, task_id: str, work: Callable[..., Any], as_json: bool, done: str, **kwargs: Any
+    database_url: str,
+    task_id: str,
+    work: Callable[..., Any],
+    as_json: bool,
+    done: str,
+    *,
+    unchanged: Callable[[Any], str | None] | None = None,
+    **kwargs: Any,
 ) -> None:
+    """Run ``work`` on the task; ``unchanged(task before)`` names why it changed nothing (then said instead
+    of ``done``), or ``None``."""
     with _engine(database_url) as engine:
         with engine.begin() as conn:
             namespace_id = admin.task_namespace_id(conn, task_id)
+            before = admin.get_task_detail(conn, namespace_id, task_id).task if unchanged else None
         result = transact(engine, work, namespace_id, task_id, **kwargs)
     if as_json:
         _print_json(result)
     else:
-        click.echo(f"{done}: task {result.id} is {result.status.value}", err=True)
+        said = (unchanged(before) if unchanged else None) or done
+        click.echo(f"{said}: task {result.id} is {result.status.value}", err=True)
         click.echo(result.id)
+
+
+def _cancel_unchanged(task: Any) -> str | None:
+    """A cancel of a task already cancelled, or whose cancel was already asked for, records nothing new."""
+    if task.status is TaskStatus.CANCELLED:
+        return "already cancelled, nothing changed"
+    if task.cancel_requested:
+        return "cancel already requested, nothing changed (it is cancelled when its worker stops)"
+    return None
 
 
 @task.command("cancel")
@@ -233,6 +253,7 @@ def task_cancel(task_id: str, reason: str, actor: str | None, as_json: bool, dat
         operations.cancel_task,
         as_json,
         "cancel recorded",
+        unchanged=_cancel_unchanged,
         reason=reason,
         actor=_actor(actor),
     )

@@ -31,6 +31,7 @@ from orbit_server.db.engine import BIGINT_MAX
 from orbit_server.db.transact import transact
 from orbit_server.settings import ServerSettings
 from orbit_server.tasks import admin, operations, store
+from orbit_server.tasks import overview as ops
 from orbit_server.tasks.keys import KeyCache
 
 __all__ = ["console_router"]
@@ -73,6 +74,11 @@ def _pretty(value: Any) -> str:
     return json.dumps(value, indent=2, ensure_ascii=False, sort_keys=True, default=str)
 
 
+def _compact(value: Any) -> str:
+    """JSON on one line as written (no ``\\u0027`` or ``\\u00e9`` escapes: autoescaping makes it safe)."""
+    return json.dumps(value, ensure_ascii=False, sort_keys=True, default=str, separators=(", ", ": "))
+
+
 def _environment() -> Environment:
     env = Environment(
         loader=FileSystemLoader(_HERE / "templates"),
@@ -80,7 +86,7 @@ def _environment() -> Environment:
         trim_blocks=True,
         lstrip_blocks=True,
     )
-    env.filters.update(age=_age, when=_when, pretty=_pretty)
+    env.filters.update(age=_age, when=_when, pretty=_pretty, compact=_compact)
     env.globals["statuses"] = [status.value for status in TaskStatus]
     return env
 
@@ -252,13 +258,18 @@ def console_router(
         return redirect("/ui/")
 
     @router.get("/")
-    async def overview_page(request: Request) -> Response:
+    async def overview_page(request: Request, done: str = "") -> Response:
         found = await signed_in(request)
         if found is None:
             return to_login(request)
         principal, session = found
         data = await read_db(admin.overview, principal.namespace_id)
-        return render(request, "overview.html", 200, principal, session, overview=data, page="overview")
+        summary = await read_db(ops.operator_summary, principal.namespace_id)
+        notice = {"paused": "Queue paused.", "resumed": "Queue resumed."}.get(done)
+        return render(
+            request, "overview.html", 200, principal, session, overview=data, ops=summary, page="overview",
+            notice=notice,
+        )  # fmt: skip
 
     @router.get("/tasks")
     async def tasks_page(
@@ -282,6 +293,7 @@ def console_router(
             "created_since": created_since,
         }
         error = None
+        keys: dict[str, str] = {}
         page = admin.TaskListPage(items=[], next_cursor=None)
         try:
             task_filter = admin.TaskFilter(
@@ -294,6 +306,7 @@ def console_router(
             page = await read_db(
                 admin.list_tasks, principal.namespace_id, task_filter, limit=_PAGE_SIZE, cursor=cursor or None
             )
+            keys = await read_db(ops.idempotency_keys, principal.namespace_id, [t.id for t in page.items])
         except ValueError as exc:
             error = str(exc)
         except errors.OrbitServerError as exc:
@@ -311,6 +324,7 @@ def console_router(
             session,
             page="tasks",
             tasks=page.items,
+            keys=keys,
             filters=filters,
             next_url=next_url,
             first_page=not cursor,
@@ -336,6 +350,7 @@ def console_router(
     ) -> Response:
         try:
             detail = await read_db(admin.get_task_detail, principal.namespace_id, task_id)
+            flow_step = await read_db(ops.flow_step_of, principal.namespace_id, task_id)
         except errors.TaskNotFound:
             return render(
                 request,
@@ -354,6 +369,7 @@ def console_router(
             page="tasks",
             detail=detail,
             task=detail.task,
+            flow_step=flow_step,
             **context,
         )
 
@@ -390,15 +406,25 @@ def console_router(
                 "Give an evidence reference (a ticket, a log link, a payment id): it is kept with the review."
             )
         if problem:
-            return await task_response(request, principal, session, task_id, 422, action_error=problem)
+            return await task_response(
+                request, principal, session, task_id, 422, action_error=problem, form=form
+            )
         try:
             task = await run_in_threadpool(run, principal, form)
         except errors.OrbitServerError as exc:
             return await task_response(
-                request, principal, session, task_id, exc.status, action_error=exc.detail or exc.title
+                request,
+                principal,
+                session,
+                task_id,
+                exc.status,
+                action_error=exc.detail or exc.title,
+                form=form,
             )
         except ValueError as exc:
-            return await task_response(request, principal, session, task_id, 422, action_error=str(exc))
+            return await task_response(
+                request, principal, session, task_id, 422, action_error=str(exc), form=form
+            )
         return redirect(f"/ui/tasks/{task.id}?done={done}")
 
     @router.post("/tasks/{task_id}/cancel")
@@ -558,15 +584,15 @@ def console_router(
         return redirect("/ui/api-keys")
 
     from orbit_server.console.flow_pages import ConsoleKit, add_flow_pages
+    from orbit_server.console.ops_pages import add_ops_pages
     from orbit_server.flows.admin import engine_settings
 
-    add_flow_pages(
-        router,
-        ConsoleKit(
-            engine=engine, settings=engine_settings(settings), on_created=on_created, render=render,
-            redirect=redirect, signed_in=signed_in, to_login=to_login, action=action, read_db=read_db,
-        ),
+    kit = ConsoleKit(
+        engine=engine, settings=engine_settings(settings), on_created=on_created, render=render,
+        redirect=redirect, signed_in=signed_in, to_login=to_login, action=action, read_db=read_db,
     )  # fmt: skip
+    add_flow_pages(router, kit)
+    add_ops_pages(router, kit)
     return router
 
 

@@ -48,6 +48,7 @@ __all__ = [
     "task_attempts",
     "task_events",
     "tasks",
+    "worker_sightings",
 ]
 
 metadata = sa.MetaData()
@@ -454,6 +455,20 @@ queue_events = sa.Table(
     sa.Column("data", sa.JSON(none_as_null=True), nullable=True),
     sa.Column("created_at", Timestamp, nullable=False),
     sa.Index("ix_queue_events_queue", "queue_id", "id"),
+)
+
+# --- worker liveness (revision 0010): the console's "is anything leasing from this queue?" ---
+
+# The last lease call of each worker on each queue (database clock), written at most every few seconds per
+# worker and server process (orbit_server.tasks.worker_sightings); the console's overview reads it.
+worker_sightings = sa.Table(
+    "worker_sightings",
+    metadata,
+    sa.Column("namespace_id", sa.BigInteger, sa.ForeignKey("namespaces.id"), primary_key=True),
+    sa.Column("queue", Key(64), primary_key=True),
+    sa.Column("worker_id", sa.String(255), primary_key=True),
+    sa.Column("last_seen_at", Timestamp, nullable=False),
+    sa.Index("ix_worker_sightings_seen", "namespace_id", "queue", "last_seen_at"),
 )
 
 # --- retention (revision 0007): DESIGN §9 "Retention", §7 of seed 001 ---

@@ -419,7 +419,10 @@ def _views(conn: Connection, namespace: str, rows: Sequence[RowMapping]) -> list
                 control_version=row["control_version"],
                 # Bumped by every change of the instance (its state_version) or of a token (its version).
                 state_version=int(row["state_version"]) + sum(int(t["version"]) - 1 for t in toks),
-                created_at=_at(row["created_at"]), updated_at=_at(row["updated_at"]),
+                # Likewise the newest change of the instance or of any of its tokens (issue 23: a token's
+                # move left "updated" where the start put it).
+                created_at=_at(row["created_at"]),
+                updated_at=_at(max([row["updated_at"], *(t["updated_at"] for t in toks)])),
                 finished_at=to_utc(row["finished_at"]),
                 tokens=[
                     FlowToken(id=t["id"], node=t["node_id"], state=FlowTokenState(t["state"]),

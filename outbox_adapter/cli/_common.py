@@ -80,35 +80,53 @@ def _short(text: str | None, width: int = 60) -> str:
     return text if len(text) <= width else text[: width - 1] + "…"
 
 
+_ROW_COLUMNS = (
+    "id",
+    "state",
+    "key",
+    "queue",
+    "handler",
+    "attempts",
+    "available at (UTC)",
+    "task",
+    "last error",
+)
+
+
+def _row_cells(row: OutboxRow, *, whole: bool) -> list[str]:
+    """A row's cells; ``available at`` only for a PENDING row (the next send's due time: for any other state
+    it is the backoff of a send that has since been answered, a time that means nothing)."""
+    return [
+        str(row.id),
+        row.state,
+        row.idempotency_key,
+        f"{row.namespace}/flow:{row.flow}" if row.kind == "flow" else f"{row.namespace}/{row.queue}",
+        "(flow start)" if row.kind == "flow" else row.handler,
+        f"{row.attempts}/{row.max_attempts or '-'}",
+        row.available_at.strftime("%Y-%m-%d %H:%M:%S") if row.state == "PENDING" else "",
+        row.orbit_task_id or "",
+        (row.last_error or "") if whole else _short(row.last_error),
+    ]
+
+
 def _rows_table(rows: list[OutboxRow], title: str) -> Table:
     table = Table(title=title, title_justify="left")
-    for column in (
-        "id",
-        "state",
-        "key",
-        "queue",
-        "handler",
-        "attempts",
-        "available at (UTC)",
-        "task",
-        "last error",
-    ):
+    for column in _ROW_COLUMNS:
         table.add_column(column, overflow="fold")
     for row in rows:
-        table.add_row(
-            *_cells(
-                str(row.id),
-                row.state,
-                row.idempotency_key,
-                f"{row.namespace}/flow:{row.flow}" if row.kind == "flow" else f"{row.namespace}/{row.queue}",
-                "(flow start)" if row.kind == "flow" else row.handler,
-                f"{row.attempts}/{row.max_attempts or '-'}",
-                row.available_at.strftime("%Y-%m-%d %H:%M:%S"),
-                row.orbit_task_id or "",
-                _short(row.last_error),
-            )
-        )
+        table.add_row(*_cells(*_row_cells(row, whole=False)))
     return table
+
+
+def _print_rows(rows: list[OutboxRow], title: str) -> None:
+    """Rows as a table on a terminal; piped, tab-separated lines under a header line (whole values, one row
+    a line), as the server's listings are."""
+    if sys.stdout.isatty():
+        out.print(_rows_table(rows, title))
+        return
+    click.echo("\t".join(_ROW_COLUMNS))
+    for row in rows:
+        click.echo("\t".join(c.replace("\t", " ").replace("\n", " ") for c in _row_cells(row, whole=True)))
 
 
 def _row_dict(row: OutboxRow, *, with_params: bool) -> dict[str, Any]:

@@ -16,8 +16,8 @@ from outbox_adapter.cli._common import (
     _cells,
     _outbox,
     _print_json,
+    _print_rows,
     _row_dict,
-    _rows_table,
     _short,
     out,
 )
@@ -82,7 +82,7 @@ def list_command(
     if as_json:
         _print_json([_row_dict(r, with_params=False) for r in rows])
         return
-    out.print(_rows_table(rows, f"{len(rows)} rows" + (f" in {state}" if state else "")))
+    _print_rows(rows, f"{len(rows)} rows" + (f" in {state}" if state else ""))
 
 
 @click.command()

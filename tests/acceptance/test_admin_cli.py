@@ -177,3 +177,36 @@ def test_subscriptions_namespaces_and_queues(server: RunningServer, seed: Seeder
     assert sum(q["counts"].get("FAILED", 0) for q in queues) >= 1
     assert sum(q["failed_last_hour"] for q in queues) >= 1
     assert "namespace 'nope' does not exist" in cli(server, "queue", "list", "--namespace", "nope", code=1)
+
+
+def _stderr_of(server: RunningServer, *args: str) -> str:
+    url = server.database_url.render_as_string(hide_password=False)
+    result = CliRunner(env={"USER": "alice"}).invoke(main, [*args, "--database-url", url])
+    assert result.exit_code == 0, (result.output, result.stderr)
+    return result.stderr
+
+
+def test_cancel_twice_says_the_second_changed_nothing(server: RunningServer, seed: Seeder) -> None:
+    """Issue 23: a second `task cancel` printed "cancel recorded" again."""
+    waiting = seed.submit(seed.queue())
+    first = _stderr_of(server, "task", "cancel", waiting["id"], "--reason", "not wanted")
+    assert first.startswith("cancel recorded")
+    again = _stderr_of(server, "task", "cancel", waiting["id"], "--reason", "not wanted")
+    assert "already cancelled" in again and "cancel recorded" not in again
+    events = [e["event"] for e in seed.events(waiting["id"])]
+    assert events.count("cancelled") == 1
+
+
+def test_queue_list_shows_whether_each_queue_is_paused(server: RunningServer, seed: Seeder) -> None:
+    """Issue 23: `queue list` had no paused column."""
+    queue = seed.queue()
+    cli(server, "queue", "pause", "shop", queue, "--reason", "maintenance")
+    header, *rows = cli(server, "queue", "list", "--namespace", "shop").splitlines()
+    columns = header.split("\t")
+    assert "paused" in columns
+    row = next(dict(zip(columns, r.split("\t"), strict=True)) for r in rows if r.split("\t")[1] == queue)
+    assert row["paused"] == "yes"
+    assert any(dict(zip(columns, r.split("\t"), strict=True))["paused"] == "no" for r in rows)
+    assert next(q for q in cli_json(server, "queue", "list", "--namespace", "shop") if q["name"] == queue)[
+        "paused"
+    ]

@@ -21,7 +21,7 @@ def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
         check=True,
         capture_output=True,
     )
-    (built,) = out.glob("orbit-*.whl")
+    (built,) = out.glob("orbit_tasks-*.whl")
     return built
 
 
@@ -56,15 +56,15 @@ def test_plain_install_is_the_client_without_sqlalchemy(wheel: Path, tmp_path: P
         [str(env_dir / "bin" / "orbit-server"), "--help"], capture_output=True, text=True
     )
     assert server_cli.returncode == 2, server_cli.stderr
-    assert "pip install 'orbit[server]'" in server_cli.stderr and "Traceback" not in server_cli.stderr
+    assert "pip install 'orbit-tasks[server]'" in server_cli.stderr and "Traceback" not in server_cli.stderr
     # So is the outbox's (regression, issue 10: it crashed with ModuleNotFoundError: sqlalchemy).
     for args in (["--help"], ["relay", "--database-url", "sqlite:///x.db"]):
         outbox_cli = subprocess.run(
             [str(env_dir / "bin" / "orbit-outbox"), *args], capture_output=True, text=True
         )
         assert outbox_cli.returncode == 2, outbox_cli.stderr
-        assert "pip install 'orbit[outbox]'" in outbox_cli.stderr and "Traceback" not in outbox_cli.stderr
+        assert "pip install 'orbit-tasks[outbox]'" in outbox_cli.stderr and "Traceback" not in outbox_cli.stderr
     # Using the outbox from Python on that install names the extra too.
     probe = "import outbox_adapter\ntry:\n    outbox_adapter.enqueue\nexcept ModuleNotFoundError as e:\n    print(e)"
     done = subprocess.run([str(python), "-c", probe], capture_output=True, text=True)
-    assert done.returncode == 0 and "pip install 'orbit[outbox]'" in done.stdout, done.stderr
+    assert done.returncode == 0 and "pip install 'orbit-tasks[outbox]'" in done.stdout, done.stderr

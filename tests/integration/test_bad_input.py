@@ -144,6 +144,32 @@ def test_unreadable_bodies_answer_documented_codes(http: httpx.Client) -> None:
                                    "validation_error")["detail"]  # fmt: skip
 
 
+def test_a_body_without_the_json_content_type_is_415_naming_the_header(http: httpx.Client) -> None:
+    """Issue 23: `curl -d '{...}'` (form-encoded by default) got `422 "body: Input should be a valid dictionary"`."""
+    body = b'{"queue": "default", "handler": "h"}'
+    key = {"Idempotency-Key": f"k-{uuid.uuid4()}"}
+    for content_type in ("application/x-www-form-urlencoded", "text/plain", None):
+        headers = {**key, **({"Content-Type": content_type} if content_type else {})}
+        request = http.build_request("POST", "/tasks", content=body, headers=headers)
+        assert content_type is not None or "Content-Type" not in request.headers
+        problem = _problem(http.send(request), 415, "unsupported_media_type")
+        assert "Content-Type: application/json" in problem["detail"]
+    assert http.get(f"/submissions/{key['Idempotency-Key']}").status_code == 404  # nothing was created
+    ok = {**key, "Content-Type": "application/json; charset=utf-8"}
+    assert http.post("/tasks", content=body, headers=ok).status_code == 201
+    # A bodiless POST needs no Content-Type (e.g. pause without a reason).
+    assert http.post("/queues/default/pause").status_code == 200
+    assert http.post("/queues/default/resume").status_code == 200
+
+
+def test_malformed_json_is_400_with_line_and_column(http: httpx.Client) -> None:
+    """Issue 23: malformed JSON answered `422 "body.24: JSON decode error"`; the README promised 400."""
+    headers = {"Content-Type": "application/json", "Idempotency-Key": f"k-{uuid.uuid4()}"}
+    body = b'{"queue": "default",\n "handler": h}'
+    problem = _problem(http.post("/tasks", content=body, headers=headers), 400, "invalid_json")
+    assert "line 2, column 13" in problem["detail"] and "Expecting value" in problem["detail"]
+
+
 # ------------------------------------------------------------- strict types, schema and server agree
 
 
@@ -170,6 +196,7 @@ def test_the_openapi_document_marks_the_idempotency_key_required(server: Running
     (header,) = [p for p in submit["parameters"] if p["name"] == "Idempotency-Key"]
     assert header["in"] == "header" and header["required"] is True
     assert header["schema"]["maxLength"] == 255
+    assert {"400", "415", "413", "422"} <= set(submit["responses"])
 
 
 # -------------------------------------------------------------------------------- HEAD and /metrics

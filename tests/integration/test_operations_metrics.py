@@ -180,6 +180,6 @@ def test_a_worker_metrics_port_without_prometheus_client_says_what_to_install(
     monkeypatch.setitem(__import__("sys").modules, "prometheus_client", None)  # as if not installed
     with (
         OrbitClient("http://127.0.0.1:1", api_key="k") as client,
-        pytest.raises(OrbitUsageError, match=r"pip install 'orbit\[metrics\]'"),
+        pytest.raises(OrbitUsageError, match=r"pip install 'orbit-tasks\[metrics\]'"),
     ):
         Worker(client, "ns", "q", {"h": lambda ctx: None}, metrics_port=9100)

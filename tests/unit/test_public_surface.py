@@ -32,9 +32,12 @@ def _check(name: str, text: str) -> None:
 
 def _commands(group: click.Command, path: tuple[str, ...]) -> Iterator[tuple[tuple[str, ...], click.Command]]:
     yield path, group
-    if isinstance(group, click.Group):
-        for name in sorted(group.commands):
-            yield from _commands(group.commands[name], (*path, name))
+    if isinstance(group, click.Group):  # through click's API: a lazy group imports its commands on request
+        ctx = click.Context(group)
+        for name in sorted(group.list_commands(ctx)):
+            command = group.get_command(ctx, name)
+            assert command is not None, name
+            yield from _commands(command, (*path, name))
 
 
 def _help_of(prog: str, root: click.Command) -> str:

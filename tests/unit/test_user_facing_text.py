@@ -7,6 +7,7 @@ from __future__ import annotations
 import ast
 import inspect
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -77,3 +78,27 @@ def test_the_openapi_document_and_the_help_cite_no_design(tmp_path: Path) -> Non
         for command in [None, *main.commands]:  # type: ignore[attr-defined]
             shown = CliRunner().invoke(main, [command, "--help"] if command else ["--help"])
             assert shown.exit_code == 0 and "DESIGN" not in shown.output, (command, shown.output)
+
+
+# The distribution is `orbit-tasks` (`orbit` on PyPI is someone else's 2014 package, issue 23): no install hint
+# anywhere (messages, docstrings, the README, the packaging metadata) may name the old distribution.
+_OLD_DISTRIBUTION = re.compile(r"(?<![\w.-])orbit\[|pip install [-\w ]*?(?<![\w.-])orbit(?![\w.\[-])")
+
+
+def test_no_install_hint_names_the_old_distribution() -> None:
+    texts = [*SOURCES, REPO / "README.md", REPO / "pyproject.toml", REPO / "Makefile"]
+    found = [
+        f"{path.relative_to(REPO)}:{number}: {line.strip()[:100]}"
+        for path in texts
+        for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1)
+        if _OLD_DISTRIBUTION.search(line)
+    ]
+    assert found == []
+
+
+def test_the_distribution_name_is_the_one_the_hints_name() -> None:
+    from importlib.metadata import distribution
+
+    assert distribution("orbit-tasks").metadata["Name"] == "orbit-tasks"
+    assert "pip install 'orbit-tasks[server]'" in (REPO / "orbit_server" / "_entry.py").read_text("utf-8")
+    assert "pip install 'orbit-tasks[outbox]'" in (REPO / "outbox_adapter" / "_entry.py").read_text("utf-8")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import uuid
+from datetime import UTC, datetime
 from typing import Any
 
 from click.testing import CliRunner, Result
@@ -240,7 +241,39 @@ def test_help_shows_the_environment_variables_and_bad_urls_are_usage_errors() ->
     no_driver = _run(
         "status", "--database-url", "mysql+mysqlconnector://app@127.0.0.1/shop"
     )  # mysql-connector is not installed (mysqlclient, MySQLdb, is: the server's C driver extra)
-    assert no_driver.exit_code == 2 and "install orbit[mysql] or orbit[postgres]" in no_driver.stderr
+    assert (
+        no_driver.exit_code == 2
+        and "install 'orbit-tasks[mysql]' or 'orbit-tasks[postgres]'" in no_driver.stderr
+    )
     assert _run("status", "--database-url", "nonsense://").exit_code == 2
     down = _run("status", "--database-url", f"mysql+pymysql://root@127.0.0.1:{closed_port()}/x")
     assert down.exit_code == 3 and "may be down" in down.stderr
+
+
+def test_list_piped_is_tab_separated_with_a_header_and_a_delivered_row_has_no_due_time(
+    biz: Biz, ns: Namespace, orbit: RunningServer
+) -> None:
+    """Issue 23: piped, `list` printed a rich table wrapped at 80 columns; a DELIVERED row showed an "available
+    at" in the future (the backoff of a send that then succeeded)."""
+    table = f"cli_{uuid.uuid4().hex[:8]}"
+    db = ["--database-url", biz.url.render_as_string(hide_password=False), "--table", table]
+    env = {"ORBIT_URL": orbit.base_url, "ORBIT_API_KEY": ns.keys["submit"]}
+    assert _run("migrate", *db).exit_code == 0
+    tables = OutboxTables(name=table)
+    with biz.engine.begin() as conn:
+        sent = enqueue(
+            conn, namespace=ns.name, queue="default", handler="orders.fulfil", params={}, tables=tables
+        )
+        waiting = enqueue(conn, namespace=ns.name, queue="default", handler="orders.ship", params={}, tables=tables,
+                          available_at=datetime(2099, 1, 1, tzinfo=UTC))  # fmt: skip
+    assert _json(_run("relay", *db, "--once", "--json", env=env))["delivered"] == 1
+    listed = _run("list", *db)
+    assert listed.exit_code == 0, listed.output
+    header, *lines = listed.stdout.splitlines()
+    columns = header.split("\t")
+    assert columns[:3] == ["id", "state", "key"] and "available at (UTC)" in columns
+    rows = {int(line.split("\t")[0]): dict(zip(columns, line.split("\t"), strict=True)) for line in lines}
+    assert set(rows) == {sent.id, waiting.id}
+    assert rows[sent.id]["state"] == "DELIVERED" and rows[sent.id]["available at (UTC)"] == ""
+    assert rows[sent.id]["key"] == sent.idempotency_key  # whole, never cut or wrapped
+    assert rows[waiting.id]["available at (UTC)"].startswith("2099-01-01")

@@ -115,6 +115,9 @@ def test_oversized_or_invalid_params_are_refused_before_anything_is_written(
                 tables=tables,
             )
         assert caught.value.limit == 64 * 1024 and caught.value.size > caught.value.limit
+        # One body limit story (issue 23): the error names enqueue's limit and the server's, and why they differ.
+        assert "65536" in str(caught.value) and "ORBIT_MAX_BODY_BYTES" in str(caught.value)
+        assert "262144" in str(caught.value)
         assert "70000" not in str(caught.value) and "xxxx" not in str(caught.value)  # never echoes params
         with pytest.raises(OutboxUsageError, match="JSON"):
             enqueue(

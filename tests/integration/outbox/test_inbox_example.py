@@ -19,10 +19,12 @@ from tests.servers import run_server
 
 REPO = Path(__file__).resolve().parents[3]
 README = (REPO / "README.md").read_text(encoding="utf-8")
-#: The setup block of "Running the server", which comes before the outbox example.
-README_SETUP = (
-    README.split("## Running the server", 1)[1].split("```sh\n", 1)[1].split("```", 1)[0].splitlines()
-)
+#: The setup blocks of "Running the server", which come before the outbox example.
+README_SETUP = [
+    line
+    for block in README.split("## Running the server", 1)[1].split("\n## ", 1)[0].split("```sh\n")[1:]
+    for line in block.split("```", 1)[0].splitlines()
+]
 
 
 def _run(example: str, env: dict[str, str], cwd: Path) -> str:

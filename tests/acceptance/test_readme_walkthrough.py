@@ -1,0 +1,260 @@
+"""The README, followed top to bottom in one shell, runs clean (issue 23, first hour).
+
+Every ``sh`` block of the README carries a marker comment on the line before it that says what a reader does
+with it: ``run`` (in order, in one bash session whose variables carry over), ``background, ready at URL`` or
+``background, ready when stdout says "TEXT"`` (a second shell: the server, the worker), ``sqlite`` / ``mariadb``
+(the database choice: only the chosen one runs) or ``skip (why)``. An unmarked block fails the test, so a new
+block is a decision. ``pip install`` lines are checked (their extras exist in ``pyproject.toml``) rather than
+run. Only the port and, on MariaDB, the database's name and the server's address are changed.
+
+The walkthrough fails on any error: a command's non-zero exit, a background process that dies, a task that ends
+``FAILED`` (a handler no worker has), an example the blocks never run.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import queue
+import re
+import shlex
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import tomllib
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import pytest
+import sqlalchemy as sa
+from sqlalchemy.engine import URL
+
+REPO = Path(__file__).resolve().parents[2]
+README = (REPO / "README.md").read_text(encoding="utf-8")
+EXTRAS = set(tomllib.loads((REPO / "pyproject.toml").read_text("utf-8"))["project"]["optional-dependencies"])
+README_PORT = "8080"
+README_MARIADB = 'mariadb -h 127.0.0.1 -u root -e "CREATE DATABASE orbit '
+README_MARIADB_URL = "mysql+pymysql://root@127.0.0.1/orbit"
+_BLOCK = re.compile(r"(?:<!-- walkthrough: (?P<marker>.*?) -->\n)?```(?P<lang>\w*)\n(?P<body>.*?)```", re.S)
+
+
+@dataclass(frozen=True)
+class Block:
+    marker: str
+    lang: str
+    body: str
+    line: int
+
+
+def _blocks() -> list[Block]:
+    return [
+        Block(m["marker"] or "", m["lang"], m["body"], README.count("\n", 0, m.start()) + 1)
+        for m in _BLOCK.finditer(README)
+    ]
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _checked_pip(body: str) -> str:
+    """``pip install`` lines: their extras must exist (the distribution's own name too); not run."""
+    kept = []
+    for line in body.splitlines():
+        if not line.startswith("pip install"):
+            kept.append(line)
+            continue
+        for spec in re.findall(r"(?:\.|orbit-tasks)\[([\w,]+)\]", line):
+            unknown = set(spec.split(",")) - EXTRAS
+            assert not unknown, f"README line {line!r} names extras pyproject.toml lacks: {unknown}"
+        assert re.search(r"pip install (?:'\.|\.|'orbit-tasks)", line), line
+    return "\n".join(kept) + "\n"
+
+
+def test_every_sh_block_says_what_a_reader_does_with_it() -> None:
+    unmarked = [b.line for b in _blocks() if b.lang == "sh" and not b.marker]
+    assert unmarked == [], f"README sh blocks without a walkthrough marker, at lines {unmarked}"
+    for block in _blocks():
+        if block.marker:
+            assert re.fullmatch(
+                r"run|sqlite|mariadb|skip \(.+\)|background, ready (at http://\S+|when stdout says \".+\")",
+                block.marker,
+            ), f"README line {block.line}: unknown walkthrough marker {block.marker!r}"
+
+
+def test_every_example_shown_is_run_by_the_walkthrough() -> None:
+    commands = "\n".join(b.body for b in _blocks() if b.marker == "run" or b.marker.startswith("background"))
+    for block in _blocks():
+        if block.lang == "python":
+            path = block.body.splitlines()[0].removeprefix("# ")
+            assert f"python {path}" in commands, f"the README shows {path} but no block runs it"
+
+
+class Walkthrough:
+    """One reader's shell: the variables of each block carry over to the next (``env.sh``)."""
+
+    def __init__(self, workdir: Path, substitutions: dict[str, str]) -> None:
+        self.workdir = workdir
+        self.substitutions = substitutions
+        self.state = workdir / "env.sh"
+        env = {
+            k: v for k, v in os.environ.items() if not k.startswith("ORBIT_") or k.startswith("ORBIT_TEST")
+        }
+        env["PATH"] = f"{Path(sys.executable).parent}:{env.get('PATH', '')}"
+        self.env = env
+        self.state.write_text("")
+        self.background: list[tuple[subprocess.Popen[str], list[str]]] = []
+        self.outputs: list[tuple[str, str]] = []
+
+    def _script(self, body: str) -> str:
+        for old, new in self.substitutions.items():
+            body = body.replace(old, new)
+        return _checked_pip(body)
+
+    def run(self, block: Block) -> str:
+        script = (
+            f"set -euo pipefail\nset -a\nsource {shlex.quote(str(self.state))}\n{self._script(block.body)}"
+        )
+        script += f"\nexport -p > {shlex.quote(str(self.state))}\n"
+        done = subprocess.run(
+            ["bash", "-c", script],
+            cwd=self.workdir,
+            env=self.env,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        assert done.returncode == 0, (
+            f"README block at line {block.line} exited {done.returncode}:\n{block.body}\n"
+            f"stdout:\n{done.stdout}\nstderr:\n{done.stderr}\n{self._background_logs()}"
+        )
+        self.outputs.append((block.body, done.stdout))
+        return done.stdout
+
+    def start(self, block: Block) -> None:
+        script = f"set -a\nsource {shlex.quote(str(self.state))}\n{self._script(block.body)}"
+        process = subprocess.Popen(
+            ["bash", "-c", script], cwd=self.workdir, env=self.env, text=True,
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True,
+        )  # fmt: skip
+        lines: list[str] = []
+        arrived: queue.Queue[str] = queue.Queue()
+
+        def read() -> None:
+            assert process.stdout is not None
+            for line in process.stdout:
+                lines.append(line)
+                arrived.put(line)
+
+        threading.Thread(target=read, daemon=True).start()
+        self.background.append((process, lines))
+        ready = block.marker.removeprefix("background, ready ")
+        for old, new in self.substitutions.items():
+            ready = ready.replace(old, new)
+        deadline = time.monotonic() + 90
+        if ready.startswith("at "):
+            url = ready.removeprefix("at ")
+            while True:
+                assert process.poll() is None, f"README line {block.line}: exited\n{''.join(lines)}"
+                assert time.monotonic() < deadline, f"{url} never answered\n{''.join(lines)}"
+                try:
+                    if httpx.get(url, timeout=2).status_code == 200:
+                        return
+                except httpx.TransportError:
+                    pass
+                time.sleep(0.1)  # polling a port: there is no event to await across processes
+        text = ready.removeprefix("when stdout says ").strip('"')
+        while True:
+            try:
+                line = arrived.get(timeout=0.5)
+            except queue.Empty:
+                assert process.poll() is None, f"README line {block.line}: exited\n{''.join(lines)}"
+                assert time.monotonic() < deadline, f"README line {block.line} never said {text!r}"
+                continue
+            if text in line:
+                return
+
+    def _background_logs(self) -> str:
+        return "\n".join(f"background log:\n{''.join(lines)[-4000:]}" for _, lines in self.background)
+
+    def stop(self, *, check: bool) -> None:
+        for process, lines in self.background:
+            if process.poll() is None:
+                os.killpg(process.pid, signal.SIGTERM)
+            try:
+                process.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                os.killpg(process.pid, signal.SIGKILL)
+                process.wait()
+            if process.stdout is not None:
+                process.stdout.close()
+            assert not check or process.returncode in (0, -signal.SIGTERM), (
+                f"exited {process.returncode}:\n{''.join(lines)}"
+            )
+
+
+@pytest.fixture(params=["sqlite", "mariadb"])
+def database(request: pytest.FixtureRequest) -> Iterator[tuple[str, dict[str, str]]]:
+    if request.param == "sqlite":
+        yield "sqlite", {}
+        return
+    server: URL = request.getfixturevalue("mysql_server")
+    name = f"orbit_readme_{uuid.uuid4().hex[:10]}"
+    client = (
+        f"mariadb -h {server.host or '127.0.0.1'} -P {server.port or 3306} -u {server.username or 'root'}"
+    )
+    if server.password:
+        client += f" -p{server.password}"
+    subs = {
+        README_MARIADB: f'{client} -e "CREATE DATABASE {name} ',
+        README_MARIADB_URL: server.set(database=name).render_as_string(hide_password=False),
+    }
+    try:
+        yield "mariadb", subs
+    finally:
+        admin = sa.create_engine(server, isolation_level="AUTOCOMMIT")
+        with admin.connect() as conn:
+            conn.execute(sa.text(f"DROP DATABASE IF EXISTS `{name}`"))
+        admin.dispose()
+
+
+def test_the_readme_runs_top_to_bottom(tmp_path: Path, database: tuple[str, dict[str, str]]) -> None:
+    kind, substitutions = database
+    blocks = _blocks()
+    chosen = [b for b in blocks if b.marker == kind]
+    assert len(chosen) == 1, f"the README has {len(chosen)} {kind!r} blocks"
+    if kind == "mariadb":
+        assert all(old in chosen[0].body for old in substitutions), chosen[0].body
+    (tmp_path / "examples").symlink_to(REPO / "examples")  # the examples by the paths the README gives
+    port = str(_free_port())
+    walk = Walkthrough(tmp_path, {**substitutions, README_PORT: port})
+    try:
+        for block in blocks:
+            if block.marker in ("run", kind):
+                walk.run(block)
+            elif block.marker.startswith("background"):
+                walk.start(block)
+        # Nothing the README made failed: every task it created had a handler (no unknown_handler), and the
+        # inbox example saw its order completed.
+        failed = walk.run(
+            Block("run", "sh", "orbit-server task list --namespace shop --status FAILED --json\n", 0)
+        )
+        assert json.loads(failed)["items"] == [], failed
+        [inbox] = [out for body, out in walk.outputs if "examples/inbox_example.py" in body]
+        # Every result event of the subscription is applied (the other examples' tasks change no order).
+        assert inbox.split()[-1] == "COMPLETED" and int(inbox.split()[0]) >= 1, inbox
+    except BaseException:
+        walk.stop(check=False)
+        raise
+    walk.stop(check=True)
+    assert sorted(p.name for p in tmp_path.glob("*.db")) == (
+        ["orbit.db", "shop.db"] if kind == "sqlite" else ["shop.db"]
+    )
