@@ -2,7 +2,7 @@
 finished instances by (README "Retention and the key window").
 
 Revision ID: 0011
-Revises: 0009
+Revises: 0010
 Create Date: 2026-12-01
 """
 
@@ -13,7 +13,7 @@ from alembic import op
 from sqlalchemy.dialects import mysql
 
 revision = "0011"
-down_revision = "0009"
+down_revision = "0010"
 branch_labels = None
 depends_on = None
 

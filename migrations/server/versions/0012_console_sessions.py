@@ -1,7 +1,7 @@
 """Web console sessions kept on the server, so that sign-out and revocation end them (issue 21).
 
 Revision ID: 0012
-Revises: 0009
+Revises: 0011
 Create Date: 2026-12-01
 """
 
@@ -12,7 +12,7 @@ from alembic import op
 from sqlalchemy.dialects import mysql
 
 revision = "0012"
-down_revision = "0009"
+down_revision = "0011"
 branch_labels = None
 depends_on = None
 
