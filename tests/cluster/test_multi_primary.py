@@ -13,6 +13,7 @@ A lagging node is made deterministic with ``FLUSH TABLES WITH READ LOCK`` on it
 
 from __future__ import annotations
 
+import itertools
 import subprocess
 import threading
 import time
@@ -28,6 +29,7 @@ import pytest
 import sqlalchemy as sa
 
 from bench.cluster.galera import GaleraCluster
+from orbit_server import store
 from tests.cluster.conftest import ClusterDatabase
 from tests.servers import RunningServer, run_server
 
@@ -52,6 +54,12 @@ def servers(galera: GaleraCluster) -> Iterator[list[RunningServer]]:
 def _namespace(server: RunningServer, queues: tuple[str, ...] = ("default",)) -> tuple[str, dict[str, str]]:
     name = f"ns-{uuid.uuid4().hex[:8]}"
     return name, server.add_namespace(name, queues)
+
+
+def _limited_queue(server: RunningServer, namespace: str) -> None:
+    """A queue ``limited`` of ``namespace`` with at most one live attempt per concurrency key."""
+    with server.engine.begin() as conn:
+        store.create_queue(conn, namespace, "limited", max_concurrency_per_key=1)
 
 
 def _tasks(conn: sa.Connection, namespace: str) -> int:
@@ -271,12 +279,7 @@ def test_a_pause_on_one_node_waits_for_a_grant_in_flight_on_another(
     node-local, so a grant on node 2 does not hold back a pause on node 0: the grant must meet
     the pause at certification instead (it writes the gate row too), and run again."""
     ns, keys = _namespace(servers[0])
-    url = servers[0].database_url.render_as_string(False)
-    subprocess.run(
-        [str(REPO / ".venv/bin/orbit-server"), "queue", "create", ns, "limited", "--max-concurrency-per-key", "1",
-         "--database-url", url],
-        check=True, capture_output=True,
-    )  # fmt: skip
+    _limited_queue(servers[0], ns)
     with _http(servers[0], keys["submit"]) as http:
         body = {**BODY, "queue": "limited", "options": {"concurrency_key": "c"}}
         assert _submit(http, ns, "t-1", body).status_code == 201
@@ -328,3 +331,127 @@ def test_a_pause_on_one_node_waits_for_a_grant_in_flight_on_another(
     if seen_when_paused is not None:  # the pause answered first: nothing may be granted after it
         assert grants[0].json() == []
         assert attempts() == seen_when_paused == 0
+
+
+def test_a_limit_of_one_per_key_holds_with_workers_on_three_nodes(
+    cluster: GaleraCluster, servers: list[RunningServer]
+) -> None:
+    """Leases of a limited queue from three servers on three nodes at once: the gate row's lock
+    is node-local, so what keeps two attempts of one key from being live together is that racing
+    grants pick the same first task of the key and meet on its row at certification (one runs
+    again and sees the permit). Checked from the attempts' lease intervals (database clock)."""
+    ns, keys = _namespace(servers[0])
+    _limited_queue(servers[0], ns)
+    items = [
+        {"idempotency_key": f"t-{k}-{i}", **BODY, "queue": "limited", "options": {"concurrency_key": f"c{k}"}}
+        for i in range(6) for k in range(3)
+    ]  # fmt: skip
+    with _http(servers[1], keys["submit"]) as http:
+        assert http.post(f"/v1/namespaces/{ns}/tasks/batch", json={"items": items}).status_code == 200
+    cluster.wait_size(3)
+    done = threading.Event()
+    failures: list[str] = []
+
+    def work(node: int) -> None:
+        with _http(servers[node], keys["work"]) as http:
+            while not done.is_set():
+                got = http.post(
+                    f"/v1/namespaces/{ns}/queues/limited/leases",
+                    json={"worker_id": f"w{node}", "max_tasks": 3},
+                )
+                if got.status_code != 200:
+                    failures.append(got.text)
+                    continue
+                for grant in got.json():
+                    attempt, token = grant["attempt"]["id"], grant["attempt"]["lease_token"]
+                    path = f"/v1/namespaces/{ns}/attempts/{attempt}"
+                    for step, body in (("start", {}), ("complete", {"result": {"ok": True}})):
+                        answer = http.post(f"{path}/{step}", json={"lease_token": token, **body})
+                        if answer.status_code != 200:
+                            failures.append(f"{step}: {answer.status_code} {answer.text}")
+
+    workers = [threading.Thread(target=work, args=(n,)) for n in range(3)]
+    for w in workers:
+        w.start()
+    deadline = time.monotonic() + 60
+    try:
+        while time.monotonic() < deadline:
+            with servers[0].engine.connect() as conn:
+                succeeded = conn.execute(
+                    sa.text("SELECT COUNT(*) FROM tasks t JOIN namespaces n ON n.id = t.namespace_id "
+                            "WHERE n.name = :n AND t.status = 'SUCCEEDED'"), {"n": ns}
+                ).scalar_one()  # fmt: skip
+            if succeeded == len(items):
+                break
+            time.sleep(0.1)
+    finally:
+        done.set()
+        for w in workers:
+            w.join(30)
+    assert failures == []
+    assert succeeded == len(items)
+    with servers[2].engine.connect() as conn:
+        rows = conn.execute(
+            sa.text("SELECT t.concurrency_key, a.leased_at, a.finished_at FROM task_attempts a "
+                    "JOIN tasks t ON t.id = a.task_id JOIN namespaces n ON n.id = t.namespace_id WHERE n.name = :n"),
+            {"n": ns},
+        ).all()  # fmt: skip
+    spans: dict[str, list[tuple[Any, Any]]] = {}
+    for key, start, end in rows:
+        spans.setdefault(key, []).append((start, end))
+    for key, intervals in spans.items():
+        intervals.sort()
+        for (_, earlier_end), (later_start, _) in itertools.pairwise(intervals):
+            assert later_start >= earlier_end, f"two live attempts of {key}: {intervals}"
+
+
+def test_one_ordering_key_enqueued_on_three_nodes_at_once_is_numbered_in_commit_order(
+    cluster: GaleraCluster, cluster_database: ClusterDatabase
+) -> None:
+    """Rows of one ordering key written on three nodes at once: ids interleave across nodes (each
+    node hands out its own auto-increment offset) and say nothing about commit order; the key's
+    row (``last_seq + 1``) is written by every enqueue, so two racing enqueues on two nodes meet
+    at certification, the loser's transaction fails at COMMIT (1213) and its retry takes the next
+    number: ``ordering_seq`` is 1..N, no gaps, no repeats."""
+    from outbox_adapter import Outbox, OutboxDatabaseError, OutboxTables, enqueue
+
+    urls = cluster_database()
+    Outbox(sa.create_engine(urls[0]), tables=OutboxTables()).migrate()
+    engines = [sa.create_engine(url, isolation_level="READ COMMITTED") for url in urls]
+    conflicts = [0]
+    per_node = 15
+
+    def write(node: int) -> None:
+        for i in range(per_node):
+            while True:
+                try:
+                    with engines[node].begin() as conn:
+                        enqueue(conn, namespace="shop", queue="default", handler="h", params={"n": node, "i": i},
+                                idempotency_key=f"k-{node}-{i}", ordering_key="customer-1")  # fmt: skip
+                    break
+                except (sa.exc.OperationalError, OutboxDatabaseError) as exc:
+                    # at COMMIT (certification), or at the upsert (a brute-force abort by an applier)
+                    cause = exc if isinstance(exc, sa.exc.OperationalError) else exc.__cause__
+                    assert isinstance(cause, sa.exc.OperationalError) and cause.orig.args[0] == 1213, exc
+                    conflicts[0] += 1
+
+    threads = [threading.Thread(target=write, args=(n,)) for n in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    cluster.wait_size(3)
+    with engines[1].connect() as conn:
+        rows = conn.execute(sa.text("SELECT id, ordering_seq, idempotency_key FROM orbit_outbox")).all()
+    for engine in engines:
+        engine.dispose()
+    seqs = sorted(r.ordering_seq for r in rows)
+    assert seqs == list(range(1, 3 * per_node + 1))
+    # Each writer's own rows are numbered in the order it committed them.
+    for node in range(3):
+        mine = sorted(
+            (r for r in rows if r.idempotency_key.startswith(f"k-{node}-")), key=lambda r: r.ordering_seq
+        )
+        assert [r.idempotency_key for r in mine] == [f"k-{node}-{i}" for i in range(per_node)]
+    by_id = [r.ordering_seq for r in sorted(rows, key=lambda r: r.id)]
+    print(f"conflicts retried: {conflicts[0]}; ids out of commit order: {by_id != sorted(by_id)}")
