@@ -40,11 +40,13 @@ import sqlalchemy as sa
 
 from bench.chaos.mariadb import free_port
 
-__all__ = ["GALERA_LIBRARY", "ClusterError", "GaleraCluster", "GaleraNode"]
+__all__ = ["EVS_SUSPECT_SECONDS", "GALERA_LIBRARY", "ClusterError", "GaleraCluster", "GaleraNode"]
 
 GALERA_LIBRARY = "/usr/lib/galera/libgalera_smm.so"
 #: The user every node runs as (and owns its datadir): rsync SST needs it.
 RUN_AS = "mysql"
+#: Seconds without a message after which the others suspect a node (``evs.suspect_timeout``).
+EVS_SUSPECT_SECONDS = 3
 #: Group-communication timeouts, short so that a node SIGSTOPped for a few seconds is suspected,
 #: evicted from the primary component, and merges back after SIGCONT within a test's patience.
 #: (Galera's defaults are 5 s / 15 s / 7.5 s / 1 s; the README "Scaling out" gives production values.)
@@ -95,8 +97,11 @@ class GaleraNode:
             f"gmcast.listen_addr=tcp://{self.gcomm_host}:{self.gcomm_port}",
             f"ist.recv_addr=127.0.0.1:{self.ist_port}",
             "gcache.size=128M",
+            "repl.causal_read_timeout=PT10S",
             EVS,
-            "pc.recovery=TRUE",
+            # No automatic recovery of the primary component from gvwstate.dat: a whole-cluster
+            # restart is done by hand, from the most advanced node (restart_all), as the README says.
+            "pc.recovery=FALSE",
         ])  # fmt: skip
         return [
             shutil.which("mariadbd") or "/usr/sbin/mariadbd", "--no-defaults",
@@ -141,6 +146,10 @@ class GaleraNode:
             f"127.0.0.1:{n.gcomm_proxy_port}" for n in self.cluster.nodes if n is not self
         )
         extra = ("--wsrep-new-cluster",) if bootstrap else ()
+        # A node SIGKILLed and started again at once would come back with the UUID of its previous
+        # incarnation, which the others may not have evicted yet ("A node with the same UUID already
+        # exists in the cluster", fatal): without the saved view it takes a new one.
+        (self.datadir / "gvwstate.dat").unlink(missing_ok=True)
         log = (self.root / "mariadbd.out").open("ab")
         self.proc = subprocess.Popen(
             self._argv(address, *extra), stdout=log, stderr=log, start_new_session=True
