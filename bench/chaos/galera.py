@@ -51,29 +51,35 @@ def cluster_schedule(rng: random.Random, faults: int, process_kinds: list[str]) 
 class ClusterDatabases:
     """The cluster of a chaos run, and where each process connects."""
 
-    def __init__(self, root: Path, size: int = 3) -> None:
-        self.cluster = GaleraCluster(root, size, name=f"chaos-{root.name}")
+    def __init__(self, root: Path, size: int = 3, cluster: GaleraCluster | None = None) -> None:
+        #: ``False`` for a cluster given by the caller (a test session's): never stopped here.
+        self.owned = cluster is None
+        self.cluster = cluster or GaleraCluster(root, size, name=f"chaos-{root.name}")
+        suffix = "" if self.owned else f"_{root.name[-8:].replace('-', '_')}"
+        #: The names of the business and the Orbit database on the cluster.
+        self.names = {"shop": f"shop{suffix}", "orbit": f"orbit{suffix}"}
         self.faults: dict[str, int] = dict.fromkeys(NODE_FAULTS, 0)
 
     def start(self) -> None:
-        self.cluster.start()
-        for database in ("shop", "orbit"):
+        if self.owned:
+            self.cluster.start()
+        for database in self.names.values():
             self.cluster.create_database(database)
 
     def url(self, database: str, i: int) -> str:
-        """The URL of ``database`` on node ``i`` (modulo the cluster's size)."""
-        return self.cluster.nodes[i % self.cluster.size].url(database)
+        """The URL of ``database`` (``"shop"`` or ``"orbit"``) on node ``i`` (modulo the cluster's size)."""
+        return self.cluster.nodes[i % self.cluster.size].url(self.names[database])
 
     def direct(self, database: str) -> sa.Engine:
         """An engine for the harness's own reads: each connection goes to the first node that is in
         the primary component (``wsrep_ready=ON``); none is pooled, as a node may leave it any time."""
-        nodes = self.cluster.nodes
+        nodes, name = self.cluster.nodes, self.names[database]
 
         def connect() -> Any:
             failure: Exception | None = None
             for node in nodes:
                 try:
-                    conn = pymysql.connect(host="127.0.0.1", port=node.port, user="root", database=database,
+                    conn = pymysql.connect(host="127.0.0.1", port=node.port, user="root", database=name,
                                            connect_timeout=2, charset="utf8mb4")  # fmt: skip
                 except pymysql.err.MySQLError as exc:
                     failure = exc
@@ -125,4 +131,11 @@ class ClusterDatabases:
         self.cluster.restart_all(240)
 
     def stop(self) -> None:
-        self.cluster.stop()
+        if self.owned:
+            self.cluster.stop()
+
+    def drop(self) -> None:
+        """Drop the run's databases (a cluster given by the caller lives on)."""
+        if not self.owned:
+            for database in self.names.values():
+                self.cluster.drop_database(database)

@@ -28,6 +28,7 @@ import sqlalchemy as sa
 from rich.console import Console
 from rich.table import Table
 
+from bench.cluster.galera import GaleraCluster
 from examples.order_service.db import business_orders, create_business_tables
 from orbit_client import OrbitClient
 from orbit_server import _migrate as server_migrate
@@ -196,7 +197,8 @@ class Placer:
 
 
 class Chaos:
-    def __init__(self, opts: Options) -> None:
+    def __init__(self, opts: Options, cluster: GaleraCluster | None = None) -> None:
+        self.given_cluster = cluster
         self.opts = opts
         self.rng = random.Random(opts.seed)
         self.stats = Stats()
@@ -214,7 +216,7 @@ class Chaos:
 
     def start_databases(self) -> None:
         if self.opts.cluster == "galera":
-            self.galera = ClusterDatabases(self.opts.root / "galera")
+            self.galera = ClusterDatabases(self.opts.root / "galera", cluster=self.given_cluster)
             self.galera.start()
             self.business_direct = self.galera.direct("shop")
             self.orbit_direct = self.galera.direct("orbit")
@@ -543,8 +545,10 @@ def _wait_http(url: str, service: Service, timeout: float = 60) -> None:
     raise SystemExit(f"error: {url} did not answer within {timeout:.0f} s")
 
 
-def run(opts: Options) -> tuple[dict[str, Any], Report]:
-    chaos = Chaos(opts)
+def run(opts: Options, cluster: GaleraCluster | None = None) -> tuple[dict[str, Any], Report]:
+    """One chaos run; ``cluster``: a Galera cluster already running (a test session's) to use with
+    ``opts.cluster == "galera"`` instead of starting one (its databases are dropped afterwards)."""
+    chaos = Chaos(opts, cluster)
     started = time.monotonic()
     placer: Placer | None = None
     try:
@@ -667,6 +671,7 @@ def run(opts: Options) -> tuple[dict[str, Any], Report]:
         for db in chaos.dbs.values():
             db.stop()
         if chaos.galera is not None:
+            chaos.galera.drop()
             chaos.galera.stop()
         return summary, report
     except BaseException:

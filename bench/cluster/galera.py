@@ -157,9 +157,24 @@ class GaleraNode:
         log.close()
 
     def start(self, timeout: float = 120.0, *, bootstrap: bool = False) -> None:
-        """Start the node and wait until it is synced with a primary component (IST or SST on rejoin)."""
-        self.launch(bootstrap=bootstrap)
-        self.wait_synced(timeout)
+        """Start the node and wait until it is synced with a primary component (IST or SST on rejoin).
+
+        A node SIGKILLed and started again at once is sometimes refused by the others ("A node with
+        the same UUID already exists in the cluster", fatal, before they have evicted its previous
+        incarnation): it is started again, as Galera's message says, up to 3 times."""
+        for tries in range(4):
+            mark = self.error_log.stat().st_size if self.error_log.exists() else 0
+            self.launch(bootstrap=bootstrap)
+            try:
+                self.wait_synced(timeout)
+                return
+            except ClusterError:
+                with self.error_log.open("rb") as log:
+                    log.seek(mark)
+                    refused = b"same UUID already exists" in log.read()
+                if not refused or tries == 3 or self.running:
+                    raise
+                time.sleep(1.0 + tries)
 
     def wait_synced(self, timeout: float = 120.0) -> None:
         """Wait for ``wsrep_ready=ON`` and ``wsrep_local_state_comment=Synced`` on this node."""
