@@ -43,8 +43,13 @@ __all__ = [
     "translate_db_error",
 ]
 
-#: MySQL/MariaDB error numbers meaning "try again": lock wait timeout, deadlock, server gone/lost/refused.
-_MYSQL_TRANSIENT = {1205, 1213, 2002, 2003, 2006, 2013}
+#: MySQL/MariaDB error numbers meaning "try again": lock wait timeout, deadlock (on Galera also a
+#: certification conflict at COMMIT), server gone/lost/refused, server shutting down, connection killed;
+#: and a Galera node outside the primary component: 1047 "WSREP has not yet prepared node for application
+#: use" on any statement, 1180 "Error while appending streaming replication fragment (... Not connected
+#: to Primary Component)" at COMMIT (nothing was committed; the relay and the consumer are safe to run
+#: again either way: rows are fenced, inbox rows unique). README "Scaling out".
+_MYSQL_TRANSIENT = {1047, 1053, 1180, 1205, 1213, 1927, 2002, 2003, 2006, 2013}
 #: MySQL/MariaDB "table doesn't exist".
 _MYSQL_NO_TABLE = 1146
 _SQLITE_NOW = "strftime('%Y-%m-%d %H:%M:%f', 'now') || '000'"
