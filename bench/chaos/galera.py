@@ -84,9 +84,12 @@ class ClusterDatabases:
                 except pymysql.err.MySQLError as exc:
                     failure = exc
                     continue
-                with conn.cursor() as cur:
-                    cur.execute("SHOW STATUS LIKE 'wsrep_ready'")
-                    ready = cur.fetchone()
+                try:
+                    with conn.cursor() as cur:
+                        cur.execute("SHOW STATUS LIKE 'wsrep_ready'")
+                        ready = cur.fetchone()
+                except pymysql.err.MySQLError as exc:
+                    failure, ready = exc, None
                 if ready is not None and ready[1] == "ON":
                     return conn
                 conn.close()

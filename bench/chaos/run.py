@@ -670,6 +670,8 @@ def run(opts: Options, cluster: GaleraCluster | None = None) -> tuple[dict[str, 
         }
         for db in chaos.dbs.values():
             db.stop()
+        chaos.business_direct.dispose()
+        chaos.orbit_direct.dispose()
         if chaos.galera is not None:
             chaos.galera.drop()
             chaos.galera.stop()

@@ -9,10 +9,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from bench.chaos.run import Options, run
 from bench.cluster.galera import GaleraCluster
 
 
+# The run's own threads (order placers, progress polling) leave their connections to the garbage collector.
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning", "ignore::ResourceWarning")
 def test_a_short_chaos_run_on_a_galera_cluster_keeps_every_invariant(
     cluster: GaleraCluster, tmp_path: Path
 ) -> None:
