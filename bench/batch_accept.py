@@ -35,7 +35,7 @@ import uvicorn
 
 from bench._support import MYSQL_SERVER, cli, orbit_servers
 from orbit_server import ServerSettings, create_app
-from orbit_server._db import create_engine
+from orbit_server.db.engine import create_engine
 
 
 @contextmanager
@@ -109,7 +109,7 @@ def counted(url: str, items: int) -> list[tuple[str, int, dict[str, Any]]]:
     engine = create_engine(url, pool_size=4)
     tally = Tally(engine)
     with engine.begin() as conn:
-        from orbit_server import store
+        from orbit_server.tasks import store
 
         key = store.create_api_key(conn, "bench", "submit")
     app = create_app(

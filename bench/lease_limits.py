@@ -2,7 +2,7 @@
 
     python -m bench.lease_limits [--database sqlite|mariadb] [--leases 300] [--max-tasks 4]
 
-Calls :func:`orbit_server.execution.lease_tasks` in this process (no HTTP), ``--leases`` times per
+Calls :func:`orbit_server.tasks.leases.lease_tasks` in this process (no HTTP), ``--leases`` times per
 kind of queue, on a fresh database with enough ``WAITING`` tasks:
 
 - ``plain``: a queue without limits (the path every queue took before limits existed);
@@ -25,10 +25,12 @@ import sqlalchemy as sa
 from sqlalchemy import event
 
 from bench._support import MYSQL_SERVER
-from orbit_server import _migrate as migrate
-from orbit_server import execution, store
-from orbit_server._db import create_engine, db_now
-from orbit_server.schema import tasks
+from orbit_server.db import migrate
+from orbit_server.db.engine import create_engine, db_now
+from orbit_server.db.schema import tasks
+from orbit_server.db.transact import transact
+from orbit_server.tasks import leases as leasing
+from orbit_server.tasks import store
 
 
 def _database(kind: str) -> tuple[str, Any]:
@@ -85,8 +87,8 @@ def main() -> None:
             cpu: list[float] = []
             for _ in range(args.leases):
                 started, cpu_started = time.perf_counter(), time.process_time()
-                granted = execution.transact(
-                    engine, execution.lease_tasks, namespace_id, name, worker_id="bench",
+                granted = transact(
+                    engine, leasing.lease_tasks, namespace_id, name, worker_id="bench",
                     max_tasks=args.max_tasks, lease_seconds=300,
                 )  # fmt: skip
                 wall.append(time.perf_counter() - started)

@@ -36,9 +36,10 @@ from sqlalchemy.engine import Engine
 
 from bench._support import MYSQL_SERVER
 from orbit_client import OrbitClient, TaskContext, Worker
-from orbit_server import ServerSettings, create_app, store
-from orbit_server import _migrate as migrate
-from orbit_server._db import create_engine
+from orbit_server import ServerSettings, create_app
+from orbit_server.db import migrate
+from orbit_server.db.engine import create_engine
+from orbit_server.tasks import store
 
 _DONE = sa.text(
     "SELECT COUNT(*) FROM tasks t JOIN queues q ON q.id = t.queue_id WHERE q.name = :q AND t.status = 'SUCCEEDED'"

@@ -4,7 +4,41 @@ Everything public is re-exported here; the ``_modules`` behind it are private.
 Importing this package never imports SQLAlchemy or a database driver (README "Using the client").
 """
 
+from orbit_client._async_worker import AsyncWorker
+from orbit_client._attempt_models import (
+    MAX_ATTEMPT_BATCH_ITEMS,
+    TRACEBACK_MAX_LENGTH,
+    Attempt,
+    AttemptBatchResponse,
+    AttemptError,
+    AttemptItemResult,
+    AttemptLease,
+    AttemptState,
+    AttemptStatus,
+    CompleteBatch,
+    CompleteItem,
+    CompleteRequest,
+    FailBatch,
+    FailItem,
+    FailRequest,
+    HeartbeatBatch,
+    HeartbeatItem,
+    HeartbeatRequest,
+    LeaseGrant,
+    LeaseRequest,
+    LeaseTokenRequest,
+    StartBatch,
+    StartItem,
+)
 from orbit_client._client import AsyncOrbitClient, OrbitClient
+from orbit_client._delivery_models import (
+    Delivery,
+    DeliveryAck,
+    DeliveryLeaseRequest,
+    ResultEvent,
+    Subscription,
+    SubscriptionRequest,
+)
 from orbit_client._exceptions import (
     AuthenticationError,
     BadRequestError,
@@ -30,22 +64,14 @@ from orbit_client._exceptions import (
     SuccessorExistsError,
     UnprocessableEntityError,
 )
+from orbit_client._flow_graph import FlowGraph, canonical_graph, canonical_graph_digest
 from orbit_client._flow_models import (
-    FLOW_MAX_NODES,
-    FLOW_NODE_ID_PATTERN,
-    FLOW_PATH_MAX_SEGMENTS,
-    FLOW_SIGNAL_NAME_PATTERN,
-    ChoiceNode,
-    ChoiceRule,
-    EndNode,
     FlowControl,
-    FlowGraph,
     FlowHistoryEntry,
     FlowHistoryPage,
     FlowInstance,
     FlowInstancePage,
     FlowInstanceStatus,
-    FlowNode,
     FlowPublish,
     FlowSignal,
     FlowSignalRecord,
@@ -55,14 +81,22 @@ from orbit_client._flow_models import (
     FlowToken,
     FlowTokenState,
     FlowVersion,
+)
+from orbit_client._flow_nodes import (
+    FLOW_MAX_NODES,
+    FLOW_NODE_ID_PATTERN,
+    FLOW_PATH_MAX_SEGMENTS,
+    FLOW_SIGNAL_NAME_PATTERN,
+    ChoiceNode,
+    ChoiceRule,
+    EndNode,
+    FlowNode,
     JoinNode,
     ParallelNode,
     PollNode,
     SignalNode,
     TaskNode,
     TimerNode,
-    canonical_graph,
-    canonical_graph_digest,
     parse_flow_path,
 )
 from orbit_client._flows import FlowSignalResult, FlowStartResult
@@ -71,57 +105,13 @@ from orbit_client._models import (
     IDEMPOTENCY_KEY_MAX_LENGTH,
     JSON_MAX_DEPTH,
     JSON_MAX_INTEGER_DIGITS,
-    MAX_ATTEMPT_BATCH_ITEMS,
     NAME_PATTERN,
-    TRACEBACK_MAX_LENGTH,
-    Attempt,
-    AttemptBatchResponse,
-    AttemptError,
-    AttemptItemResult,
-    AttemptLease,
-    AttemptState,
-    AttemptStatus,
-    BatchItem,
-    BatchItemResult,
-    BatchSubmission,
-    BatchSubmitResponse,
-    CancelRequest,
-    CompleteBatch,
-    CompleteItem,
-    CompleteRequest,
-    Delivery,
-    DeliveryAck,
-    DeliveryLeaseRequest,
-    FailBatch,
-    FailItem,
-    FailRequest,
-    HeartbeatBatch,
-    HeartbeatItem,
-    HeartbeatRequest,
-    LeaseGrant,
-    LeaseRequest,
-    LeaseTokenRequest,
-    Problem,
-    Queue,
-    ResultEvent,
-    RetryRequest,
-    ReviewRequest,
-    StartBatch,
-    StartItem,
-    SubmitOptions,
-    SubmitResult,
-    Subscription,
-    SubscriptionRequest,
-    Task,
-    TaskEvent,
-    TaskPage,
-    TaskStatus,
-    TaskSubmission,
     UTCDateTime,
     check_json_data,
     is_valid_idempotency_key,
 )
-from orbit_client._queue_models import MAX_CONCURRENCY_LIMIT, QueueControl, QueueUpdate
+from orbit_client._problem import Problem
+from orbit_client._queue_models import MAX_CONCURRENCY_LIMIT, Queue, QueueControl, QueueUpdate
 from orbit_client._retry import RetryPolicy
 from orbit_client._schedule_models import (
     MisfirePolicy,
@@ -133,8 +123,25 @@ from orbit_client._schedule_models import (
     ScheduleUpdate,
 )
 from orbit_client._settings_models import ServerInfo
+from orbit_client._task_models import (
+    BatchItem,
+    BatchItemResult,
+    BatchSubmission,
+    BatchSubmitResponse,
+    CancelRequest,
+    RetryRequest,
+    ReviewRequest,
+    SubmitOptions,
+    SubmitResult,
+    Task,
+    TaskEvent,
+    TaskPage,
+    TaskStatus,
+    TaskSubmission,
+)
+from orbit_client._thread_worker import Worker
 from orbit_client._version import __version__
-from orbit_client._worker import AsyncWorker, RetryableError, TaskCancelled, TaskContext, Worker
+from orbit_client._worker import RetryableError, TaskCancelled, TaskContext
 
 __all__ = [
     "FLOW_MAX_NODES",

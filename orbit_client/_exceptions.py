@@ -47,7 +47,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from orbit_client._models import Problem
+    from orbit_client._problem import Problem
 
 __all__ = [
     "AuthenticationError",
@@ -437,3 +437,37 @@ def _api_error_class(status_code: int, code: str) -> type[OrbitAPIError]:
     if status_code >= 500:
         return ServerError
     return OrbitAPIError
+
+
+def _api_error(
+    what: str,
+    status_code: int,
+    code: str,
+    *,
+    title: str | None = None,
+    detail: str | None = None,
+    request_id: str | None = None,
+    retry_after: float | None = None,
+    problem: Problem | None = None,
+) -> OrbitAPIError:
+    """The :class:`OrbitAPIError` subclass instance for an error answer (not raised).
+
+    ``what`` opens the message (``"POST /v1/... failed"``, ``"batch item failed"``); the status, the
+    code, the detail (else the title), the request id and the class's :attr:`~OrbitAPIError.hint` follow.
+    """
+    error_class = _api_error_class(status_code, code)
+    message = f"{what} with {status_code} {code}"
+    if detail or title:
+        message += f": {detail or title}"
+    if request_id:
+        message += f" (request id {request_id})"
+    return error_class(
+        f"{message}; {error_class.hint}",
+        status_code=status_code,
+        code=code,
+        title=title,
+        detail=detail,
+        request_id=request_id,
+        retry_after=retry_after,
+        problem=problem,
+    )

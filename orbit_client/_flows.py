@@ -24,11 +24,11 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, ConfigDict, JsonValue, ValidationError
 
-from . import _tracing
+from ._calls import _key_headers
 from ._exceptions import OrbitError, OrbitUsageError
+from ._flow_graph import FlowGraph
 from ._flow_models import (
     FlowControl,
-    FlowGraph,
     FlowHistoryPage,
     FlowInstance,
     FlowInstancePage,
@@ -40,7 +40,7 @@ from ._flow_models import (
     FlowSummary,
     FlowVersion,
 )
-from ._models import NAME_PATTERN, is_valid_idempotency_key
+from ._models import NAME_PATTERN
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable
@@ -100,31 +100,6 @@ def _dump(model: type[BaseModel], what: str, **fields: Any) -> dict[str, Any]:
         )
         raise OrbitUsageError(f"invalid {what}, nothing was sent: {problems}") from None
     return value.model_dump(mode="json", exclude_unset=True)
-
-
-def _key_headers(idempotency_key: str, traceparent: str | None = None, tracestate: str | None = None,
-                 *, trace: bool = False) -> dict[str, str]:  # fmt: skip
-    """``Idempotency-Key`` (checked as for tasks) and, with ``trace``, the W3C trace headers."""
-    if not isinstance(idempotency_key, str) or not is_valid_idempotency_key(idempotency_key):
-        raise OrbitUsageError(
-            "idempotency_key must be 1-255 printable ASCII characters (0x20-0x7E) without leading "
-            "or trailing spaces (IETF Idempotency-Key draft; README, section HTTP API); nothing was sent"
-        )
-    headers = {"Idempotency-Key": idempotency_key}
-    if not trace:
-        return headers
-    if traceparent is None and _tracing.AVAILABLE:
-        traceparent, tracestate = _tracing.current()
-    if traceparent is not None:
-        if _tracing.parse_traceparent(traceparent) is None:
-            raise OrbitUsageError(
-                "traceparent is not a W3C version-00 traceparent (00-<32 hex>-<16 hex>-<2 hex>, lower "
-                'case; README "Tracing"); nothing was sent'
-            )
-        headers["traceparent"] = traceparent
-        if tracestate:
-            headers["tracestate"] = tracestate
-    return headers
 
 
 def _flow_path(path: Callable[..., str], namespace: str, name: str, tail: str = "") -> str:

@@ -15,7 +15,7 @@ import threading
 from typing import TYPE_CHECKING, Any
 
 from orbit_client._exceptions import OrbitUsageError
-from orbit_client._models import TaskStatus
+from orbit_client._task_models import TaskStatus
 
 if TYPE_CHECKING:
     from prometheus_client import CollectorRegistry

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from ._models import Queue
+from ._queue_models import Queue
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable

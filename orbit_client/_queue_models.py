@@ -1,4 +1,4 @@
-"""Wire models of queue control (``/v1/namespaces/{ns}/queues/{queue}``), shared by client and server.
+"""Wire models of queues (``/v1/namespaces/{ns}/queues/{queue}``): the queue, its control and limits.
 
 A queue may limit how many attempts are live (``LEASED``/``RUNNING``) at once, per task
 ``concurrency_key`` and in all, and may be paused: a paused queue grants no new leases and no
@@ -10,11 +10,12 @@ from __future__ import annotations
 
 from typing import Self
 
-from pydantic import Field, StrictInt, model_validator
+from pydantic import ConfigDict, Field, StrictInt, model_validator
 
-from ._models import _Wire
+from ._models import UTCDateTime, _Wire
+from ._task_models import TaskStatus
 
-__all__ = ["MAX_CONCURRENCY_LIMIT", "QueueControl", "QueueUpdate"]
+__all__ = ["MAX_CONCURRENCY_LIMIT", "Queue", "QueueControl", "QueueUpdate"]
 
 #: The largest value either limit may have.
 MAX_CONCURRENCY_LIMIT = 1_000_000
@@ -55,3 +56,22 @@ class QueueControl(_Wire):
 
     reason: str | None = Field(default=None, min_length=1, max_length=2000)
     actor: str | None = Field(default=None, min_length=1, max_length=255)
+
+
+class Queue(_Wire):
+    """A queue and how many of its tasks are in each state."""
+
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+    namespace: str
+    name: str
+    created_at: UTCDateTime
+    counts: dict[TaskStatus, int] = Field(default_factory=dict)
+    #: A paused queue grants no new leases and no starts; attempts in flight still report.
+    paused: bool = False
+    #: Live (``LEASED``/``RUNNING``) attempts allowed per ``concurrency_key``; ``None``: no limit.
+    max_concurrency_per_key: int | None = None
+    #: Live attempts allowed in the whole queue; ``None``: no limit.
+    max_concurrency: int | None = None
+    #: Bumped by every pause, resume and change of limits.
+    control_version: int = 1

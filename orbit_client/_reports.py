@@ -32,9 +32,7 @@ from typing import Generic, TypeVar
 from pydantic import BaseModel, JsonValue
 
 from orbit_client import _tracing
-from orbit_client._client import AsyncOrbitClient, OrbitClient
-from orbit_client._exceptions import NotFoundError, OrbitError
-from orbit_client._models import (
+from orbit_client._attempt_models import (
     MAX_ATTEMPT_BATCH_ITEMS,
     AttemptError,
     AttemptItemResult,
@@ -45,6 +43,9 @@ from orbit_client._models import (
     HeartbeatItem,
     StartItem,
 )
+from orbit_client._calls import _model
+from orbit_client._client import AsyncOrbitClient, OrbitClient
+from orbit_client._exceptions import NotFoundError, OrbitError
 
 __all__ = ["AsyncReports", "Reports"]
 
@@ -73,7 +74,7 @@ def _copy_error(exc: BaseException, first: bool) -> BaseException:
 def _complete_item(attempt: AttemptLease, result: JsonValue) -> CompleteItem:
     """Raises :class:`OrbitUsageError` for a result that is not JSON (nothing is sent)."""
     fields = {"attempt_id": attempt.id, "lease_token": attempt.lease_token, "result": result}
-    return OrbitClient._model(CompleteItem, fields, "complete request")
+    return _model(CompleteItem, fields, "complete request")
 
 
 def _fail_item(attempt: AttemptLease, error: AttemptError) -> FailItem:

@@ -13,7 +13,8 @@ from typing import Self
 
 from pydantic import ConfigDict, Field, StrictBool, StrictInt, model_validator
 
-from ._models import NAME_PATTERN, JsonData, SubmitOptions, UTCDateTime, _Wire
+from ._models import NAME_PATTERN, JsonData, UTCDateTime, _Wire
+from ._task_models import SubmitOptions
 
 __all__ = [
     "MisfirePolicy",

@@ -1,8 +1,9 @@
 """Workers: lease tasks from a queue, run their handlers, heartbeat, report the outcome.
 
-:class:`Worker` runs handlers in a thread pool; :class:`AsyncWorker` runs coroutine handlers
-on an asyncio loop. Both share the non-I/O parts here (context, error classification,
-configuration) and follow the long-running-loop habits of the house style: ``run()`` /
+:class:`Worker` (:mod:`._thread_worker`) runs handlers in a thread pool; :class:`AsyncWorker`
+(:mod:`._async_worker`) runs coroutine handlers on an asyncio loop. Both share the non-I/O parts
+here: the handler's context and errors, the checked configuration, and :class:`_WorkerCore`, the
+rules of each step of a task (lease, run, report, heartbeat) apart from how a worker waits. Both follow the long-running-loop habits of the house style: ``run()`` /
 ``stop()``, a poll interval, a graceful-shutdown timeout and an ``install_signal_handlers``
 switch.
 
@@ -16,32 +17,25 @@ or ``ctx.cancel_requested`` becomes true.
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
-import inspect
 import logging
 import os
 import random
-import signal
 import socket
 import threading
 import time
 import traceback
 import uuid
-from collections.abc import Awaitable, Callable, Iterator, Mapping
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from types import FrameType
 from typing import Any
 
 from orbit_client import _tracing
-from orbit_client._client import AsyncOrbitClient, OrbitClient
+from orbit_client._attempt_models import AttemptError, AttemptState, LeaseGrant
 from orbit_client._exceptions import LeaseLostError, OrbitError, OrbitUsageError
 from orbit_client._metrics import WorkerMetrics, release_server, serve
-from orbit_client._models import AttemptError, AttemptState, LeaseGrant, Task
-from orbit_client._reports import AsyncReports, Reports
+from orbit_client._task_models import Task
 
-__all__ = ["AsyncWorker", "RetryableError", "TaskCancelled", "TaskContext", "Worker"]
+__all__ = ["RetryableError", "TaskCancelled", "TaskContext"]
 
 logger = logging.getLogger("orbit_client.worker")
 
@@ -295,79 +289,21 @@ _DOC_ARGS = """
 """
 
 
-class Worker:
-    """Run handlers for a queue's tasks in a thread pool, until :meth:`stop` (or SIGTERM).
-
-    Each task: lease → ``start`` → ``handler(ctx)`` in a pool thread, with heartbeats every
-    third of the lease from a separate thread → ``complete`` with the returned JSON value, or
-    ``fail`` when the handler raised (``retryable`` per :class:`RetryableError`; type
-    ``"cancelled"`` per :class:`TaskCancelled`). Reports are retried by the client: the server
-    answers a repeated report with the same body alike.
-
-    One lease call asks for as many tasks as there are free slots. The ``start``, ``complete``
-    and ``fail`` reports made within ``report_linger`` of each other travel as one batched call
-    per kind, and the heartbeats due together as one (README "Workers", "Batched attempt calls"); each
-    report still gets its own outcome, so a ``lease_lost`` reaches its own task only. The start
-    is always confirmed by its own report after the lease: a lease whose answer is lost leaves
-    its tasks ``LEASED`` until their leases lapse, never ``RUNNING``.
+class _WorkerCore:
+    """What :class:`Worker` and :class:`AsyncWorker` share and that does no I/O: the checked
+    configuration, the attempts in flight, and the rules for each step of a task (lease, run,
+    report, heartbeat) apart from how they wait. Each worker writes its own loops over these.
     """
 
-    __doc__ = (__doc__ or "") + _DOC_ARGS
-
-    def __init__(
-        self,
-        client: OrbitClient,
-        namespace: str,
-        queue: str,
-        handlers: Mapping[str, Callable[[TaskContext], Any]],
-        *,
-        concurrency: int = 1,
-        lease_seconds: float = 30.0,
-        poll_wait_seconds: float = 2.0,
-        shutdown_timeout: float | None = None,
-        worker_id: str | None = None,
-        install_signal_handlers: bool = True,
-        error_backoff_cap: float = 10.0,
-        report_linger: float | None = DEFAULT_THREAD_REPORT_LINGER,
-        metrics_port: int | None = None,
-        metrics_host: str = "127.0.0.1",
-    ) -> None:
-        for name, fn in handlers.items():
-            if inspect.iscoroutinefunction(fn):
-                raise OrbitUsageError(f"handler {name!r} is a coroutine function; use AsyncWorker for it")
-        self._client = client
-        self._config = _Config(
-            namespace,
-            queue,
-            handlers,
-            concurrency=concurrency,
-            lease_seconds=lease_seconds,
-            poll_wait_seconds=poll_wait_seconds,
-            shutdown_timeout=shutdown_timeout,
-            worker_id=worker_id,
-            error_backoff_cap=error_backoff_cap,
-            report_linger=report_linger,
-            metrics_port=metrics_port,
-            metrics_host=metrics_host,
-        )
-        self._metrics = self._config.metrics
+    def __init__(self, config: _Config, *, install_signal_handlers: bool) -> None:
+        self._config = config
+        self._metrics = config.metrics
         self._metrics_bound: int | None = None
         self._install_signal_handlers = install_signal_handlers
-        self._stopping = threading.Event()
-        self._lock = threading.Condition()
+        #: The attempts whose handler runs, by attempt id: the heartbeats renew their leases.
         self._active: dict[str, _Active] = {}
-        #: Tasks leased and not yet done (their reports included); ``_running``: handler slots taken.
-        self._in_flight = 0
-        self._running = 0
         #: Leased tasks with a handler whose start is not answered yet (the start batch waits for them).
         self._starting = 0
-        self._reports = Reports(
-            client,
-            namespace,
-            linger=report_linger,
-            in_flight=lambda: self._in_flight,
-            starting=lambda: self._starting,
-        )
 
     @property
     def worker_id(self) -> str:
@@ -379,618 +315,158 @@ class Worker:
         """The port metrics are served on while :meth:`run` runs (else the one asked for; ``None``: none)."""
         return self._metrics_bound if self._metrics_bound is not None else self._config.metrics_port
 
-    def _handler_ran(self, handler: str, began: float) -> None:
-        if self._metrics is not None:
-            self._metrics.handler_ran(handler, time.monotonic() - began)
-
     def __repr__(self) -> str:
         c = self._config
-        return f"Worker(namespace={c.namespace!r}, queue={c.queue!r}, worker_id={c.worker_id!r})"
-
-    def stop(self) -> None:
-        """Ask :meth:`run` to stop: no new leases; running handlers finish (thread-safe, idempotent)."""
-        if not self._stopping.is_set():
-            logger.info("worker %s stopping", self._config.worker_id)
-        self._stopping.set()
-        with self._lock:
-            self._lock.notify_all()
-
-    def run(self) -> None:
-        """Lease and run tasks until :meth:`stop`; then wait for running handlers and return.
-
-        Raises:
-            OrbitAPIError: a lease call was refused for a reason retrying cannot fix (401, 403,
-                404: wrong key, role, namespace or queue). Retryable failures are retried with
-                backoff instead.
-        """
-        config = self._config
-        self._stopping.clear()
-        beat_stop = threading.Event()
-        beater = threading.Thread(
-            target=self._heartbeat_loop, args=(beat_stop,), name="orbit-heartbeat", daemon=True
+        return (
+            f"{type(self).__name__}(namespace={c.namespace!r}, queue={c.queue!r}, worker_id={c.worker_id!r})"
         )
-        beater.start()
-        # A task frees its slot when its handler returns, before its report is answered, so the next
-        # task can be leased meanwhile: up to twice as many threads as slots, half of them reporting.
-        pool = ThreadPoolExecutor(max_workers=2 * config.concurrency, thread_name_prefix="orbit-handler")
-        logger.info("worker %s serving %s/%s", config.worker_id, config.namespace, config.queue)
-        try:
-            self._metrics_bound = config.serve_metrics()
-            with self._signals():
-                self._lease_loop(pool)
-        finally:
-            pool.shutdown(wait=False)
-            self._drain()
-            beat_stop.set()
-            beater.join(timeout=5)
-            self._release_metrics()
-            logger.info("worker %s stopped", config.worker_id)
 
     def _release_metrics(self) -> None:
         if self._metrics_bound is not None:
             release_server(self._config.metrics_host, self._metrics_bound)
             self._metrics_bound = None
 
-    # --- internals -----------------------------------------------------------------------------------
+    # --- lease ---------------------------------------------------------------------------------------
 
-    @contextlib.contextmanager
-    def _signals(self) -> Iterator[None]:
-        if not self._install_signal_handlers or threading.current_thread() is not threading.main_thread():
-            yield
-            return
-
-        def on_signal(signum: int, _frame: FrameType | None) -> None:
-            logger.info("received %s", signal.Signals(signum).name)
-            self.stop()
-
-        previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
-        try:
-            yield
-        finally:
-            for sig, handler in previous.items():
-                signal.signal(sig, handler)
-
-    def _lease_loop(self, pool: ThreadPoolExecutor) -> None:
+    def _lease_arguments(self, free: int) -> dict[str, Any]:
+        """Keyword arguments of ``lease_tasks`` for ``free`` slots."""
         config = self._config
-        failures = 0
-        while not self._stopping.is_set():
-            with self._lock:
-                while self._running >= config.concurrency and not self._stopping.is_set():
-                    self._lock.wait()
-                # Handlers that finish together free their slots one after the other: lease them together.
-                linger = config.report_linger or 0.0
-                until = time.monotonic() + linger
-                while 0 < self._running < config.concurrency and not self._stopping.is_set():
-                    left = until - time.monotonic()
-                    if left <= 0 or not self._lock.wait(left):
-                        break
-                free = config.concurrency - self._running
-            if self._stopping.is_set():
-                return
-            try:
-                grants = self._client.lease_tasks(
-                    config.namespace,
-                    config.queue,
-                    worker_id=config.worker_id,
-                    max_tasks=min(free, _MAX_LEASE),
-                    lease_seconds=config.lease_seconds,
-                    wait_seconds=config.poll_wait_seconds,
-                )
-            except OrbitError as exc:
-                if not exc.retryable:
-                    raise
-                failures += 1
-                delay = config.backoff(failures)
-                logger.warning("lease call failed (%s); retrying in %.2f s", type(exc).__name__, delay)
-                self._stopping.wait(delay)
-                continue
-            failures = 0
-            if self._metrics is not None:
-                self._metrics.leased(len(grants))
-            with self._lock:  # all at once: a report waits for the others of its batch (Reports)
-                self._in_flight += len(grants)
-                self._running += len(grants)
-                self._starting += sum(grant.task.handler in config.handlers for grant in grants)
-            for grant in grants:
-                pool.submit(self._execute, grant)
+        return {
+            "worker_id": config.worker_id,
+            "max_tasks": min(free, _MAX_LEASE),
+            "lease_seconds": config.lease_seconds,
+            "wait_seconds": config.poll_wait_seconds,
+        }
 
-    def _drain(self) -> None:
-        timeout = self._config.shutdown_timeout
-        deadline = None if timeout is None else time.monotonic() + timeout
-        with self._lock:
-            while self._in_flight:
-                remaining = None if deadline is None else deadline - time.monotonic()
-                if remaining is not None and remaining <= 0:
-                    logger.warning(
-                        "shutdown_timeout passed with %d handlers still running; their leases will lapse",
-                        self._in_flight,
-                    )
-                    return
-                self._lock.wait(remaining)
+    def _lease_failed(self, exc: OrbitError, failures: int) -> float:
+        """Seconds to wait after the ``failures``-th failed lease call in a row; raise ``exc`` when
+        retrying cannot help (401, 403, 404)."""
+        if not exc.retryable:
+            raise exc
+        delay = self._config.backoff(failures)
+        logger.warning("lease call failed (%s); retrying in %.2f s", type(exc).__name__, delay)
+        return delay
 
-    def _execute(self, grant: LeaseGrant) -> None:
-        held = True
+    def _leased(self, grants: list[LeaseGrant]) -> int:
+        """Count a lease answer; how many of its tasks have a handler here (they will start)."""
+        if self._metrics is not None:
+            self._metrics.leased(len(grants))
+        return sum(grant.task.handler in self._config.handlers for grant in grants)
 
-        def free_slot() -> None:
-            nonlocal held
-            if held:
-                held = False
-                with self._lock:
-                    self._running -= 1
-                    self._lock.notify_all()
+    # --- run -----------------------------------------------------------------------------------------
 
-        try:
-            if _tracing.AVAILABLE:
-                with _tracing.use_span(_tracing.run_span(grant, self._config.worker_id)):
-                    self._run_one(grant, free_slot)
-            else:
-                self._run_one(grant, free_slot)
-        except Exception:  # never let one task kill the pool thread silently
-            logger.exception("unexpected error while running task %s", grant.task.id)
-        finally:
-            free_slot()
-            with self._lock:
-                self._active.pop(grant.attempt.id, None)
-                self._in_flight -= 1
-                self._lock.notify_all()
+    def _unknown_handler_error(self, grant: LeaseGrant) -> AttemptError:
+        """The failure of a task whose handler this worker does not have (logged)."""
+        config, task, attempt = self._config, grant.task, grant.attempt
+        error = _unknown_handler(config.worker_id, task.handler, config.handlers)
+        logger.warning(
+            "task %s attempt %s (generation %d) failed: %s",
+            task.id,
+            attempt.id,
+            attempt.generation,
+            error.message,
+        )
+        return error
 
-    def _run_one(self, grant: LeaseGrant, free_slot: Callable[[], None]) -> None:
-        config, reports = self._config, self._reports
-        task, attempt = grant.task, grant.attempt
-        handler = config.handlers.get(task.handler)
-        if handler is None:
-            error = _unknown_handler(config.worker_id, task.handler, config.handlers)
-            logger.warning(
-                "task %s attempt %s (generation %d) failed: %s",
-                task.id,
-                attempt.id,
-                attempt.generation,
-                error.message,
-            )
-            free_slot()
-            self._report(grant, lambda: reports.fail(attempt, error))
-            return
-        try:
-            reports.start(attempt)
-        except OrbitError as exc:
-            logger.warning("could not start task %s attempt %d: %s", task.id, attempt.generation, exc)
-            return
-        finally:
-            with self._lock:
-                self._starting -= 1
-        ctx = config.context(grant)
-        with self._lock:
-            self._active[attempt.id] = _Active(grant, ctx, time.monotonic() + config.heartbeat_interval)
-        logger.debug("running task %s (%s) attempt %d", task.id, task.handler, attempt.generation)
-        began = time.monotonic()
-        try:
-            result = handler(ctx)
-        except Exception as exc:
-            self._handler_ran(task.handler, began)
-            free_slot()
-            error = _error_for(exc)
-            if _tracing.AVAILABLE:
-                _tracing.handler_failed(exc, error.type)
-            _log_failure(task, attempt.id, attempt.generation, exc, error)
-            self._report(grant, lambda: reports.fail(attempt, error))
-            return
-        self._handler_ran(task.handler, began)
-        free_slot()
-        try:
-            self._report(grant, lambda: reports.complete(attempt, result))
-        except OrbitUsageError as exc:  # the result is not JSON
-            error = AttemptError(type="invalid_result", message=str(exc)[:_MESSAGE_MAX], retryable=False)
-            logger.warning(
-                "task %s attempt %s (generation %d) failed: invalid_result: %s",
-                task.id,
-                attempt.id,
-                attempt.generation,
-                error.message,
-            )
-            self._report(grant, lambda: reports.fail(attempt, error))
-
-    def _report(self, grant: LeaseGrant, call: Callable[[], AttemptState]) -> None:
-        """Send a complete/fail report; keep retrying retryable failures for up to one lease."""
-        give_up = time.monotonic() + self._config.lease_seconds
-        failures = 0
-        while True:
-            try:
-                state = call()
-                if self._metrics is not None:
-                    self._metrics.reported(state.task_status)
-                return
-            except OrbitUsageError:  # nothing was sent (e.g. a result that is not JSON): the caller decides
-                raise
-            except LeaseLostError as exc:
-                if self._metrics is not None:
-                    self._metrics.lease_lost()
-                logger.warning(
-                    "task %s attempt %d lost its lease before reporting (evidence kept: %s)",
-                    grant.task.id,
-                    grant.attempt.generation,
-                    exc.evidence_recorded,
-                )
-                return
-            except OrbitError as exc:
-                failures += 1
-                if not exc.retryable or time.monotonic() >= give_up:
-                    logger.error(
-                        "could not report task %s attempt %d: %s",
-                        grant.task.id,
-                        grant.attempt.generation,
-                        exc,
-                    )
-                    return
-                time.sleep(self._config.backoff(failures))
-
-    def _heartbeat_loop(self, stop: threading.Event) -> None:
+    def _running_attempt(self, grant: LeaseGrant) -> _Active:
+        """The started attempt, as the heartbeats see it (its first beat a third of a lease away)."""
         config = self._config
-        tick = min(0.1, config.heartbeat_interval / 4)
-        while not stop.wait(tick):
-            now = time.monotonic()
-            with self._lock:
-                due = [a for a in self._active.values() if a.next_beat <= now]
-            if not due:
-                continue
-            outcomes = self._reports.heartbeats([active.grant.attempt for active in due])
-            for active, outcome in zip(due, outcomes, strict=True):
-                attempt = active.grant.attempt
-                try:
-                    if isinstance(outcome, OrbitError):
-                        raise outcome
-                    state = outcome
-                except LeaseLostError:
-                    with self._lock:
-                        still_running = self._active.pop(attempt.id, None) is not None
-                    if still_running:  # not merely finished while the heartbeat was on its way
-                        if self._metrics is not None:
-                            self._metrics.lease_lost()
-                        logger.warning(
-                            "task %s attempt %d lost its lease", active.grant.task.id, attempt.generation
-                        )
-                        active.ctx._lost.set()
-                    continue
-                except OrbitError as exc:
-                    if self._metrics is not None:
-                        self._metrics.heartbeat_failed()
-                    logger.warning("heartbeat of task %s failed (%s); retrying", active.grant.task.id, exc)
-                    active.next_beat = time.monotonic() + min(1.0, config.heartbeat_interval / 2)
-                    continue
-                active.next_beat = time.monotonic() + config.heartbeat_interval
-                if state.cancel_requested and not active.ctx._cancel.is_set():
-                    logger.info("cancellation requested for task %s", active.grant.task.id)
-                    active.ctx._cancel.set()
-
-
-class AsyncWorker:
-    """The asyncio twin of :class:`Worker`: coroutine handlers (``async def handler(ctx)``) on one loop.
-
-    ``await worker.run()`` until :meth:`stop` (thread-safe) or SIGTERM; up to ``concurrency``
-    handlers run as tasks at once, with a heartbeat task renewing their leases.
-    """
-
-    __doc__ = (__doc__ or "") + _DOC_ARGS
-
-    def __init__(
-        self,
-        client: AsyncOrbitClient,
-        namespace: str,
-        queue: str,
-        handlers: Mapping[str, Callable[[TaskContext], Awaitable[Any]]],
-        *,
-        concurrency: int = 1,
-        lease_seconds: float = 30.0,
-        poll_wait_seconds: float = 2.0,
-        shutdown_timeout: float | None = None,
-        worker_id: str | None = None,
-        install_signal_handlers: bool = True,
-        error_backoff_cap: float = 10.0,
-        report_linger: float | None = DEFAULT_REPORT_LINGER,
-        metrics_port: int | None = None,
-        metrics_host: str = "127.0.0.1",
-    ) -> None:
-        for name, fn in handlers.items():
-            if not inspect.iscoroutinefunction(fn):
-                raise OrbitUsageError(
-                    f"handler {name!r} must be a coroutine function (async def) for AsyncWorker"
-                )
-        self._client = client
-        self._config = _Config(
-            namespace,
-            queue,
-            handlers,
-            concurrency=concurrency,
-            lease_seconds=lease_seconds,
-            poll_wait_seconds=poll_wait_seconds,
-            shutdown_timeout=shutdown_timeout,
-            worker_id=worker_id,
-            error_backoff_cap=error_backoff_cap,
-            report_linger=report_linger,
-            metrics_port=metrics_port,
-            metrics_host=metrics_host,
-        )
-        self._metrics = self._config.metrics
-        self._metrics_bound: int | None = None
-        self._install_signal_handlers = install_signal_handlers
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._stopping: asyncio.Event | None = None
-        self._stop_requested = False
-        self._active: dict[str, _Active] = {}
-        #: Tasks leased and not yet done (their reports included); ``_running``: handler slots taken.
-        self._in_flight: set[asyncio.Task[None]] = set()
-        self._running = 0
-        self._slot_freed: asyncio.Event | None = None
-        #: Leased tasks with a handler whose start is not answered yet (the start batch waits for them).
-        self._starting = 0
-        self._reports = AsyncReports(
-            client,
-            namespace,
-            linger=report_linger,
-            in_flight=lambda: len(self._in_flight),
-            starting=lambda: self._starting,
-        )
-
-    @property
-    def worker_id(self) -> str:
-        """The id this worker leases under."""
-        return self._config.worker_id
-
-    @property
-    def metrics_port(self) -> int | None:
-        """The port metrics are served on while :meth:`run` runs (else the one asked for; ``None``: none)."""
-        return self._metrics_bound if self._metrics_bound is not None else self._config.metrics_port
+        return _Active(grant, config.context(grant), time.monotonic() + config.heartbeat_interval)
 
     def _handler_ran(self, handler: str, began: float) -> None:
         if self._metrics is not None:
             self._metrics.handler_ran(handler, time.monotonic() - began)
 
-    def __repr__(self) -> str:
-        c = self._config
-        return f"AsyncWorker(namespace={c.namespace!r}, queue={c.queue!r}, worker_id={c.worker_id!r})"
+    def _handler_failed(self, grant: LeaseGrant, exc: Exception) -> AttemptError:
+        """The failure report of a handler that raised ``exc`` (logged, and on the span)."""
+        error = _error_for(exc)
+        if _tracing.AVAILABLE:
+            _tracing.handler_failed(exc, error.type)
+        _log_failure(grant.task, grant.attempt.id, grant.attempt.generation, exc, error)
+        return error
 
-    def stop(self) -> None:
-        """Ask :meth:`run` to stop: no new leases; running handlers finish. Thread-safe, idempotent."""
-        self._stop_requested = True
-        loop, stopping = self._loop, self._stopping
-        if loop is not None and stopping is not None and not loop.is_closed():
-            with contextlib.suppress(RuntimeError):
-                loop.call_soon_threadsafe(stopping.set)
+    @staticmethod
+    def _invalid_result(grant: LeaseGrant, exc: OrbitUsageError) -> AttemptError:
+        """The failure report of a handler whose result cannot be sent (not JSON; logged)."""
+        error = AttemptError(type="invalid_result", message=str(exc)[:_MESSAGE_MAX], retryable=False)
+        logger.warning(
+            "task %s attempt %s (generation %d) failed: invalid_result: %s",
+            grant.task.id,
+            grant.attempt.id,
+            grant.attempt.generation,
+            error.message,
+        )
+        return error
 
-    async def run(self) -> None:
-        """Async twin of :meth:`Worker.run` (same behaviour and errors)."""
-        config = self._config
-        loop = asyncio.get_running_loop()
-        self._loop, self._stopping, self._slot_freed = loop, asyncio.Event(), asyncio.Event()
-        if self._stop_requested:
-            self._stopping.set()
-        signals = self._add_signal_handlers(loop)
-        beater = asyncio.create_task(self._heartbeat_loop(), name="orbit-heartbeat")
-        in_flight = self._in_flight
-        logger.info("worker %s serving %s/%s", config.worker_id, config.namespace, config.queue)
-        try:
-            self._metrics_bound = config.serve_metrics()
-            await self._lease_loop(in_flight)
-        finally:
-            if in_flight:
-                _, pending = await asyncio.wait(in_flight, timeout=config.shutdown_timeout)
-                if pending:
-                    logger.warning(
-                        "shutdown_timeout passed with %d handlers still running; cancelling them",
-                        len(pending),
-                    )
-                    for pending_task in pending:
-                        pending_task.cancel()
-                    await asyncio.wait(pending)
-            beater.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await beater
-            for sig in signals:
-                loop.remove_signal_handler(sig)
-            self._stop_requested = False
-            if self._metrics_bound is not None:
-                release_server(config.metrics_host, self._metrics_bound)
-                self._metrics_bound = None
-            logger.info("worker %s stopped", config.worker_id)
+    # --- report --------------------------------------------------------------------------------------
 
-    def _add_signal_handlers(self, loop: asyncio.AbstractEventLoop) -> list[signal.Signals]:
-        if not self._install_signal_handlers or threading.current_thread() is not threading.main_thread():
-            return []
-        installed = []
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            try:
-                loop.add_signal_handler(sig, self.stop)
-            except (NotImplementedError, RuntimeError):  # e.g. Windows, or not the main thread
-                continue
-            installed.append(sig)
-        return installed
+    def _report_give_up_at(self) -> float:
+        """Monotonic time after which a report is no longer retried: one lease from now."""
+        return time.monotonic() + self._config.lease_seconds
 
-    async def _lease_loop(self, in_flight: set[asyncio.Task[None]]) -> None:
-        config, stopping = self._config, self._stopping
-        assert stopping is not None
-        failures = 0
-        while not stopping.is_set():
-            free = config.concurrency - self._running
-            if free <= 0:
-                assert self._slot_freed is not None
-                self._slot_freed.clear()
-                stop_wait = asyncio.ensure_future(stopping.wait())
-                slot_wait = asyncio.ensure_future(self._slot_freed.wait())
-                await asyncio.wait({slot_wait, stop_wait}, return_when=asyncio.FIRST_COMPLETED)
-                stop_wait.cancel()
-                slot_wait.cancel()
-                if config.report_linger and self._running:
-                    # Handlers that finish together free their slots one after the other: lease them together.
-                    await asyncio.sleep(config.report_linger)
-                continue
-            try:
-                grants = await self._client.lease_tasks(
-                    config.namespace,
-                    config.queue,
-                    worker_id=config.worker_id,
-                    max_tasks=min(free, _MAX_LEASE),
-                    lease_seconds=config.lease_seconds,
-                    wait_seconds=config.poll_wait_seconds,
-                )
-            except OrbitError as exc:
-                if not exc.retryable:
-                    raise
-                failures += 1
-                delay = config.backoff(failures)
-                logger.warning("lease call failed (%s); retrying in %.2f s", type(exc).__name__, delay)
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(stopping.wait(), delay)
-                continue
-            failures = 0
+    def _reported(self, state: AttemptState) -> None:
+        if self._metrics is not None:
+            self._metrics.reported(state.task_status)
+
+    def _report_failed(
+        self, grant: LeaseGrant, exc: OrbitError, failures: int, give_up: float
+    ) -> float | None:
+        """Seconds to wait before sending a failed report again, or ``None`` to give it up (logged).
+
+        A lost lease is not retried (another attempt may own the task); nor is a failure that is not
+        retryable, nor one after ``give_up`` (a monotonic time).
+        """
+        if isinstance(exc, LeaseLostError):
             if self._metrics is not None:
-                self._metrics.leased(len(grants))
-            self._running += len(grants)
-            self._starting += sum(grant.task.handler in config.handlers for grant in grants)
-            for grant in grants:
-                task = asyncio.create_task(self._execute(grant), name=f"orbit-task-{grant.task.id}")
-                in_flight.add(task)
-                task.add_done_callback(in_flight.discard)
-
-    async def _execute(self, grant: LeaseGrant) -> None:
-        held = True
-
-        def free_slot() -> None:
-            nonlocal held
-            if held:
-                held = False
-                self._running -= 1
-                if self._slot_freed is not None:
-                    self._slot_freed.set()
-
-        try:
-            if _tracing.AVAILABLE:
-                with _tracing.use_span(_tracing.run_span(grant, self._config.worker_id)):
-                    await self._run_one(grant, free_slot)
-            else:
-                await self._run_one(grant, free_slot)
-        except Exception:
-            logger.exception("unexpected error while running task %s", grant.task.id)
-        finally:
-            free_slot()
-            self._active.pop(grant.attempt.id, None)
-
-    async def _run_one(self, grant: LeaseGrant, free_slot: Callable[[], None]) -> None:
-        config, reports = self._config, self._reports
-        task, attempt = grant.task, grant.attempt
-        handler = config.handlers.get(task.handler)
-        attempt_id = attempt.id
-        if handler is None:
-            error = _unknown_handler(config.worker_id, task.handler, config.handlers)
+                self._metrics.lease_lost()
             logger.warning(
-                "task %s attempt %s (generation %d) failed: %s",
-                task.id,
-                attempt_id,
-                attempt.generation,
-                error.message,
+                "task %s attempt %d lost its lease before reporting (evidence kept: %s)",
+                grant.task.id,
+                grant.attempt.generation,
+                exc.evidence_recorded,
             )
-            free_slot()
-            await self._report(grant, lambda: reports.fail(attempt, error))
-            return
-        try:
-            await reports.start(attempt)
-        except OrbitError as exc:
-            logger.warning("could not start task %s attempt %d: %s", task.id, attempt.generation, exc)
-            return
-        finally:
-            self._starting -= 1
-        ctx = config.context(grant)
-        self._active[attempt_id] = _Active(grant, ctx, time.monotonic() + config.heartbeat_interval)
-        began = time.monotonic()
-        try:
-            result = await handler(ctx)
-        except Exception as exc:
-            self._handler_ran(task.handler, began)
-            free_slot()
-            error = _error_for(exc)
-            if _tracing.AVAILABLE:
-                _tracing.handler_failed(exc, error.type)
-            _log_failure(task, attempt.id, attempt.generation, exc, error)
-            await self._report(grant, lambda: reports.fail(attempt, error))
-            return
-        self._handler_ran(task.handler, began)
-        free_slot()
-        try:
-            await self._report(grant, lambda: reports.complete(attempt, result))
-        except OrbitUsageError as exc:
-            error = AttemptError(type="invalid_result", message=str(exc)[:_MESSAGE_MAX], retryable=False)
-            logger.warning(
-                "task %s attempt %s (generation %d) failed: invalid_result: %s",
-                task.id,
-                attempt.id,
-                attempt.generation,
-                error.message,
+            return None
+        if not exc.retryable or time.monotonic() >= give_up:
+            logger.error(
+                "could not report task %s attempt %d: %s", grant.task.id, grant.attempt.generation, exc
             )
-            await self._report(grant, lambda: reports.fail(attempt, error))
+            return None
+        return self._config.backoff(failures)
 
-    async def _report(self, grant: LeaseGrant, call: Callable[[], Awaitable[AttemptState]]) -> None:
-        give_up = time.monotonic() + self._config.lease_seconds
-        failures = 0
-        while True:
-            try:
-                state = await call()
-                if self._metrics is not None:
-                    self._metrics.reported(state.task_status)
-                return
-            except OrbitUsageError:  # nothing was sent (e.g. a result that is not JSON): the caller decides
-                raise
-            except LeaseLostError as exc:
+    # --- heartbeat -----------------------------------------------------------------------------------
+
+    @property
+    def _heartbeat_tick(self) -> float:
+        """Seconds between looks for due heartbeats."""
+        return min(0.1, self._config.heartbeat_interval / 4)
+
+    def _due_heartbeats(self) -> list[_Active]:
+        now = time.monotonic()
+        return [a for a in self._active.values() if a.next_beat <= now]
+
+    def _heartbeat_answered(
+        self, active: _Active, outcome: AttemptState | OrbitError, forget: Callable[[str], bool]
+    ) -> None:
+        """Apply one heartbeat's answer: schedule the next beat, or signal the handler to stop.
+
+        ``forget(attempt_id)`` drops the attempt from the active ones and says whether it was still
+        there (``False``: it finished while the heartbeat was on its way, so its lease is not lost).
+        """
+        config, attempt = self._config, active.grant.attempt
+        if isinstance(outcome, LeaseLostError):
+            if forget(attempt.id):
                 if self._metrics is not None:
                     self._metrics.lease_lost()
-                logger.warning(
-                    "task %s attempt %d lost its lease before reporting (evidence kept: %s)",
-                    grant.task.id,
-                    grant.attempt.generation,
-                    exc.evidence_recorded,
-                )
-                return
-            except OrbitError as exc:
-                failures += 1
-                if not exc.retryable or time.monotonic() >= give_up:
-                    logger.error(
-                        "could not report task %s attempt %d: %s",
-                        grant.task.id,
-                        grant.attempt.generation,
-                        exc,
-                    )
-                    return
-                await asyncio.sleep(self._config.backoff(failures))
-
-    async def _heartbeat_loop(self) -> None:
-        config = self._config
-        tick = min(0.1, config.heartbeat_interval / 4)
-        while True:
-            await asyncio.sleep(tick)
-            now = time.monotonic()
-            due = [a for a in self._active.values() if a.next_beat <= now]
-            if not due:
-                continue
-            outcomes = await self._reports.heartbeats([active.grant.attempt for active in due])
-            for active, outcome in zip(due, outcomes, strict=True):
-                attempt = active.grant.attempt
-                try:
-                    if isinstance(outcome, OrbitError):
-                        raise outcome
-                    state = outcome
-                except LeaseLostError:
-                    if self._active.pop(attempt.id, None) is not None:
-                        if self._metrics is not None:
-                            self._metrics.lease_lost()
-                        logger.warning(
-                            "task %s attempt %d lost its lease", active.grant.task.id, attempt.generation
-                        )
-                        active.ctx._lost.set()
-                    continue
-                except OrbitError as exc:
-                    if self._metrics is not None:
-                        self._metrics.heartbeat_failed()
-                    logger.warning("heartbeat of task %s failed (%s); retrying", active.grant.task.id, exc)
-                    active.next_beat = time.monotonic() + min(1.0, config.heartbeat_interval / 2)
-                    continue
-                active.next_beat = time.monotonic() + config.heartbeat_interval
-                if state.cancel_requested and not active.ctx._cancel.is_set():
-                    logger.info("cancellation requested for task %s", active.grant.task.id)
-                    active.ctx._cancel.set()
+                logger.warning("task %s attempt %d lost its lease", active.grant.task.id, attempt.generation)
+                active.ctx._lost.set()
+            return
+        if isinstance(outcome, OrbitError):
+            if self._metrics is not None:
+                self._metrics.heartbeat_failed()
+            logger.warning("heartbeat of task %s failed (%s); retrying", active.grant.task.id, outcome)
+            active.next_beat = time.monotonic() + min(1.0, config.heartbeat_interval / 2)
+            return
+        active.next_beat = time.monotonic() + config.heartbeat_interval
+        if outcome.cancel_requested and not active.ctx._cancel.is_set():
+            logger.info("cancellation requested for task %s", active.grant.task.id)
+            active.ctx._cancel.set()

@@ -12,8 +12,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from .app import create_app
-    from .settings import ServerSettings
+    from orbit_server.api.app import create_app
+    from orbit_server.settings import ServerSettings
 
 __all__ = ["ServerSettings", "__version__", "create_app"]
 __version__ = "0.1.0"
@@ -21,11 +21,11 @@ __version__ = "0.1.0"
 
 def __getattr__(name: str) -> Any:
     if name == "create_app":
-        from .app import create_app
+        from orbit_server.api.app import create_app
 
         return create_app
     if name == "ServerSettings":
-        from .settings import ServerSettings
+        from orbit_server.settings import ServerSettings
 
         return ServerSettings
     raise AttributeError(f"module 'orbit_server' has no attribute {name!r}")

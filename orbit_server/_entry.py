@@ -17,7 +17,7 @@ _SERVER_DEPENDENCIES = frozenset(
 def main() -> None:
     """Run ``orbit-server``; exit 2 with the install command when a server dependency is missing."""
     try:
-        from .cli import main as cli_main
+        from orbit_server.cli import main as cli_main
     except ModuleNotFoundError as exc:
         missing = (exc.name or "").split(".")[0]
         if missing not in _SERVER_DEPENDENCIES:

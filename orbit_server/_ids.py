@@ -1,7 +1,7 @@
 """Cheap checks of ids taken from a path, a body or a cursor, made before any query.
 
 Ids, idempotency keys and names are stored in ASCII columns compared byte for byte
-(``Key(...)`` in :mod:`orbit_server.schema`; ``ascii_bin`` on MySQL/MariaDB). A value with a
+(``Key(...)`` in :mod:`orbit_server.db.schema`; ``ascii_bin`` on MySQL/MariaDB). A value with a
 non-ASCII character cannot name a row, and MySQL/MariaDB refuse to even compare it with such
 a column ("Illegal mix of collations"). So the API answers it as what it is, an id that does
 not exist (404) or a cursor this server did not produce (400), the same on every database,

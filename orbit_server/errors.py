@@ -1,5 +1,5 @@
 """Domain errors. Endpoints raise them; one handler turns each into an RFC 9457
-problem body with a stable ``code`` (see ``app.py``)."""
+problem body with a stable ``code`` (see :mod:`orbit_server.api.problems`)."""
 
 from __future__ import annotations
 
@@ -42,7 +42,7 @@ class OrbitServerError(Exception):
     status: int = 500
     code: str = "internal_error"
     title: str = "Internal server error"
-    #: When raised inside :func:`orbit_server.execution.transact`, commit what the
+    #: When raised inside :func:`orbit_server.db.transact.transact`, commit what the
     #: transaction wrote before answering with this error (e.g. late-result evidence).
     keep_writes: bool = False
 

@@ -14,7 +14,16 @@ result event of a subscription once, in the transaction that records it in ``orb
 (``orbit-outbox consume --subscription NAME --handler module:function``).
 
 Everything public is re-exported here; the ``_modules`` behind it are private. The
-package never imports ``orbit_server``.
+package never imports ``orbit_server``. Its folder, by idea (imports run one way, no circles):
+
+- ``cli/``: the ``orbit-outbox`` commands, one module per group (``_run``, ``_rows``,
+  ``_repair``) over shared options and output (``_options``, ``_common``); imports the rest.
+- ``_relay`` (loop, claims, shutdown) over ``_relay_send`` (sends) and ``_relay_record``
+  (records); ``_consumer``, the inbox's result consumer.
+- ``_enqueue`` and ``_ordering``: the application's side, in its own transaction.
+- ``_manager`` (``Outbox``, the operator operations) over ``_reconcile``.
+- ``_queries`` (the delivery path), ``_operator_queries``, ``_inbox_queries``: every SQL
+  statement, over ``_tables``, ``_db`` and ``_migrate``.
 """
 
 import typing as _typing

@@ -30,7 +30,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import URL, Connection, Engine
 
 from orbit_client import NAME_PATTERN, Delivery, OrbitError, ResultEvent, _tracing
-from outbox_adapter import _queries as q
+from outbox_adapter import _inbox_queries as iq
 from outbox_adapter import _tracing as outbox_tracing
 from outbox_adapter._db import short_transaction, translate_db_error
 from outbox_adapter._exceptions import OutboxDatabaseError, OutboxUsageError
@@ -513,7 +513,7 @@ class ResultConsumer:
                     self.handler(conn, event)
                 except Exception as exc:
                     raise _HandlerFailed(exc) from exc
-                q.mark_inbox_processed(conn, self.outbox.tables, row_id)
+                iq.mark_inbox_processed(conn, self.outbox.tables, row_id)
         except _Duplicate:
             return "duplicate"
         except _Conflict as conflict:
@@ -554,10 +554,10 @@ class ResultConsumer:
         :class:`_Conflict` if the insert hit a unique key (the caller rolls back, then checks)."""
         t = self.outbox.tables
         event = delivery.event
-        if q.inbox_contains(conn, t, subscription=self.subscription, event_id=event.id):
+        if iq.inbox_contains(conn, t, subscription=self.subscription, event_id=event.id):
             raise _Duplicate
         try:
-            return q.insert_inbox_row(
+            return iq.insert_inbox_row(
                 conn,
                 t,
                 event_id=event.id,
@@ -579,7 +579,7 @@ class ResultConsumer:
         (``"duplicate"``), or the error meant something else (raised)."""
         try:
             with short_transaction(self.outbox.engine, read_committed=False) as conn:
-                found = q.inbox_contains(
+                found = iq.inbox_contains(
                     conn, self.outbox.tables, subscription=self.subscription, event_id=event_id
                 )
         except sa.exc.SQLAlchemyError as exc:

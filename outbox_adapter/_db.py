@@ -16,26 +16,31 @@ Rules (DESIGN §2):
 
 from __future__ import annotations
 
+import dataclasses
 import sqlite3
 import weakref
 from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, TypeVar
 
 import sqlalchemy as sa
 from sqlalchemy import event
-from sqlalchemy.engine import URL, Connection, Engine, make_url
+from sqlalchemy.engine import URL, Connection, Engine, RowMapping, make_url
 
 from outbox_adapter._exceptions import OutboxDatabaseError, OutboxSchemaError, OutboxUsageError
 
+_R = TypeVar("_R")
+
 __all__ = [
+    "aware_utc",
     "create_engine",
     "db_now",
     "describe_url",
     "needs_read_committed",
     "now_sql",
     "pin_connection",
+    "record_of",
     "short_transaction",
     "to_aware_utc",
     "to_naive_utc",
@@ -102,6 +107,25 @@ def to_aware_utc(value: datetime | None) -> datetime | None:
     if value is None:
         return None
     return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+
+
+def aware_utc(value: datetime) -> datetime:
+    """:func:`to_aware_utc` of a value that is never ``None`` (a ``NOT NULL`` column)."""
+    aware = to_aware_utc(value)
+    assert aware is not None
+    return aware
+
+
+def record_of(cls: type[_R], m: RowMapping) -> _R:
+    """``cls`` (a dataclass) built from the same-named columns of ``m``, datetimes as aware UTC."""
+    names = _field_names.get(cls)
+    if names is None:
+        names = _field_names.setdefault(cls, tuple(f.name for f in dataclasses.fields(cls)))  # type: ignore[arg-type]
+    return cls(**{name: to_aware_utc(v) if isinstance(v := m[name], datetime) else v for name in names})
+
+
+#: The field names of each dataclass :func:`record_of` built (a class's fields never change).
+_field_names: dict[type[Any], tuple[str, ...]] = {}
 
 
 def describe_url(url: str | URL) -> str:

@@ -1,8 +1,9 @@
 """``Outbox``: the outbox of one business database, and every operator operation on it.
 
-All transactions of the relay and the CLI begin here (:meth:`Outbox.transaction`), and
-every statement they run lives in ``_queries`` (STYLE habit 15, as procrastinate's
-manager). An engine the application built is used as it is and never disposed of.
+All transactions of the relay and the CLI begin here (:meth:`Outbox.transaction`), and every
+statement they run lives in ``_queries``, ``_operator_queries`` or ``_inbox_queries`` (STYLE
+habit 15, as procrastinate's manager); reconciling is carried out by ``_reconcile``. An engine
+the application built is used as it is and never disposed of.
 """
 
 from __future__ import annotations
@@ -13,14 +14,15 @@ from collections.abc import Callable, Collection, Iterator
 from contextlib import contextmanager
 from datetime import timedelta
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, Self
+from typing import Self
 
 import sqlalchemy as sa
 from sqlalchemy.engine import URL, Connection, Engine
 
-from orbit_client import NotFoundError, OrbitClient, OrbitError, Task
-from outbox_adapter import _flow_sending as flow_sending
-from outbox_adapter import _migrate
+from orbit_client import OrbitClient
+from outbox_adapter import _inbox_queries as iq
+from outbox_adapter import _migrate, _ordering, _reconcile
+from outbox_adapter import _operator_queries as oq
 from outbox_adapter import _queries as q
 from outbox_adapter._db import (
     create_engine,
@@ -31,20 +33,17 @@ from outbox_adapter._db import (
     transaction_on,
     translate_db_error,
 )
-from outbox_adapter._exceptions import InvalidStateError, OutboxRowError, OutboxUsageError, RowNotFoundError
+from outbox_adapter._exceptions import InvalidStateError, OutboxUsageError, RowNotFoundError
 from outbox_adapter._models import (
-    DeliveredRow,
     InboxRow,
     OutboxEvent,
     OutboxRow,
     OutboxStatus,
     ReconcileDecision,
 )
-from outbox_adapter._sending import KeyWindow
-from outbox_adapter._tables import InboxOutcome, OutboxState, OutboxTables, RowKind
-
-if TYPE_CHECKING:
-    from outbox_adapter._ordering import BlockedKey
+from outbox_adapter._ordering import BlockedKey
+from outbox_adapter._reconcile import DeliveredHook
+from outbox_adapter._tables import InboxOutcome, OutboxState, OutboxTables
 
 __all__ = ["DEFAULT_KEY_WINDOW_SECONDS", "Outbox"]
 
@@ -52,8 +51,6 @@ log = logging.getLogger("outbox_adapter")
 
 #: How long the server remembers an idempotency key, in seconds (server default: 7 days).
 DEFAULT_KEY_WINDOW_SECONDS = 7 * 24 * 3600.0
-
-DeliveredHook = Callable[[Connection, DeliveredRow], None]
 
 
 class Outbox:
@@ -179,7 +176,7 @@ class Outbox:
             OutboxDatabaseError: the database failed; :class:`OutboxSchemaError` if not migrated.
         """
         with self.transaction("read the outbox status") as conn:
-            return q.count_by_state(conn, self.tables)
+            return oq.count_by_state(conn, self.tables)
 
     def list_rows(self, *, state: str | None = None, limit: int = 50, after_id: int = 0) -> list[OutboxRow]:
         """Rows in ``state`` (``None``: every state; any case) with ``id > after_id``, by id, at most ``limit``.
@@ -195,7 +192,7 @@ class Outbox:
         if limit < 1:
             raise OutboxUsageError("limit must be at least 1")
         with self.transaction("list outbox rows") as conn:
-            return q.list_rows(conn, self.tables, state=state, limit=limit, after_id=after_id)
+            return oq.list_rows(conn, self.tables, state=state, limit=limit, after_id=after_id)
 
     def get(self, row_id: int) -> OutboxRow:
         """The row with id ``row_id``.
@@ -217,7 +214,7 @@ class Outbox:
             OutboxDatabaseError: the database failed.
         """
         with self.transaction(f"read the events of row {row_id}", row_id=row_id) as conn:
-            return q.list_events(conn, self.tables, row_id)
+            return oq.list_events(conn, self.tables, row_id)
 
     def inbox_rows(
         self,
@@ -239,7 +236,7 @@ class Outbox:
         if limit < 1:
             raise OutboxUsageError("limit must be at least 1")
         with self.transaction("list inbox rows") as conn:
-            return q.list_inbox(
+            return iq.list_inbox(
                 conn, self.tables, outcome=outcome, subscription=subscription, limit=limit, after_id=after_id
             )
 
@@ -250,7 +247,7 @@ class Outbox:
             OutboxDatabaseError: the database failed; :class:`OutboxSchemaError` if not migrated.
         """
         with self.transaction(f"read the inbox row of event {event_id}") as conn:
-            return q.get_inbox_row(conn, self.tables, subscription=subscription, event_id=event_id)
+            return iq.get_inbox_row(conn, self.tables, subscription=subscription, event_id=event_id)
 
     # --- operator actions ----------------------------------------------------------------------------
 
@@ -292,7 +289,7 @@ class Outbox:
                     state=row.state,
                 )
             now = db_now(conn)
-            q.retry_dead_row(conn, self.tables, row_id, now=now)
+            oq.retry_dead_row(conn, self.tables, row_id, now=now)
             event = q.event_values(row_id, q.DEAD, q.PENDING, reason=reason, actor=actor, now=now)
             q.add_events(conn, self.tables, [event])
             after = q.get_row(conn, self.tables, row_id)
@@ -320,9 +317,47 @@ class Outbox:
                 another process changed it meanwhile); nothing changed.
             OutboxDatabaseError: the database failed; nothing changed.
         """
-        from outbox_adapter._ordering import abandon_row
-
-        return abandon_row(self, row_id, actor=actor, reason=reason)
+        if not isinstance(reason, str) or not reason.strip():
+            raise OutboxUsageError(
+                "give a reason for the audit trail, e.g. reason='order cancelled by the customer'"
+            )
+        with self.transaction(f"abandon row {row_id}", row_id=row_id) as conn:
+            row = q.get_row(conn, self.tables, row_id, for_update=True)
+            if row is None:
+                raise RowNotFoundError(
+                    f"there is no outbox row {row_id} (never enqueued, or purged); see `orbit-outbox list`",
+                    row_id=row_id,
+                )
+            if row.state not in (q.DEAD, q.NEEDS_RECONCILE):
+                raise InvalidStateError(
+                    f"row {row_id} is {row.state}; only DEAD or NEEDS_RECONCILE rows can be abandoned "
+                    f"(see `orbit-outbox show {row_id}`)",
+                    row_id=row_id,
+                    state=row.state,
+                )
+            now = db_now(conn)
+            error = f"abandoned by operator: {reason}"
+            if not oq.abandon_row(conn, self.tables, row_id, now=now, error=error, from_state=row.state):
+                raise InvalidStateError(  # pragma: no cover - the row is locked (SQLite: single writer)
+                    f"row {row_id} changed meanwhile; nothing was changed; see `orbit-outbox show {row_id}`",
+                    row_id=row_id,
+                    state=row.state,
+                )
+            released = f"; ordering key {row.ordering_key!r} released" if row.ordering_key is not None else ""
+            event = q.event_values(row_id, row.state, q.ABANDONED, reason=f"abandoned by an operator{released}: {reason}",
+                                   actor=actor, now=now)  # fmt: skip
+            q.add_events(conn, self.tables, [event])
+            after = q.get_row(conn, self.tables, row_id)
+        assert after is not None
+        log.info(
+            "row %d (key %s) abandoned by %s%s",
+            row_id,
+            row.idempotency_key,
+            actor,
+            released,
+            extra={"event": "abandoned", "row_id": row_id, "idempotency_key": row.idempotency_key},
+        )
+        return after
 
     def blocked_keys(self, *, limit: int = 100) -> list[BlockedKey]:
         """Ordering keys held back by a row that needs a person (its first unsent row is ``DEAD``
@@ -331,10 +366,8 @@ class Outbox:
         Raises:
             OutboxDatabaseError: the database failed; :class:`OutboxSchemaError` if not migrated.
         """
-        from outbox_adapter._ordering import blocked_keys
-
         with self.transaction("list blocked ordering keys") as conn:
-            return blocked_keys(conn, self.tables, limit=limit)
+            return _ordering.blocked_keys(conn, self.tables, limit=limit)
 
     def retry_all_dead(
         self, *, actor: str, reason: str = "retried by an operator (--all-dead)", batch_size: int = 500
@@ -348,13 +381,13 @@ class Outbox:
         after = 0
         while True:
             with self.transaction("retry DEAD rows") as conn:
-                rows = q.list_rows(conn, self.tables, state=q.DEAD, limit=batch_size, after_id=after)
+                rows = oq.list_rows(conn, self.tables, state=q.DEAD, limit=batch_size, after_id=after)
                 if not rows:
                     return retried
                 now = db_now(conn)
                 events = []
                 for row in rows:
-                    if q.retry_dead_row(conn, self.tables, row.id, now=now):
+                    if oq.retry_dead_row(conn, self.tables, row.id, now=now):
                         retried.append(row.id)
                         events.append(
                             q.event_values(row.id, q.DEAD, q.PENDING, reason=reason, actor=actor, now=now)
@@ -412,100 +445,16 @@ class Outbox:
             OrbitError: the task lookup failed (server unreachable, key refused); nothing changed.
             OutboxDatabaseError: the database failed; nothing changed.
         """
-        if (delivered_as is None) == (not abandon):
-            raise OutboxUsageError("give exactly one of delivered_as= (a task id) and abandon=True")
-        if not reason or not reason.strip():
-            raise OutboxUsageError("give a reason for the audit trail, e.g. reason='task found in the queue'")
-        if delivered_as is not None and client is None:
-            raise OutboxUsageError("delivered_as= needs client= to check that the task exists")
-        row = self.get(row_id)
-        _require_needs_reconcile(row)
-        if delivered_as is not None and row.kind == RowKind.FLOW.value:
-            assert client is not None
-            try:
-                instance = flow_sending.get_flow_instance(client, row.namespace, delivered_as)
-            except NotFoundError:
-                raise OutboxRowError(
-                    f"there is no flow instance {delivered_as!r} in namespace {row.namespace!r} (the server "
-                    f"answered 404); check the instance id; row {row_id} stays NEEDS_RECONCILE",
-                    row_id=row_id,
-                    state=row.state,
-                ) from None
-            to_state, error = q.DELIVERED, None
-            detail = f"delivered as flow instance {instance.id} (flow {instance.flow!r})"
-        elif delivered_as is not None:
-            assert client is not None
-            try:
-                task = client.get_task(row.namespace, delivered_as)
-            except NotFoundError:
-                raise OutboxRowError(
-                    f"there is no task {delivered_as!r} in namespace {row.namespace!r} (the server answered 404); "
-                    f"check the task id; row {row_id} stays NEEDS_RECONCILE",
-                    row_id=row_id,
-                    state=row.state,
-                ) from None
-            to_state, error = q.DELIVERED, None
-            detail = f"delivered as task {task.id} (queue {task.queue!r}, handler {task.handler!r})"
-        else:
-            to_state, error = q.ABANDONED, f"abandoned by operator: {reason}"
-            detail = "abandoned"
-        with self.transaction(f"resolve row {row_id}", row_id=row_id) as conn:
-            now = db_now(conn)
-            if delivered_as is not None:
-                changed = q.record_reconciled_delivered(
-                    conn, self.tables, row_id, now=now, task_id=delivered_as
-                )
-            else:
-                assert error is not None
-                changed = q.abandon_row(conn, self.tables, row_id, now=now, error=error)
-            if not changed:
-                now_row = q.get_row(conn, self.tables, row_id)
-                state = now_row.state if now_row is not None else "purged"
-                raise InvalidStateError(
-                    f"row {row_id} changed meanwhile and is now {state}, not NEEDS_RECONCILE; nothing was "
-                    f"changed; see `orbit-outbox show {row_id}`",
-                    row_id=row_id,
-                    state=state,
-                )
-            if delivered_as is not None and on_delivered is not None:
-                on_delivered(
-                    conn,
-                    DeliveredRow(
-                        row_id=row_id,
-                        idempotency_key=row.idempotency_key,
-                        business_ref=row.business_ref,
-                        orbit_task_id=delivered_as,
-                        replayed=True,
-                        kind=row.kind,
-                    ),
-                )
-            event = q.event_values(
-                row_id,
-                q.NEEDS_RECONCILE,
-                to_state,
-                reason=f"resolved by an operator ({detail}): {reason}",
-                actor=actor,
-                now=now,
-                task_id=delivered_as,
-            )
-            q.add_events(conn, self.tables, [event])
-            after = q.get_row(conn, self.tables, row_id)
-        assert after is not None
-        log.info(
-            "row %d (key %s) resolved by %s: %s",
+        return _reconcile.resolve(
+            self,
             row_id,
-            row.idempotency_key,
-            actor,
-            detail,
-            extra={
-                "event": "resolved",
-                "row_id": row_id,
-                "idempotency_key": row.idempotency_key,
-                "orbit_task_id": delivered_as,
-                "state": to_state,
-            },
+            actor=actor,
+            reason=reason,
+            delivered_as=delivered_as,
+            abandon=abandon,
+            client=client,
+            on_delivered=on_delivered,
         )
-        return after
 
     def reconcile(
         self,
@@ -560,203 +509,15 @@ class Outbox:
         Raises:
             OutboxDatabaseError: the database failed; decisions already applied stay.
         """
-        decisions: list[ReconcileDecision] = []
-        after = 0
-        limit = KeyWindow(client).limit() if key_window_seconds is None else key_window_seconds
-        window = None if limit is None else timedelta(seconds=limit)  # None: the server never forgets a key
-        while True:
-            with self.transaction("read the rows to reconcile") as conn:
-                rows = q.rows_to_reconcile(conn, self.tables, after_id=after, limit=batch_size)
-                now = db_now(conn)
-            if not rows:
-                return decisions
-            for row in rows:
-                decision = self._reconcile_one(
-                    client,
-                    row,
-                    actor=actor,
-                    dry_run=dry_run,
-                    too_old=None if window is None else now - window,
-                    on_delivered=on_delivered,
-                )
-                decisions.append(decision)
-                if on_decision is not None:
-                    on_decision(decision)
-            after = rows[-1].id
-
-    def _reconcile_one(
-        self,
-        client: OrbitClient,
-        row: OutboxRow,
-        *,
-        actor: str,
-        dry_run: bool,
-        too_old: Any,
-        on_delivered: DeliveredHook | None,
-    ) -> ReconcileDecision:
-        key = row.idempotency_key
-        if row.kind == RowKind.FLOW.value:
-            return self._reconcile_flow_row(
-                client, row, actor=actor, dry_run=dry_run, on_delivered=on_delivered
-            )
-        try:
-            task = client.find_submission(row.namespace, key)
-        except OrbitError as exc:
-            return ReconcileDecision(
-                row_id=row.id,
-                idempotency_key=key,
-                decision="error",
-                applied=False,
-                detail=f"lookup failed: {exc}",
-            )
-        if task is not None and _same_submission(task, row):
-            decision, to_state = "delivered", q.DELIVERED
-            detail = f"the server has task {task.id} for this key: delivered"
-        elif task is not None:
-            decision, to_state = "mismatch", q.NEEDS_RECONCILE
-            detail = (
-                f"the key names task {task.id} of a different submission (queue {task.queue!r}, handler "
-                f"{task.handler!r}); a person must decide ({_resolve_hint(row.id)}); the row stays NEEDS_RECONCILE"
-            )
-        elif too_old is not None and row.created_at.replace(tzinfo=None) < too_old:
-            decision, to_state = "too_old", q.NEEDS_RECONCILE
-            detail = (
-                "no task for this key, but the row is older than the server's key window, so the server may "
-                "have forgotten it; resending could create a second task; a person must decide "
-                f"({_resolve_hint(row.id)}); the row stays NEEDS_RECONCILE"
-            )
-        else:
-            decision, to_state = "pending", q.PENDING
-            detail = "no task was created with this key: sent again with the same key"
-        task_id = task.id if task is not None else None
-        return self._apply_decision(
-            row, decision, to_state, detail, task_id, actor=actor, dry_run=dry_run, on_delivered=on_delivered
-        )
-
-    def _reconcile_flow_row(
-        self,
-        client: OrbitClient,
-        row: OutboxRow,
-        *,
-        actor: str,
-        dry_run: bool,
-        on_delivered: DeliveredHook | None,
-    ) -> ReconcileDecision:
-        """Settle a flow row by its key (``GET .../flow-instances?idempotency_key=K``): the instance of
-        this flow and input → ``DELIVERED``; another start → ``mismatch``; none → ``PENDING`` (a flow
-        start's key lives as long as its instance, so "none" proves nothing was started)."""
-        key = row.idempotency_key
-        try:
-            found = flow_sending.find_flow_start(client, row.namespace, key)
-        except OrbitError as exc:
-            return ReconcileDecision(
-                row_id=row.id,
-                idempotency_key=key,
-                decision="error",
-                applied=False,
-                detail=f"lookup failed: {exc}",
-            )
-        if found is not None and flow_sending.same_start(found, row.flow, row.params):
-            decision, to_state = "delivered", q.DELIVERED
-            detail = f"the server has flow instance {found.id} for this key: delivered"
-        elif found is not None:
-            decision, to_state = "mismatch", q.NEEDS_RECONCILE
-            detail = (
-                f"the key names flow instance {found.id} of another start (flow {found.flow!r}); a person must "
-                f"decide ({_resolve_hint(row.id)}); the row stays NEEDS_RECONCILE"
-            )
-        else:
-            decision, to_state = "pending", q.PENDING
-            detail = "no flow instance was started with this key: sent again with the same key"
-        return self._apply_decision(
-            row,
-            decision,
-            to_state,
-            detail,
-            found.id if found is not None else None,
+        return _reconcile.reconcile(
+            self,
+            client,
             actor=actor,
             dry_run=dry_run,
+            key_window_seconds=key_window_seconds,
+            batch_size=batch_size,
+            on_decision=on_decision,
             on_delivered=on_delivered,
-        )
-
-    def _apply_decision(
-        self,
-        row: OutboxRow,
-        decision: str,
-        to_state: str,
-        detail: str,
-        task_id: str | None,
-        *,
-        actor: str,
-        dry_run: bool,
-        on_delivered: DeliveredHook | None,
-    ) -> ReconcileDecision:
-        """Write one reconcile decision (conditional on the row still being ``NEEDS_RECONCILE``), audited."""
-        key = row.idempotency_key
-        if dry_run:
-            return ReconcileDecision(
-                row_id=row.id,
-                idempotency_key=key,
-                decision=decision,
-                applied=False,
-                detail=detail,
-                orbit_task_id=task_id,
-            )
-        with self.transaction(f"record the reconcile decision for row {row.id}", row_id=row.id) as conn:
-            now = db_now(conn)
-            if decision == "delivered":
-                assert task_id is not None
-                written = q.record_reconciled_delivered(conn, self.tables, row.id, now=now, task_id=task_id)
-                if written and on_delivered is not None:
-                    on_delivered(
-                        conn,
-                        DeliveredRow(
-                            row_id=row.id,
-                            idempotency_key=key,
-                            business_ref=row.business_ref,
-                            orbit_task_id=task_id,
-                            replayed=True,
-                            kind=row.kind,
-                        ),
-                    )
-            elif decision == "pending":
-                written = q.record_reconciled_pending(conn, self.tables, row.id, now=now)
-            else:  # left for a person: only last_error and the audit event are written
-                written = q.record_reconcile_mismatch(conn, self.tables, row.id, now=now, error=detail)
-            if written:
-                event = q.event_values(
-                    row.id,
-                    q.NEEDS_RECONCILE,
-                    to_state,
-                    reason=f"reconcile: {detail}",
-                    actor=actor,
-                    now=now,
-                    task_id=task_id,
-                )
-                q.add_events(conn, self.tables, [event])
-        if not written:
-            detail = "another process decided this row first; nothing was changed"
-        applied = written and to_state != q.NEEDS_RECONCILE
-        log.info(
-            "reconcile row %d (key %s): %s",
-            row.id,
-            key,
-            decision,
-            extra={
-                "event": "reconciled",
-                "row_id": row.id,
-                "idempotency_key": key,
-                "orbit_task_id": task_id,
-                "decision": decision,
-            },
-        )
-        return ReconcileDecision(
-            row_id=row.id,
-            idempotency_key=key,
-            decision=decision,
-            applied=applied,
-            detail=detail,
-            orbit_task_id=task_id,
         )
 
     def purge_delivered(
@@ -791,7 +552,7 @@ class Outbox:
         total = 0
         while True:
             with self.transaction("purge delivered rows") as conn:
-                deleted = q.purge_delivered_batch(conn, self.tables, cutoff=cutoff, batch_size=batch_size)
+                deleted = oq.purge_delivered_batch(conn, self.tables, cutoff=cutoff, batch_size=batch_size)
             total += deleted
             if on_batch is not None and deleted:
                 on_batch(deleted)
@@ -834,7 +595,7 @@ class Outbox:
         purged: list[int] = []
         while True:
             with self.transaction("purge DEAD rows") as conn:
-                ids = q.purge_dead_batch(
+                ids = oq.purge_dead_batch(
                     conn, self.tables, cutoff=cutoff, batch_size=batch_size, reason=reason, actor=actor,
                     now=db_now(conn), row_ids=row_ids,
                 )  # fmt: skip
@@ -854,34 +615,4 @@ class Outbox:
 def _not_found(row_id: int) -> RowNotFoundError:
     return RowNotFoundError(
         f"there is no outbox row {row_id} (never enqueued, or purged); see `orbit-outbox list`", row_id=row_id
-    )
-
-
-def _resolve_hint(row_id: int) -> str:
-    return (
-        f"`orbit-outbox resolve {row_id} --delivered-as TASK_ID --reason TEXT` or `--abandon --reason TEXT`"
-    )
-
-
-def _require_needs_reconcile(row: OutboxRow) -> None:
-    if row.state != q.NEEDS_RECONCILE:
-        hint = (
-            f"use `orbit-outbox retry {row.id}` to send a DEAD row again"
-            if row.state == q.DEAD
-            else "there is nothing to resolve"
-        )
-        raise InvalidStateError(
-            f"row {row.id} is {row.state}, not NEEDS_RECONCILE; only NEEDS_RECONCILE rows can be resolved ({hint})",
-            row_id=row.id,
-            state=row.state,
-        )
-
-
-def _same_submission(task: Task, row: OutboxRow) -> bool:
-    """Whether the task the key names is this row's submission (queue, handler and params)."""
-    return (
-        task.namespace == row.namespace
-        and task.queue == row.queue
-        and task.handler == row.handler
-        and task.params == row.params
     )

@@ -26,9 +26,6 @@ import sqlalchemy as sa
 from sqlalchemy.dialects import mysql, postgresql, sqlite
 from sqlalchemy.engine import Connection
 
-from outbox_adapter import _queries as q
-from outbox_adapter._db import db_now
-from outbox_adapter._exceptions import InvalidStateError, OutboxUsageError, RowNotFoundError
 from outbox_adapter._queries import (
     DEAD,
     NEEDS_RECONCILE,
@@ -41,12 +38,11 @@ from outbox_adapter._queries import (
 from outbox_adapter._tables import OutboxTables
 
 if TYPE_CHECKING:
-    from outbox_adapter._manager import Outbox
-    from outbox_adapter._models import OutboxRow
+    pass
 
 log = logging.getLogger("outbox_adapter")
 
-__all__ = ["BlockedKey", "abandon_row", "blocked_keys", "insert_keyed_row", "take_ordering_key"]
+__all__ = ["BlockedKey", "blocked_keys", "insert_keyed_row", "take_ordering_key"]
 
 _cache: weakref.WeakKeyDictionary[OutboxTables, dict[str, tuple[Any, sa.Insert]]] = (
     weakref.WeakKeyDictionary()
@@ -155,49 +151,3 @@ def blocked_keys(conn: Connection, t: OutboxTables, *, limit: int) -> list[Block
                    last_error=m["last_error"])
         for m in conn.execute(stmt).mappings()
     ]  # fmt: skip
-
-
-def abandon_row(outbox: Outbox, row_id: int, *, actor: str, reason: str) -> OutboxRow:
-    """:meth:`Outbox.abandon`: ``DEAD`` | ``NEEDS_RECONCILE`` → ``ABANDONED`` in one transaction,
-    conditional on the state read under the row's lock, with its audit event."""
-    if not isinstance(reason, str) or not reason.strip():
-        raise OutboxUsageError(
-            "give a reason for the audit trail, e.g. reason='order cancelled by the customer'"
-        )
-    with outbox.transaction(f"abandon row {row_id}", row_id=row_id) as conn:
-        row = q.get_row(conn, outbox.tables, row_id, for_update=True)
-        if row is None:
-            raise RowNotFoundError(
-                f"there is no outbox row {row_id} (never enqueued, or purged); see `orbit-outbox list`",
-                row_id=row_id,
-            )
-        if row.state not in (DEAD, NEEDS_RECONCILE):
-            raise InvalidStateError(
-                f"row {row_id} is {row.state}; only DEAD or NEEDS_RECONCILE rows can be abandoned "
-                f"(see `orbit-outbox show {row_id}`)",
-                row_id=row_id,
-                state=row.state,
-            )
-        now = db_now(conn)
-        error = f"abandoned by operator: {reason}"
-        if not q.abandon_row(conn, outbox.tables, row_id, now=now, error=error, from_state=row.state):
-            raise InvalidStateError(  # pragma: no cover - the row is locked (SQLite: single writer)
-                f"row {row_id} changed meanwhile; nothing was changed; see `orbit-outbox show {row_id}`",
-                row_id=row_id,
-                state=row.state,
-            )
-        released = f"; ordering key {row.ordering_key!r} released" if row.ordering_key is not None else ""
-        event = q.event_values(row_id, row.state, q.ABANDONED, reason=f"abandoned by an operator{released}: {reason}",
-                               actor=actor, now=now)  # fmt: skip
-        q.add_events(conn, outbox.tables, [event])
-        after = q.get_row(conn, outbox.tables, row_id)
-    assert after is not None
-    log.info(
-        "row %d (key %s) abandoned by %s%s",
-        row_id,
-        row.idempotency_key,
-        actor,
-        released,
-        extra={"event": "abandoned", "row_id": row_id, "idempotency_key": row.idempotency_key},
-    )
-    return after

@@ -12,10 +12,9 @@ only ``state = 'PENDING' AND available_at <= now``, which the index
 conditional update on ``(id, lease_token)`` with a live lease, and its row count is
 checked: a relay whose lease expired or was taken over records nothing.
 
-Inbox (DESIGN §5): the result consumer's business transaction first looks for the event
-(:func:`inbox_contains`), then inserts its row (:func:`insert_inbox_row`), whose unique
-``(subscription, event_id)`` makes a concurrent duplicate wait for, then fail on, the
-first one's commit.
+This module holds the statements of the delivery path (enqueue, claim, record, audit) and
+the row lookup; the operators' reads and repairs are ``_operator_queries``, the inbox's
+statements ``_inbox_queries``.
 """
 
 from __future__ import annotations
@@ -25,7 +24,7 @@ import os
 import threading
 import uuid
 import weakref
-from collections.abc import Collection, Iterable, Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
@@ -33,40 +32,25 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection, RowMapping
 
-from outbox_adapter._db import db_now, now_sql, to_aware_utc
-from outbox_adapter._models import InboxRow, OutboxEvent, OutboxRow, OutboxStatus
-from outbox_adapter._tables import InboxOutcome, OutboxState, OutboxTables, RowKind
+from outbox_adapter._db import now_sql, record_of
+from outbox_adapter._models import OutboxRow
+from outbox_adapter._tables import OutboxState, OutboxTables, RowKind
 
 __all__ = [
     "UNSENT",
     "Claim",
     "Finish",
-    "abandon_row",
     "add_events",
     "claim_batch",
-    "count_by_state",
+    "clip",
     "event_values",
     "finish_claims",
-    "get_inbox_row",
     "get_row",
-    "inbox_contains",
-    "insert_inbox_row",
     "insert_row",
     "insert_statement",
-    "list_events",
-    "list_inbox",
-    "list_rows",
     "live_claims",
-    "mark_inbox_processed",
-    "purge_dead_batch",
-    "purge_delivered_batch",
     "record_dead",
     "record_delivered",
-    "record_reconcile_mismatch",
-    "record_reconciled_delivered",
-    "record_reconciled_pending",
-    "retry_dead_row",
-    "rows_to_reconcile",
     "select_due",
     "take_rows",
 ]
@@ -87,7 +71,8 @@ _UNSENT = UNSENT
 _ERROR_MAX = 2000
 
 
-def _clip(text: str | None) -> str | None:
+def clip(text: str | None) -> str | None:
+    """``text`` cut to the longest ``last_error`` / ``reason`` stored."""
     if text is None or len(text) <= _ERROR_MAX:
         return text
     return text[: _ERROR_MAX - 1] + "…"
@@ -404,7 +389,7 @@ def take_rows(
             "b_id": row["id"],
             "b_now": now,
             "b_old_token": row["lease_token"],
-            "b_error": _clip(reason),
+            "b_error": clip(reason),
         }
         if conn.execute(stmts.spend, params).rowcount != 1:
             continue  # another relay decided first
@@ -489,7 +474,7 @@ _finish_statements: weakref.WeakKeyDictionary[OutboxTables, dict[tuple[Any, ...]
 
 
 def _finish_values(f: Finish, now: datetime) -> dict[str, Any]:
-    values: dict[str, Any] = {"last_error": _clip(f.error), "last_status_code": f.status_code}
+    values: dict[str, Any] = {"last_error": clip(f.error), "last_status_code": f.status_code}
     if f.state == DELIVERED:
         values.update(orbit_task_id=f.task_id, delivered_at=now, last_error=None)
     if f.state == PENDING:
@@ -630,7 +615,7 @@ def event_values(
         "outbox_id": row_id,
         "from_state": from_state,
         "to_state": to_state,
-        "reason": _clip(reason),
+        "reason": clip(reason),
         "actor": actor[:255],
         "orbit_task_id": task_id,
         "at": now,
@@ -640,345 +625,10 @@ def event_values(
 # --- reads -------------------------------------------------------------------------------------------
 
 
-def _row(m: RowMapping) -> OutboxRow:
-    return OutboxRow(
-        id=m["id"],
-        idempotency_key=m["idempotency_key"],
-        namespace=m["namespace"],
-        queue=m["queue"],
-        handler=m["handler"],
-        state=m["state"],
-        attempts=m["attempts"],
-        send_count=m["send_count"],
-        max_attempts=m["max_attempts"],
-        available_at=_aware(m["available_at"]),
-        created_at=_aware(m["created_at"]),
-        updated_at=_aware(m["updated_at"]),
-        ordering_key=m["ordering_key"],
-        ordering_seq=m["ordering_seq"],
-        business_ref=m["business_ref"],
-        options=m["options"],
-        lease_owner=m["lease_owner"],
-        lease_token=m["lease_token"],
-        lease_expires_at=to_aware_utc(m["lease_expires_at"]),
-        last_error=m["last_error"],
-        last_status_code=m["last_status_code"],
-        orbit_task_id=m["orbit_task_id"],
-        delivered_at=to_aware_utc(m["delivered_at"]),
-        params=m["params"],
-        kind=m["kind"],
-        flow=m["flow"],
-    )
-
-
-def _aware(value: datetime) -> datetime:
-    aware = to_aware_utc(value)
-    assert aware is not None
-    return aware
-
-
 def get_row(conn: Connection, t: OutboxTables, row_id: int, *, for_update: bool = False) -> OutboxRow | None:
     """The row with id ``row_id``, or ``None``. ``for_update`` locks it (not on SQLite: single writer)."""
     stmt = sa.select(t.outbox).where(t.outbox.c.id == row_id)
     if for_update and conn.dialect.name != "sqlite":
         stmt = stmt.with_for_update()
     found = conn.execute(stmt).mappings().first()
-    return _row(found) if found is not None else None
-
-
-def list_rows(
-    conn: Connection, t: OutboxTables, *, state: str | None, limit: int, after_id: int = 0
-) -> list[OutboxRow]:
-    """Rows in ``state`` (``None``: any) with ``id > after_id``, by id, at most ``limit``."""
-    o = t.outbox
-    stmt = sa.select(o).where(o.c.id > after_id).order_by(o.c.id).limit(limit)
-    if state is not None:
-        stmt = stmt.where(o.c.state == state)
-    return [_row(m) for m in conn.execute(stmt).mappings()]
-
-
-def list_events(conn: Connection, t: OutboxTables, row_id: int) -> list[OutboxEvent]:
-    """The audit events of row ``row_id``, oldest first."""
-    e = t.events
-    stmt = sa.select(e).where(e.c.outbox_id == row_id).order_by(e.c.id)
-    return [
-        OutboxEvent(
-            id=m["id"],
-            outbox_id=m["outbox_id"],
-            from_state=m["from_state"],
-            to_state=m["to_state"],
-            reason=m["reason"],
-            actor=m["actor"],
-            orbit_task_id=m["orbit_task_id"],
-            at=_aware(m["at"]),
-        )
-        for m in conn.execute(stmt).mappings()
-    ]
-
-
-def count_by_state(conn: Connection, t: OutboxTables) -> OutboxStatus:
-    """Rows per state, live leases, the oldest pending row's age and the next due time."""
-    o = t.outbox
-    now = db_now(conn)
-    counts = {s.value: 0 for s in OutboxState}
-    for state, n in conn.execute(sa.select(o.c.state, sa.func.count()).group_by(o.c.state)):
-        counts[state] = n
-    pending = sa.select(
-        sa.func.min(o.c.created_at),
-        sa.func.min(o.c.available_at),
-        sa.func.sum(sa.case((o.c.lease_expires_at > now, 1), else_=0)),
-    ).where(o.c.state == PENDING)
-    oldest, next_due, leased = conn.execute(pending).one()
-    if isinstance(oldest, str):  # SQLite returns aggregates of datetimes as text
-        oldest, next_due = datetime.fromisoformat(oldest), datetime.fromisoformat(next_due)
-    return OutboxStatus(
-        counts=counts,
-        leased=int(leased or 0),
-        oldest_pending_age_seconds=max(0.0, (now - oldest).total_seconds()) if oldest is not None else None,
-        next_due_at=to_aware_utc(next_due),
-        now=_aware(now),
-    )
-
-
-# --- operators ---------------------------------------------------------------------------------------
-
-
-def retry_dead_row(conn: Connection, t: OutboxTables, row_id: int, *, now: datetime) -> bool:
-    """``DEAD`` → ``PENDING`` with the same key, a fresh budget, due now. ``False`` if not ``DEAD``."""
-    o = t.outbox
-    result = conn.execute(
-        sa.update(o)
-        .where(o.c.id == row_id, o.c.state == DEAD)
-        .values(state=PENDING, attempts=0, available_at=now, updated_at=now)
-    )
-    return result.rowcount == 1
-
-
-def rows_to_reconcile(conn: Connection, t: OutboxTables, *, after_id: int, limit: int) -> list[OutboxRow]:
-    """``NEEDS_RECONCILE`` rows with ``id > after_id``, by id, at most ``limit``."""
-    return list_rows(conn, t, state=NEEDS_RECONCILE, limit=limit, after_id=after_id)
-
-
-def record_reconciled_delivered(
-    conn: Connection, t: OutboxTables, row_id: int, *, now: datetime, task_id: str
-) -> bool:
-    """``NEEDS_RECONCILE`` → ``DELIVERED`` with the task found for the key. ``False`` if no longer there."""
-    o = t.outbox
-    result = conn.execute(
-        sa.update(o)
-        .where(o.c.id == row_id, o.c.state == NEEDS_RECONCILE)
-        .values(state=DELIVERED, orbit_task_id=task_id, delivered_at=now, last_error=None, updated_at=now)
-    )
-    return result.rowcount == 1
-
-
-def record_reconciled_pending(conn: Connection, t: OutboxTables, row_id: int, *, now: datetime) -> bool:
-    """``NEEDS_RECONCILE`` → ``PENDING``, same key, fresh budget, due now. ``False`` if no longer there."""
-    o = t.outbox
-    result = conn.execute(
-        sa.update(o)
-        .where(o.c.id == row_id, o.c.state == NEEDS_RECONCILE)
-        .values(state=PENDING, attempts=0, available_at=now, updated_at=now)
-    )
-    return result.rowcount == 1
-
-
-def record_reconcile_mismatch(
-    conn: Connection, t: OutboxTables, row_id: int, *, now: datetime, error: str
-) -> bool:
-    """Keep a ``NEEDS_RECONCILE`` row where it is, with why in ``last_error``."""
-    o = t.outbox
-    result = conn.execute(
-        sa.update(o)
-        .where(o.c.id == row_id, o.c.state == NEEDS_RECONCILE)
-        .values(last_error=_clip(error), updated_at=now)
-    )
-    return result.rowcount == 1
-
-
-def abandon_row(
-    conn: Connection,
-    t: OutboxTables,
-    row_id: int,
-    *,
-    now: datetime,
-    error: str,
-    from_state: str = NEEDS_RECONCILE,
-) -> bool:
-    """``from_state`` (``NEEDS_RECONCILE`` or ``DEAD``) → ``ABANDONED`` by an operator's decision, with
-    why in ``last_error``. ``False`` if no longer ``from_state``."""
-    o = t.outbox
-    result = conn.execute(
-        sa.update(o)
-        .where(o.c.id == row_id, o.c.state == from_state)
-        .values(state=ABANDONED, last_error=_clip(error), updated_at=now)
-    )
-    return result.rowcount == 1
-
-
-def purge_delivered_batch(conn: Connection, t: OutboxTables, *, cutoff: datetime, batch_size: int) -> int:
-    """Delete up to ``batch_size`` ``DELIVERED`` rows delivered before ``cutoff``, and their events.
-
-    Only ``DELIVERED`` rows are ever deleted (the ``DELETE`` repeats the condition).
-    Returns the number of rows deleted.
-    """
-    o, e = t.outbox, t.events
-    ids = list(
-        conn.scalars(
-            sa.select(o.c.id)
-            .where(o.c.state == DELIVERED, o.c.delivered_at < cutoff)
-            .order_by(o.c.delivered_at)
-            .limit(batch_size)
-        )
-    )
-    if not ids:
-        return 0
-    deleted = conn.execute(sa.delete(o).where(o.c.id.in_(ids), o.c.state == DELIVERED)).rowcount
-    conn.execute(sa.delete(e).where(e.c.outbox_id.in_(ids)))
-    return int(deleted)
-
-
-def purge_dead_batch(
-    conn: Connection,
-    t: OutboxTables,
-    *,
-    cutoff: datetime,
-    batch_size: int,
-    reason: str,
-    actor: str,
-    now: datetime,
-    row_ids: Collection[int] | None = None,
-) -> list[int]:
-    """Delete up to ``batch_size`` rows ``DEAD`` since before ``cutoff`` (``updated_at``), only rows of
-    ``row_ids`` unless it is ``None``; return their ids.
-
-    Each deleted row keeps its audit events and gets one more, ``DEAD`` → ``PURGED`` with
-    ``reason`` and ``actor``, in the same transaction. The rows are locked when read (not on
-    SQLite: single writer) and the ``DELETE`` repeats the condition; a row that left ``DEAD``
-    in between (an operator's ``retry``) is neither deleted nor audited.
-    """
-    o = t.outbox
-    stmt = (
-        sa.select(o.c.id).where(o.c.state == DEAD, o.c.updated_at < cutoff).order_by(o.c.id).limit(batch_size)
-    )
-    if row_ids is not None:
-        stmt = stmt.where(o.c.id.in_(sorted(row_ids)))
-    if conn.dialect.name != "sqlite":
-        stmt = stmt.with_for_update()
-    ids = list(conn.scalars(stmt))
-    if not ids:
-        return []
-    deleted = conn.execute(sa.delete(o).where(o.c.id.in_(ids), o.c.state == DEAD)).rowcount
-    if deleted != len(ids):
-        left = set(conn.scalars(sa.select(o.c.id).where(o.c.id.in_(ids))))
-        ids = [i for i in ids if i not in left]
-    add_events(conn, t, [event_values(i, DEAD, PURGED, reason=reason, actor=actor, now=now) for i in ids])
-    return ids
-
-
-def ids_of(rows: Iterable[OutboxRow]) -> list[int]:
-    """The ids of ``rows``, in order."""
-    return [r.id for r in rows]
-
-
-# --- inbox -------------------------------------------------------------------------------------------
-
-
-def inbox_contains(conn: Connection, t: OutboxTables, *, subscription: str, event_id: str) -> bool:
-    """Whether ``event_id`` is already in the inbox for ``subscription`` (applied or recorded ``FAILED``)."""
-    i = t.inbox
-    stmt = sa.select(i.c.id).where(i.c.subscription == subscription, i.c.event_id == event_id)
-    return conn.execute(stmt).first() is not None
-
-
-def insert_inbox_row(
-    conn: Connection,
-    t: OutboxTables,
-    *,
-    event_id: str,
-    subscription: str,
-    namespace: str,
-    task_id: str,
-    status: str,
-    outcome: InboxOutcome,
-    delivery_count: int,
-    error: str | None = None,
-    event: Mapping[str, Any] | None = None,
-    processed: bool = False,
-) -> int:
-    """Insert the inbox row of one event; ``received_at`` (and with ``processed``, ``processed_at``)
-    from the database clock. Returns its id.
-
-    Raises:
-        sqlalchemy.exc.IntegrityError: the event is already there for this subscription
-            (on PostgreSQL the transaction is then aborted: the caller rolls back).
-    """
-    now = now_sql(conn.dialect.name)
-    result = conn.execute(
-        t.inbox.insert().values(
-            event_id=event_id,
-            subscription=subscription,
-            namespace=namespace,
-            task_id=task_id,
-            status=status,
-            outcome=outcome.value,
-            delivery_count=delivery_count,
-            error=_clip(error),
-            event=dict(event) if event is not None else None,
-            received_at=now,
-            processed_at=now if processed else None,
-        )
-    )
-    key = result.inserted_primary_key
-    assert key is not None and key[0] is not None
-    return int(key[0])
-
-
-def mark_inbox_processed(conn: Connection, t: OutboxTables, row_id: int) -> None:
-    """Set ``processed_at`` of inbox row ``row_id`` to the database's now (the handler returned)."""
-    i = t.inbox
-    conn.execute(sa.update(i).where(i.c.id == row_id).values(processed_at=now_sql(conn.dialect.name)))
-
-
-def _inbox_row(m: RowMapping) -> InboxRow:
-    return InboxRow(
-        id=m["id"],
-        event_id=m["event_id"],
-        subscription=m["subscription"],
-        namespace=m["namespace"],
-        task_id=m["task_id"],
-        status=m["status"],
-        outcome=m["outcome"],
-        delivery_count=m["delivery_count"],
-        error=m["error"],
-        event=m["event"],
-        received_at=_aware(m["received_at"]),
-        processed_at=to_aware_utc(m["processed_at"]),
-    )
-
-
-def get_inbox_row(conn: Connection, t: OutboxTables, *, subscription: str, event_id: str) -> InboxRow | None:
-    """The inbox row of ``event_id`` for ``subscription``, or ``None``."""
-    i = t.inbox
-    stmt = sa.select(i).where(i.c.subscription == subscription, i.c.event_id == event_id)
-    found = conn.execute(stmt).mappings().first()
-    return _inbox_row(found) if found is not None else None
-
-
-def list_inbox(
-    conn: Connection,
-    t: OutboxTables,
-    *,
-    outcome: str | None,
-    subscription: str | None = None,
-    limit: int,
-    after_id: int = 0,
-) -> list[InboxRow]:
-    """Inbox rows with ``id > after_id`` (of ``outcome`` / ``subscription`` when given), by id, at most ``limit``."""
-    i = t.inbox
-    stmt = sa.select(i).where(i.c.id > after_id).order_by(i.c.id).limit(limit)
-    if outcome is not None:
-        stmt = stmt.where(i.c.outcome == outcome)
-    if subscription is not None:
-        stmt = stmt.where(i.c.subscription == subscription)
-    return [_inbox_row(m) for m in conn.execute(stmt).mappings()]
+    return record_of(OutboxRow, found) if found is not None else None

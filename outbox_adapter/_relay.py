@@ -16,6 +16,9 @@ One loop per process, ``concurrency`` batch requests in flight on a thread pool:
 A server without the batch route gets one ``POST .../tasks`` per row (with the queue check,
 cached), the lease checked before each. A slow request only holds its own slot, never the
 recording of others.
+
+This module holds the loop, the claims and the shutdown; the sends are ``_relay_send``
+(:class:`Sender`), the records ``_relay_record`` (:class:`Recorder`).
 """
 
 from __future__ import annotations
@@ -31,33 +34,26 @@ import time
 import uuid
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
-from datetime import datetime, timedelta
 from types import FrameType, TracebackType
 from typing import Any, Self
 
 from sqlalchemy.engine import URL, Connection, Engine
 
-from orbit_client import OrbitClient, OrbitError, OrbitUsageError, RetryPolicy, _tracing
-from outbox_adapter import _flow_sending as flow_sending
+from orbit_client import OrbitClient, OrbitError, RetryPolicy
 from outbox_adapter import _queries as q
-from outbox_adapter import _tracing as outbox_tracing
-from outbox_adapter._db import db_now
 from outbox_adapter._exceptions import OutboxDatabaseError, OutboxUsageError
-from outbox_adapter._faults import Faults
 from outbox_adapter._manager import Outbox
 from outbox_adapter._metrics import BacklogSampler, MetricsServer, RelayMetrics
 from outbox_adapter._models import DeliveredRow, RelayStats
 from outbox_adapter._outcomes import (
     Backoff,
     Outage,
-    SendOutcome,
     Verdict,
-    accepted,
     classify_error,
-    dead_queue_hint,
-    item_outcome,
 )
-from outbox_adapter._sending import Batch, Done, KeyWindow, QueueCache, requests_of, route_missing
+from outbox_adapter._relay_record import Recorder
+from outbox_adapter._relay_send import Sender
+from outbox_adapter._sending import Batch, Done, requests_of
 from outbox_adapter._settings import OutboxSettings
 from outbox_adapter._tables import OutboxTables
 
@@ -67,10 +63,6 @@ log = logging.getLogger("outbox_adapter.relay")
 
 #: Budget of possibly-accepted sends of a row whose ``max_attempts`` is ``NULL``.
 DEFAULT_MAX_ATTEMPTS = 5
-
-
-#: The savepoint each ``on_delivered`` call runs under (``_Relay._hooks_under``).
-_HOOK_SAVEPOINT = "orbit_outbox_hook"
 
 
 def _by_namespace(claims: list[q.Claim]) -> dict[str, list[q.Claim]]:
@@ -84,18 +76,6 @@ def _spread(claims: list[q.Claim], slots: int) -> list[list[q.Claim]]:
     """``claims`` dealt into at most ``slots`` non-empty lists, in order within each."""
     dealt: list[list[q.Claim]] = [claims[i::slots] for i in range(min(slots, len(claims)))]
     return dealt
-
-
-def _trace_args(claim: q.Claim, trace: outbox_tracing.SendTrace | None) -> dict[str, str | None]:
-    """The ``traceparent``/``tracestate`` arguments of a single submission of ``claim``."""
-    if trace is None:
-        return {}
-    traceparent, tracestate = trace.headers(claim)
-    return {"traceparent": traceparent, "tracestate": tracestate}
-
-
-class _LeaseLost(Exception):
-    """A set-based record came up short: roll back, then record only the rows still ours."""
 
 
 class Relay:
@@ -271,17 +251,18 @@ class Relay:
                 self.send_window,
                 extra={"event": "lease_short"},
             )
-        self._queues = QueueCache(client, queue_cache_ttl)
-        self._key_window = KeyWindow(client)
-        self._faults = Faults.from_env()
+        self._sender = Sender(client, send_window=self.send_window, queue_cache_ttl=queue_cache_ttl)
+        self._recorder = Recorder(
+            self.outbox,
+            owner=self.owner,
+            backoff=self.backoff,
+            on_delivered=on_delivered,
+            metrics=self.metrics,
+        )
         self._events: queue.SimpleQueue[Done | None] = queue.SimpleQueue()
         self._stopping = threading.Event()
         self._database = Outage("database", "business database", self.db_backoff, log)
         self._owned_client: OrbitClient | None = None
-        #: Rows whose last recorded outcome in this run was "Orbit unreachable or refusing our key".
-        self._unavailable: set[int] = set()
-        #: ``False`` once the server answered that it has no batch route (an older server).
-        self._batch_route = True
 
     @classmethod
     def from_settings(
@@ -381,7 +362,7 @@ class Relay:
                 per backoff.
         """
         self._stopping.clear()
-        self._unavailable.clear()
+        self._recorder.unavailable.clear()
         stats = RelayStats()
         observing = self._start_metrics()
         previous = self._install_signal_handlers() if self.install_signal_handlers else None
@@ -413,7 +394,7 @@ class Relay:
                     if not self._record_all(finished, stats, once=once):
                         continue
                 claimed = 0
-                limit = self.batch_size if self._batch_route else self.concurrency - len(outstanding)
+                limit = self.batch_size if self._sender.batch_route else self.concurrency - len(outstanding)
                 if len(outstanding) < self.concurrency:
                     # Never claim a row this relay still has in flight (its lease may have expired),
                     # nor, in a --once run, a row already refused in this run.
@@ -444,7 +425,7 @@ class Relay:
                 if previous is not None:
                     for signum, handler in previous.items():
                         signal.signal(signum, handler)
-        stats.orbit_unavailable = len(self._unavailable)
+        stats.orbit_unavailable = len(self._recorder.unavailable)
         log.info(
             "relay %s stopped: %s",
             self.owner,
@@ -533,7 +514,7 @@ class Relay:
             for members in _by_namespace(flows).values()
             for chunk in _spread(members, self.concurrency)
         ]
-        if not self._batch_route:
+        if not self._sender.batch_route:
             return batches + [batch([claim], True) for claim in claims]
         return batches + [
             batch(chunk, False)
@@ -541,190 +522,15 @@ class Relay:
             for chunk in requests_of(members)
         ]
 
-    # --- sending (thread pool) -----------------------------------------------------------------------
-
-    def _lease_left(self, batch: Batch) -> float:
-        """Seconds of lease left now, by the database time of the claim plus the time elapsed since
-        (measured from before the claim began, so never more than is really left)."""
-        now = batch.claimed_at + timedelta(seconds=time.monotonic() - batch.claimed_mono)
-        return (batch.lease_expires_at - now).total_seconds()
-
-    def _may_send(self, batch: Batch) -> bool:
-        left = self._lease_left(batch)
-        if left >= self.send_window:
-            return True
-        log.warning(
-            "%d rows (first %d): %.2f s of lease left, less than the %.2f s a send may take; released unsent, "
-            "they are claimed again",
-            len(batch.claims),
-            batch.claims[0].id,
-            left,
-            self.send_window,
-            extra={
-                "event": "lease_too_short_to_send",
-                "row_id": batch.claims[0].id,
-                "rows": len(batch.claims),
-            },
-        )
-        return False
-
     def _send_and_report(self, batch: Batch) -> None:
         started = time.monotonic()
         try:
-            outcomes = self._send_batch(batch)
+            outcomes = self._sender.send(batch)
         except BaseException as exc:  # never lose a claim: anything unexpected may have been sent
             outcomes = [classify_error(exc)] * len(batch.claims)
         if self.metrics is not None and outcomes and outcomes[-1] is not None:  # sent, not released
             self.metrics.sent(len(batch.claims), time.monotonic() - started)
         self._events.put(Done(batch, outcomes))
-
-    def _send_batch(self, batch: Batch) -> list[SendOutcome | None]:
-        """Send ``batch`` as one request; outside any transaction. One outcome per claim.
-
-        A row older than the server's key window (less a margin) is first settled by its key
-        (README "Retention and the key window"); only the rest, and an old row never claimed before, are sent.
-        """
-        aged = self._key_window.aged(batch)
-        if aged:
-            limit = self._key_window.limit()
-            settled = {c.id: self._key_window.settle(c, limit) for c in batch.claims if c.id in aged}
-            send = [c for c in batch.claims if settled.get(c.id) is None]
-            sent = self._send_unaged(dataclasses.replace(batch, claims=send)) if send else []
-            by_id = dict(zip([c.id for c in send], sent, strict=True))
-            return [settled[c.id] if settled.get(c.id) is not None else by_id[c.id] for c in batch.claims]
-        return self._send_unaged(batch)
-
-    def _send_unaged(self, batch: Batch) -> list[SendOutcome | None]:
-        claims = batch.claims
-        if self._faults is not None:
-            self._faults.before_send(claims[0].id)
-        if not self._may_send(batch):
-            return [None] * len(claims)
-        trace = outbox_tracing.start_send(batch.namespace, claims) if _tracing.AVAILABLE else None
-        try:
-            if batch.single:
-                outcomes: list[SendOutcome | None] = [self._send_one(claims[0], trace)]
-            elif batch.flows:
-                outcomes = [self._start_flow(c, trace) if self._may_send(batch) else None for c in claims]
-            else:
-                outcomes = self._submit_batch(batch, trace)
-        except BaseException as exc:
-            if trace is not None:
-                outbox_tracing.finish_send(trace, claims, exc)
-            raise
-        if trace is not None:
-            outbox_tracing.finish_send(trace, claims, outcomes)
-        if self._faults is not None:
-            self._faults.after_send(claims[0].id)
-        return outcomes
-
-    def _submit_batch(self, batch: Batch, trace: outbox_tracing.SendTrace | None) -> list[SendOutcome | None]:
-        claims = batch.claims
-        items = [
-            {"idempotency_key": c.idempotency_key, "queue": c.queue, "handler": c.handler, "params": c.params,
-             "options": c.options}
-            for c in claims
-        ]  # fmt: skip
-        if trace is not None:
-            for item, claim in zip(items, claims, strict=True):
-                item["traceparent"], item["tracestate"] = trace.headers(claim)
-        try:
-            results = self.client.submit_tasks(batch.namespace, items)
-        except OrbitError as exc:
-            if route_missing(exc):
-                self._batch_route = False
-                log.warning(
-                    "the Orbit server has no batch submission route (%s); submitting rows one by one from now on "
-                    "(upgrade the server for batching)",
-                    exc,
-                    extra={"event": "batch_route_missing"},
-                )
-                return [None] * len(claims)  # released: claimed again, one row per request
-            status = getattr(exc, "status_code", None)
-            if len(claims) > 1 and (
-                isinstance(exc, OrbitUsageError)
-                or status == 413
-                or (status == 422 and getattr(exc, "code", None) != "idempotency_key_reused")
-            ):
-                # The request as a whole was refused (one row the client refuses, a body over the
-                # server's limit, more items than it takes): nothing was accepted; send each row
-                # alone so that only a culprit is refused.
-                return self._send_each(batch, trace)
-            outcome = classify_error(exc)
-            if outcome.verdict is Verdict.DEAD and status == 404:
-                outcome = SendOutcome(
-                    verdict=Verdict.DEAD,
-                    status_code=status,
-                    error=(
-                        f"namespace {batch.namespace!r} does not exist for the relay's API key ({exc}); if the "
-                        "namespace is right, fix the key (ORBIT_API_KEY) and run `orbit-outbox retry --all-dead`; if "
-                        "it is wrong, delete the rows: `orbit-outbox purge --dead-older-than 0s --row ID --reason "
-                        "TEXT` (audited)"
-                    ),
-                )
-            return [outcome] * len(claims)
-        except Exception as exc:
-            return [classify_error(exc)] * len(claims)
-        outcomes: list[SendOutcome | None] = []
-        for claim, result in zip(claims, results, strict=True):
-            outcome = item_outcome(result, namespace=claim.namespace, queue=claim.queue, row_id=claim.id)
-            if outcome.verdict is Verdict.DELIVERED:
-                self._queues.found(claim.namespace, claim.queue)
-            outcomes.append(outcome)
-        return outcomes
-
-    def _send_each(self, batch: Batch, trace: outbox_tracing.SendTrace | None) -> list[SendOutcome | None]:
-        """Send the rows of ``batch`` one by one, each only while its lease allows it."""
-        return [self._send_one(claim, trace) if self._may_send(batch) else None for claim in batch.claims]
-
-    def _start_flow(self, claim: q.Claim, trace: outbox_tracing.SendTrace | None) -> SendOutcome:
-        """Start the flow instance of a flow row with its key (``_flow_sending``). Outside any transaction."""
-        traceparent, tracestate = (
-            trace.headers(claim) if trace is not None else (claim.traceparent, claim.tracestate)
-        )
-        return flow_sending.start_flow(self.client, claim, traceparent, tracestate)
-
-    def _send_one(self, claim: q.Claim, trace: outbox_tracing.SendTrace | None = None) -> SendOutcome:
-        """Check the queue (cached), then submit one row with its key. Runs outside any transaction."""
-        if claim.is_flow:
-            return self._start_flow(claim, trace)
-        try:
-            self._queues.check(claim.namespace, claim.queue)
-        except OrbitError as exc:
-            checked = classify_error(exc)
-            if checked.verdict is Verdict.DEAD:
-                return SendOutcome(
-                    verdict=Verdict.DEAD,
-                    status_code=checked.status_code,
-                    error=(
-                        f"queue {claim.queue!r} of namespace {claim.namespace!r} does not exist for the relay's "
-                        f"API key ({checked.status_code} {getattr(exc, 'code', '')}, request id "
-                        f"{getattr(exc, 'request_id', None) or '-'}); "
-                        + dead_queue_hint(claim.namespace, claim.queue, claim.id)
-                    ),
-                )
-            # The submission itself was not sent: whatever went wrong, the server did nothing.
-            return SendOutcome(
-                verdict=Verdict.NOT_SENT,
-                status_code=checked.status_code,
-                error=f"queue check failed, nothing was submitted: {checked.error}",
-                retry_after=checked.retry_after,
-                misconfigured=checked.misconfigured,
-                unreachable=checked.unreachable,
-            )
-        try:
-            result = self.client.submit_task(
-                claim.namespace,
-                claim.queue,
-                claim.handler,
-                claim.params,
-                idempotency_key=claim.idempotency_key,
-                options=claim.options,
-                **_trace_args(claim, trace),
-            )
-        except Exception as exc:
-            return classify_error(exc)
-        return accepted(result)
 
     def _collect(
         self,
@@ -764,7 +570,7 @@ class Relay:
         """
         while finished:
             try:
-                self._record_batch(finished[0], stats)
+                self._recorder.record_batch(finished[0], stats)
             except OutboxDatabaseError as exc:
                 if once or not exc.retryable:
                     raise
@@ -773,270 +579,6 @@ class Relay:
             finished.pop(0)
             self._database.up()
         return True
-
-    def _record_batch(self, done: Done, stats: RelayStats) -> None:
-        """Record the outcomes of one batch in one transaction: one conditional update per outcome
-        class, fenced on ``(id, lease_token)`` with a live lease, row counts checked; audit events in
-        one insert; ``on_delivered`` per delivered row in the same transaction, under a savepoint.
-
-        When a count comes up short (a lease was lost), the transaction is rolled back and done
-        again for the rows one ``SELECT`` finds still ours. When ``on_delivered`` raises for a row
-        (any exception, a database error included), its savepoint is rolled back and only that row
-        is left out: it stays leased until its lease expires and is then resent (the server replays).
-        """
-        batch = done.batch
-        pairs = list(zip(batch.claims, done.outcomes, strict=True))
-        live: set[int] | None = None
-        skipped: dict[int, Exception] = {}
-        for _ in range(3):
-            skipped = {}
-            try:
-                written = self._record_once(pairs, batch.token, live, skipped)
-            except _LeaseLost:
-                if live is not None:
-                    raise OutboxDatabaseError(  # a lease changed under the row lock: try again later
-                        "cannot record send outcomes: a lease changed while its row was locked",
-                        retryable=True,
-                    ) from None
-                live = set()  # find them in the next transaction
-                continue
-            break
-        else:  # pragma: no cover - the second round records only rows found live under their lock
-            raise OutboxDatabaseError("cannot record send outcomes: no stable set of rows", retryable=True)
-        if self.metrics is not None:
-            self.metrics.recorded(written.values(), lost=len(pairs) - len(written) - len(skipped))
-        for claim, outcome in pairs:  # after the commit: logs say what is true
-            if claim.id in skipped:
-                self._log_hook_failed(claim, skipped[claim.id])
-            elif claim.id in written:
-                kind = written[claim.id]
-                self._log_recorded(kind, claim, outcome, kind, stats)
-            else:
-                self._log_recorded("lost", claim, outcome, self._kind(claim, outcome), stats)
-
-    def _kind(self, claim: q.Claim, outcome: SendOutcome | None) -> str:
-        return self._plan(claim, outcome, datetime(2000, 1, 1), "")[0]
-
-    def _record_once(
-        self,
-        pairs: list[tuple[q.Claim, SendOutcome | None]],
-        token: str,
-        live: set[int] | None,
-        skipped: dict[int, Exception],
-    ) -> dict[int, str]:
-        """One recording transaction; returns what was written per row id (rows whose hook failed
-        are added to ``skipped`` and not written)."""
-        t = self.outbox.tables
-        actor = f"relay:{self.owner}"
-        with self.outbox.transaction("record send outcomes") as conn:
-            now = db_now(conn)
-            if live is not None:
-                live |= q.live_claims(conn, t, [c.id for c, _ in pairs], token=token, now=now)
-            planned: list[tuple[q.Claim, str, q.Finish, dict[str, Any] | None]] = []
-            delivered: list[tuple[q.Claim, SendOutcome]] = []
-            for claim, outcome in pairs:
-                if live is not None and claim.id not in live:
-                    continue
-                kind, finish, event = self._plan(claim, outcome, now, actor)
-                planned.append((claim, kind, finish, event))
-                if kind == "delivered":
-                    assert outcome is not None
-                    delivered.append((claim, outcome))
-            if self.on_delivered is not None and delivered:
-                skipped.update(self._run_hooks(conn, delivered))
-            finishes = [finish for claim, _, finish, _ in planned if claim.id not in skipped]
-            if finishes and not q.finish_claims(conn, t, finishes, token=token, now=now):
-                raise _LeaseLost
-            events = [
-                event for claim, _, _, event in planned if event is not None and claim.id not in skipped
-            ]
-            q.add_events(conn, t, events)
-        return {claim.id: kind for claim, kind, _, _ in planned if claim.id not in skipped}
-
-    def _run_hooks(
-        self, conn: Connection, delivered: list[tuple[q.Claim, SendOutcome]]
-    ) -> dict[int, Exception]:
-        """Call ``on_delivered`` for each delivered row, inside the recording transaction and before
-        the rows are marked; returns the rows whose hook failed, with the exception.
-
-        All hooks first run under one savepoint (two statements per batch). If one raises, or
-        leaves the transaction unusable (a database error it caught itself: PostgreSQL then
-        refuses the savepoint's release), that savepoint is rolled back and each hook runs again
-        under a savepoint of its own, so only the failing rows are left out. A failure to roll
-        back to a savepoint (the database ended the whole transaction, e.g. a deadlock on
-        MySQL/MariaDB) propagates: the batch is recorded again later.
-        """
-        assert self.on_delivered is not None
-        rows = [
-            (claim, DeliveredRow(row_id=claim.id, idempotency_key=claim.idempotency_key,
-                                 business_ref=claim.business_ref, orbit_task_id=outcome.task_id or "",
-                                 replayed=outcome.replayed, kind=claim.kind))
-            for claim, outcome in delivered
-        ]  # fmt: skip
-        if self._hooks_under(conn, [row for _, row in rows]) is None:
-            return {}
-        failed: dict[int, Exception] = {}
-        for claim, row in rows:
-            exc = self._hooks_under(conn, [row])
-            if exc is not None:
-                failed[claim.id] = exc
-        return failed
-
-    def _hooks_under(self, conn: Connection, rows: list[DeliveredRow]) -> Exception | None:
-        """Run ``on_delivered`` for ``rows`` under one savepoint; on failure roll back to it and
-        return the exception. Plain ``SAVEPOINT`` statements: SQLAlchemy's nested transaction does
-        not roll back after a failed ``RELEASE`` (PostgreSQL, when the hook caught a database error)."""
-        assert self.on_delivered is not None
-        conn.exec_driver_sql(f"SAVEPOINT {_HOOK_SAVEPOINT}")
-        try:
-            for row in rows:
-                self.on_delivered(conn, row)
-            conn.exec_driver_sql(f"RELEASE SAVEPOINT {_HOOK_SAVEPOINT}")
-        except Exception as exc:
-            conn.exec_driver_sql(f"ROLLBACK TO SAVEPOINT {_HOOK_SAVEPOINT}")
-            conn.exec_driver_sql(f"RELEASE SAVEPOINT {_HOOK_SAVEPOINT}")
-            return exc
-        return None
-
-    def _plan(
-        self, claim: q.Claim, outcome: SendOutcome | None, now: datetime, actor: str
-    ) -> tuple[str, q.Finish, dict[str, Any] | None]:
-        """What to write for one row: (kind, the update, the audit event or ``None``)."""
-        if outcome is None:
-            return "released", q.Finish(row_id=claim.id, state=q.PENDING, give_back=True), None
-        verdict = outcome.verdict
-        error = outcome.error or ""
-        code = outcome.status_code
-        if verdict is Verdict.DELIVERED:
-            assert outcome.task_id is not None
-            how = "replayed the original task (200)" if outcome.replayed else "accepted (201)"
-            if claim.is_flow:
-                how = (
-                    f"replayed the original instance of flow {claim.flow!r} (200)"
-                    if outcome.replayed
-                    else f"started an instance of flow {claim.flow!r} (201)"
-                )
-            finish = q.Finish(row_id=claim.id, state=q.DELIVERED, task_id=outcome.task_id, status_code=code)
-            event = q.event_values(claim.id, q.PENDING, q.DELIVERED, reason=f"the server {how}", actor=actor,
-                                   now=now, task_id=outcome.task_id)  # fmt: skip
-            return "delivered", finish, event
-        if verdict is Verdict.UNKNOWN and claim.attempts >= claim.budget:
-            verdict = Verdict.RECONCILE
-            error = (
-                f"outcome unknown after {claim.attempts} of {claim.budget} attempts; the task may exist: run "
-                f"`orbit-outbox reconcile`; last error: {error}"
-            )
-        elif verdict is Verdict.DEAD and claim.attempts > 1:
-            # Once unknown, never DEAD (DESIGN §5): an earlier send of this row may have created the task.
-            verdict = Verdict.RECONCILE
-            error = (
-                f"refused ({error}), but {claim.attempts - 1} earlier send(s) had an unknown outcome, so the task "
-                "may exist: run `orbit-outbox reconcile`"
-            )
-        if verdict in (Verdict.NOT_SENT, Verdict.UNKNOWN):
-            due = now + timedelta(seconds=self.backoff.delay(claim.send_count, outcome.retry_after))
-            finish = q.Finish(row_id=claim.id, state=q.PENDING, available_at=due, error=error, status_code=code,
-                              give_back=verdict is Verdict.NOT_SENT)  # fmt: skip
-            return "retry", finish, None
-        if verdict is Verdict.DEAD:
-            finish = q.Finish(row_id=claim.id, state=q.DEAD, error=error, status_code=code)
-            return (
-                "dead",
-                finish,
-                q.event_values(claim.id, q.PENDING, q.DEAD, reason=error, actor=actor, now=now),
-            )
-        finish = q.Finish(row_id=claim.id, state=q.NEEDS_RECONCILE, error=error, status_code=code)
-        event = q.event_values(claim.id, q.PENDING, q.NEEDS_RECONCILE, reason=error, actor=actor, now=now)
-        return "needs_reconcile", finish, event
-
-    def _log_hook_failed(self, claim: q.Claim, exc: Exception) -> None:
-        log.error(
-            "row %d: on_delivered failed (%s: %s); nothing recorded; the lease will expire and the row "
-            "will be resent with the same key (the server replays)",
-            claim.id,
-            type(exc).__name__,
-            exc,
-            extra={"event": "hook_failed", "row_id": claim.id, "idempotency_key": claim.idempotency_key},
-        )
-
-    def _log_recorded(
-        self, kind: str, claim: q.Claim, outcome: SendOutcome | None, intended: str, stats: RelayStats
-    ) -> None:
-        extra: dict[str, Any] = {
-            "event": kind,
-            "row_id": claim.id,
-            "idempotency_key": claim.idempotency_key,
-            "attempts": claim.attempts,
-        }
-        if claim.traceparent is not None:
-            extra.update(outbox_tracing.log_ids(claim))
-        if outcome is not None:
-            extra["status_code"] = outcome.status_code
-            if outcome.task_id:
-                extra["orbit_task_id"] = outcome.task_id
-        if kind == "retry" and outcome is not None and outcome.orbit_unavailable:
-            self._unavailable.add(claim.id)
-        elif kind != "lost":
-            self._unavailable.discard(claim.id)
-        if kind == "lost":
-            stats.lost_leases += 1
-            extra["lost"] = intended
-            log.warning(
-                "row %d (key %s): lease lost (expired or taken over); outcome %r not recorded; the row's owner "
-                "now decides",
-                claim.id,
-                claim.idempotency_key,
-                intended,
-                extra=extra,
-            )
-        elif kind == "delivered":
-            assert outcome is not None
-            stats.delivered += 1
-            stats.replayed += outcome.replayed
-            extra["replayed"] = outcome.replayed
-            log.info(
-                "row %d (key %s) delivered as %s %s%s",
-                claim.id,
-                claim.idempotency_key,
-                "flow instance" if claim.is_flow else "task",
-                outcome.task_id,
-                " (replayed)" if outcome.replayed else "",
-                extra=extra,
-            )
-        elif kind == "retry":
-            assert outcome is not None
-            stats.retried += 1
-            level = logging.ERROR if outcome.misconfigured else logging.WARNING
-            log.log(
-                level,
-                "row %d (key %s) will be retried (%s): %s",
-                claim.id,
-                claim.idempotency_key,
-                outcome.verdict.value,
-                outcome.error,
-                extra={**extra, "verdict": outcome.verdict.value},
-            )
-        elif kind == "dead":
-            stats.dead += 1
-            log.error(
-                "row %d (key %s) is DEAD: %s",
-                claim.id,
-                claim.idempotency_key,
-                outcome.error if outcome else "",
-                extra=extra,
-            )
-        elif kind == "needs_reconcile":
-            stats.needs_reconcile += 1
-            log.warning(
-                "row %d (key %s) needs reconcile: %s",
-                claim.id,
-                claim.idempotency_key,
-                outcome.error if outcome else "",
-                extra=extra,
-            )
-        elif kind == "released":
-            stats.released += 1
-            log.info("row %d (key %s) released unsent", claim.id, claim.idempotency_key, extra=extra)
 
     # --- shutdown ----------------------------------------------------------------------------------------
 
@@ -1064,7 +606,7 @@ class Relay:
             self._collect(outstanding, finished, timeout=deadline - time.monotonic(), at_least_one=True)
         while finished:
             try:
-                self._record_batch(finished[0], stats)
+                self._recorder.record_batch(finished[0], stats)
             except OutboxDatabaseError as exc:
                 if not exc.retryable or time.monotonic() >= deadline:
                     rows = sum(len(done.batch.claims) for done in finished)

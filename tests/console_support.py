@@ -9,8 +9,10 @@ from typing import Any
 
 import httpx
 
-from orbit_server import execution, store
-from orbit_server.schema import task_attempts
+from orbit_server.db.schema import task_attempts
+from orbit_server.db.transact import transact
+from orbit_server.tasks import leases as leasing
+from orbit_server.tasks import store
 from tests.servers import RunningServer
 
 #: What the worker SDK will store with a failure (issue 10, item 3); the console shows it.
@@ -117,7 +119,7 @@ class Seeder:
                 .where(task_attempts.c.id == grant["attempt"]["id"])
                 .values(lease_expires_at=datetime(2000, 1, 1))
             )
-        execution.transact(self.server.engine, execution.expire_leases)
+        transact(self.server.engine, leasing.expire_leases)
         assert self.task(task["id"])["status"] == "NEEDS_REVIEW"
         return str(task["id"])
 

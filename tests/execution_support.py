@@ -11,7 +11,7 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
-from orbit_server.schema import task_attempts, tasks
+from orbit_server.db.schema import task_attempts, tasks
 
 LIVE = ("LEASED", "RUNNING")
 

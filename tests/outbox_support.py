@@ -22,7 +22,7 @@ import sqlalchemy as sa
 import uvicorn
 from starlette.types import Message, Receive, Scope, Send
 
-from orbit_server.schema import namespaces, submission_keys, tasks
+from orbit_server.db.schema import namespaces, submission_keys, tasks
 from tests.servers import RunningServer
 
 

@@ -13,8 +13,9 @@ from pathlib import Path
 import httpx
 from sqlalchemy.engine import URL
 
-from orbit_server import _migrate, store
-from orbit_server._db import create_engine
+from orbit_server.db import migrate as _migrate
+from orbit_server.db.engine import create_engine
+from orbit_server.tasks import store
 
 
 def free_port() -> int:

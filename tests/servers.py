@@ -11,10 +11,11 @@ from dataclasses import dataclass, field
 import uvicorn
 from sqlalchemy.engine import URL, Engine
 
-from orbit_server import ServerSettings, create_app, store
-from orbit_server import _migrate as migrate
-from orbit_server._db import create_engine
-from orbit_server._http import uvicorn_options
+from orbit_server import ServerSettings, create_app
+from orbit_server.api._http import uvicorn_options
+from orbit_server.db import migrate
+from orbit_server.db.engine import create_engine
+from orbit_server.tasks import store
 
 
 @dataclass

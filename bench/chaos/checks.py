@@ -26,8 +26,7 @@ from sqlalchemy.engine import Engine
 from examples.order_service.db import business_orders, provider_effects
 from examples.order_service.providers import CARD_LIMIT
 from orbit_client import TaskStatus
-from orbit_server.execution import TRANSITIONS
-from orbit_server.schema import (
+from orbit_server.db.schema import (
     event_deliveries,
     namespaces,
     queues,
@@ -38,6 +37,7 @@ from orbit_server.schema import (
     task_events,
     tasks,
 )
+from orbit_server.tasks.transitions import TRANSITIONS
 from outbox_adapter import OutboxTables
 
 from .consumer import CONFIRM_QUEUE, applications

@@ -31,8 +31,8 @@ from rich.table import Table
 from bench.cluster.galera import GaleraCluster
 from examples.order_service.db import business_orders, create_business_tables
 from orbit_client import OrbitClient
-from orbit_server import _migrate as server_migrate
-from orbit_server import store
+from orbit_server.db import migrate as server_migrate
+from orbit_server.tasks import store
 from outbox_adapter import Outbox, OutboxTables
 
 from .checks import Placed, Report, check

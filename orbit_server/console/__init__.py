@@ -1,5 +1,9 @@
-"""The web console under ``/ui`` of ``orbit-server serve`` (README, Web console)."""
+"""The web console under ``/ui`` of ``orbit-server serve`` (README, Web console).
 
-from .routes import console_router
+May import the areas (``tasks``, ``results``, ``schedules``, ``retention``, ``flows``), ``db`` and the root leaf
+modules; never ``api`` or ``cli``.
+"""
+
+from orbit_server.console.routes import console_router
 
 __all__ = ["console_router"]

@@ -23,12 +23,13 @@ from sqlalchemy.engine import Engine
 from starlette.concurrency import run_in_threadpool
 
 from orbit_client import FlowControl, FlowInstanceStatus
-
-from .. import errors, flow_admin, store
-from ..flows import engine as flow_engine
-from ..flows import store as flow_store
-from . import flowgraph
-from ._session import Session
+from orbit_server import errors
+from orbit_server.console import flowgraph
+from orbit_server.console._session import Session
+from orbit_server.flows import admin as flow_admin
+from orbit_server.flows import engine as flow_engine
+from orbit_server.flows import store as flow_store
+from orbit_server.tasks import store
 
 __all__ = ["ConsoleKit", "add_flow_pages"]
 

@@ -24,11 +24,12 @@ from sqlalchemy.engine import Engine
 from starlette.concurrency import run_in_threadpool
 
 from orbit_client import TaskStatus
-
-from .. import admin, errors, execution, store
-from .._auth import KeyCache
-from ..settings import ServerSettings
-from ._session import Session, Sessions
+from orbit_server import errors
+from orbit_server.console._session import Session, Sessions
+from orbit_server.db.transact import transact
+from orbit_server.settings import ServerSettings
+from orbit_server.tasks import admin, operations, store
+from orbit_server.tasks.keys import KeyCache
 
 __all__ = ["console_router"]
 
@@ -397,9 +398,9 @@ def console_router(
     @router.post("/tasks/{task_id}/cancel")
     async def cancel(request: Request, task_id: str) -> Response:
         def run(principal: store.Principal, form: dict[str, str]) -> Any:
-            return execution.transact(
+            return transact(
                 engine,
-                execution.cancel_task,
+                operations.cancel_task,
                 principal.namespace_id,
                 task_id,
                 reason=form["reason"].strip(),
@@ -421,9 +422,9 @@ def console_router(
                     result = json.loads(raw)
                 except json.JSONDecodeError as exc:
                     raise ValueError(f"The result is not JSON: {exc}") from None
-            return execution.transact(
+            return transact(
                 engine,
-                execution.review_task,
+                operations.review_task,
                 principal.namespace_id,
                 task_id,
                 outcome=outcome,
@@ -439,9 +440,9 @@ def console_router(
     @router.post("/tasks/{task_id}/retry")
     async def retry(request: Request, task_id: str) -> Response:
         def run(principal: store.Principal, form: dict[str, str]) -> Any:
-            task = execution.transact(
+            task = transact(
                 engine,
-                execution.retry_task,
+                operations.retry_task,
                 principal.namespace_id,
                 task_id,
                 reason=form["reason"].strip(),
@@ -531,8 +532,8 @@ def console_router(
             return response
         return redirect("/ui/api-keys")
 
-    from ..flow_admin import engine_settings
-    from .flow_pages import ConsoleKit, add_flow_pages
+    from orbit_server.console.flow_pages import ConsoleKit, add_flow_pages
+    from orbit_server.flows.admin import engine_settings
 
     add_flow_pages(
         router,

@@ -16,9 +16,10 @@ from prometheus_client import Counter
 from sqlalchemy.engine import Connection
 
 from orbit_client import TaskStatus
-
-from .. import _faults, errors, execution
-from ..schema import (
+from orbit_server import errors
+from orbit_server.db import faults as _faults
+from orbit_server.db import flow_hooks
+from orbit_server.db.schema import (
     flow_definitions,
     flow_history,
     flow_instances,
@@ -31,7 +32,8 @@ from ..schema import (
     submission_keys,
     tasks,
 )
-from . import hooks, paths
+from orbit_server.flows import paths
+from orbit_server.tasks import operations, transitions
 
 log = logging.getLogger("orbit_server.flows")
 
@@ -105,7 +107,7 @@ _INSERT_STEP = flow_steps.insert()
 _INSERT_TIMER = flow_timers.insert()
 _INSERT_TASK = tasks.insert()
 _INSERT_KEY = submission_keys.insert()
-_INSERT_TASK_EVENT = execution._INSERT_EVENT
+_INSERT_TASK_EVENT = transitions._INSERT_EVENT
 _GRAPH = sa.select(flow_versions.c.graph).where(flow_versions.c.id == sa.bindparam("id"))
 #: Instance statements, built once per dialect: (shared lock, exclusive lock).
 _LOCK_INSTANCE: dict[tuple[str, bool], sa.Select[Any]] = {}
@@ -120,7 +122,7 @@ def _instance_statement(conn: Connection, *, exclusive: bool) -> sa.Select[Any]:
         i = flow_instances
         built = sa.select(
             i,
-            execution._clock(conn).label("db_now"),
+            transitions._clock(conn).label("db_now"),
             sa.select(namespaces.c.name)
             .where(namespaces.c.id == i.c.namespace_id)
             .scalar_subquery()
@@ -189,7 +191,7 @@ class Advance:
 
     def wake(self) -> None:
         """Have the flow loops of this process run once this transaction commits."""
-        self.conn.info[hooks.WROTE_EVENT] = True
+        self.conn.info[flow_hooks.WROTE_EVENT] = True
 
     def flush(self) -> None:
         """Write the pending history rows (call last, before the commit)."""
@@ -233,7 +235,7 @@ def begin(conn: Connection, instance_id: str, settings: EngineSettings, *, exclu
     if row is None:
         return None
     instance = dict(row)
-    now = execution._naive(instance.pop("db_now"))
+    now = transitions._naive(instance.pop("db_now"))
     return Advance(conn, instance, load_graph(conn, instance["version_id"]), now, settings, actor=actor)
 
 
@@ -355,7 +357,7 @@ def finish(adv: Advance, status: str, *, output: Any = None, error: Any = None, 
         ).scalars().all()  # fmt: skip
         why = reason or f"flow instance {inst['id']} is {status}"
         for task_id in open_tasks:
-            execution.cancel_task(conn, inst["namespace_id"], task_id, reason=why, actor=actor or adv.actor)
+            operations.cancel_task(conn, inst["namespace_id"], task_id, reason=why, actor=actor or adv.actor)
     event = {COMPLETED: "instance_completed", FAILED: "instance_failed", CANCELLED: "instance_cancelled"}[
         status
     ]

@@ -2,7 +2,7 @@
 
 Each takes an *exclusive* lock on the instance row first (advances take a shared one: see
 :mod:`.engine`), changes the instance and writes its history in one transaction. Run them with
-:func:`orbit_server.execution.transact`.
+:func:`orbit_server.db.transact.transact`.
 """
 
 from __future__ import annotations
@@ -14,13 +14,12 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection, RowMapping
 
 from orbit_client import FlowControl, FlowSignal, FlowSignalRecord
-
-from .. import _ids, errors
-from .._db import to_utc
-from ..schema import flow_signals, flow_tokens
-from ..store import Principal
-from . import engine
-from .store import actor_of
+from orbit_server import _ids, errors
+from orbit_server.db.engine import to_utc
+from orbit_server.db.schema import flow_signals, flow_tokens
+from orbit_server.flows import engine
+from orbit_server.flows.store import actor_of
+from orbit_server.tasks.store import Principal
 
 __all__ = ["cancel", "pause", "resume", "signal", "signal_digest", "waiting_signal_tokens"]
 

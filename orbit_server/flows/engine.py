@@ -1,7 +1,7 @@
 """The token engine: how one transaction advances one token (seed 002 §4-§9; seed 001 §4-§6.3, inv. 9-12).
 
 Every function here takes the caller's connection and does one short unit of work; run it with
-:func:`orbit_server.execution.transact`, which commits, rolls back or retries it (a deadlock, a lock
+:func:`orbit_server.db.transact.transact`, which commits, rolls back or retries it (a deadlock, a lock
 wait timeout or :class:`errors.ConcurrentUpdate`).
 
 The rules:
@@ -13,7 +13,7 @@ The rules:
   buffered) until the token waits (``WAITING``), forks (``FORKED``), arrives at a join (``ARRIVED``)
   or ends (``DONE``). Each entry bumps the token's ``activation``.
 - **A task step's task is created in the transaction that moves the token onto its node**
-  (invariant 9), through the accepted-task rows of :mod:`orbit_server.store` (submission key, task,
+  (invariant 9), through the accepted-task rows of :mod:`orbit_server.tasks.store` (submission key, task,
   ``accepted`` event) with the key ``flow:<instance>:<node>:<token>.<activation>`` (a poll round
   adds ``:<round>``), so a retried advance finds the task instead of making a second one.
 - **Internal events** (``flow_events``, written by the task's terminal transition,
@@ -44,11 +44,10 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 from orbit_client import TaskStatus
-
-from .. import _faults
-from ..schema import flow_events, flow_steps, flow_timers, flow_tokens, tasks
-from . import paths
-from .advance import (
+from orbit_server.db import faults as _faults
+from orbit_server.db.schema import flow_events, flow_steps, flow_timers, flow_tokens, tasks
+from orbit_server.flows import paths
+from orbit_server.flows.advance import (
     ACTIVE,
     ADVANCES,
     CANCELLED,
@@ -76,7 +75,7 @@ from .advance import (
     set_instance,
     set_token,
 )
-from .nodes import (
+from orbit_server.flows.nodes import (
     cancel_timers,
     consume_signal,
     enter,

@@ -29,12 +29,13 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 from starlette.concurrency import run_in_threadpool
 
-from .. import _faults
-from .._db import db_now_expression
-from ..execution import transact
-from ..schema import flow_events, flow_instances, flow_signals, flow_timers, flow_tokens
-from ..settings import ServerSettings
-from . import engine, hooks
+from orbit_server.db import faults as _faults
+from orbit_server.db import flow_hooks
+from orbit_server.db.engine import db_now_expression
+from orbit_server.db.schema import flow_events, flow_instances, flow_signals, flow_timers, flow_tokens
+from orbit_server.db.transact import transact
+from orbit_server.flows import engine
+from orbit_server.settings import ServerSettings
 
 __all__ = ["PassResult", "run_flow_loop", "run_pass"]
 
@@ -189,7 +190,7 @@ async def run_flow_loop(db: Engine, settings: ServerSettings, on_created: Callab
         with contextlib.suppress(RuntimeError):  # the loop is shutting down
             loop.call_soon_threadsafe(woken.set)
 
-    hooks.add_listener(wake)
+    flow_hooks.add_listener(wake)
     executor = ThreadPoolExecutor(max_workers=settings.flow_workers, thread_name_prefix="orbit-flow")
     last_scan = 0.0
     failures = 0  # consecutive failed passes: the wait grows to 5 s and only the first logs a traceback
@@ -221,5 +222,5 @@ async def run_flow_loop(db: Engine, settings: ServerSettings, on_created: Callab
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(woken.wait(), wait)
     finally:
-        hooks.remove_listener(wake)
+        flow_hooks.remove_listener(wake)
         executor.shutdown(wait=False, cancel_futures=True)

@@ -11,12 +11,12 @@ from typing import Any
 import sqlalchemy as sa
 
 from orbit_client import ChoiceNode, SubmitOptions, TaskSubmission
-
-from .. import _faults, errors, execution, store
-from .._db import to_naive_utc
-from ..schema import flow_signals, flow_steps, flow_timers
-from . import paths
-from .advance import (
+from orbit_server import errors
+from orbit_server.db import faults as _faults
+from orbit_server.db.engine import to_naive_utc
+from orbit_server.db.schema import flow_signals, flow_steps, flow_timers
+from orbit_server.flows import paths
+from orbit_server.flows.advance import (
     _INSERT_KEY,
     _INSERT_STEP,
     _INSERT_TASK,
@@ -41,6 +41,7 @@ from .advance import (
     scope_for,
     set_token,
 )
+from orbit_server.tasks import store, transitions
 
 # ------------------------------------------------------------------ entering nodes
 
@@ -264,7 +265,7 @@ def poll_started(adv: Advance, token: Mapping[str, Any], activation: int) -> dat
             flow_steps.c.token_id == token["id"], flow_steps.c.activation == activation
         )
     ).scalar()
-    return adv.now if started is None else execution._naive(started)
+    return adv.now if started is None else transitions._naive(started)
 
 
 def insert_timer(

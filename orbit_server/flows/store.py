@@ -1,7 +1,7 @@
 """Flow definitions, versions and instances: publishing, starting and reading (README "Flows: running them").
 
 Each function takes the caller's connection and does one short unit of work; run it with
-:func:`orbit_server.execution.transact`. The views (:func:`get_instance`, ...) build the wire models
+:func:`orbit_server.db.transact.transact`. The views (:func:`get_instance`, ...) build the wire models
 of :mod:`orbit_client._flow_models`.
 """
 
@@ -37,10 +37,9 @@ from orbit_client import (
     canonical_graph,
     canonical_graph_digest,
 )
-
-from .. import _ids, errors
-from .._db import as_db_time, db_now, db_now_expression, to_utc
-from ..schema import (
+from orbit_server import _ids, errors
+from orbit_server.db.engine import as_db_time, db_now, db_now_expression, to_utc
+from orbit_server.db.schema import (
     flow_definitions,
     flow_events,
     flow_history,
@@ -50,8 +49,8 @@ from ..schema import (
     flow_versions,
     tasks,
 )
-from ..store import Principal
-from . import engine
+from orbit_server.flows import engine
+from orbit_server.tasks.store import Principal
 
 __all__ = [
     "actor_of",
@@ -70,7 +69,7 @@ __all__ = [
 
 def actor_of(principal: Principal, actor: str | None = None) -> str:
     """Who did it, for the audit: the actor named in the request, and the API key (``orbit-server cli`` for
-    the command line's principal, key id 0, as in :mod:`orbit_server.schedules`)."""
+    the command line's principal, key id 0, as in :mod:`orbit_server.schedules.schedules`)."""
     key = f"api_key:{principal.key_id}" if principal.key_id else "orbit-server cli"
     return f"{actor} ({key})" if actor else key
 

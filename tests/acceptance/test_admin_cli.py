@@ -15,8 +15,8 @@ import pytest
 from click.testing import CliRunner
 
 from orbit_client import OrbitClient, TaskContext, Worker
-from orbit_server import store
 from orbit_server.cli import main
+from orbit_server.tasks import store
 from tests.conftest import DatabaseFactory
 from tests.console_support import TRACEBACK, Seeder
 from tests.integration.conftest import BACKENDS

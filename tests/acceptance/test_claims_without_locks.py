@@ -26,10 +26,10 @@ import httpx
 import pytest
 import sqlalchemy as sa
 
-from orbit_server import _migrate as server_migrate
-from orbit_server import store
-from orbit_server._db import create_engine
-from orbit_server.schema import submission_keys, tasks
+from orbit_server.db import migrate as server_migrate
+from orbit_server.db.engine import create_engine
+from orbit_server.db.schema import submission_keys, tasks
+from orbit_server.tasks import store
 from outbox_adapter import Outbox, enqueue
 from tests.conftest import DatabaseFactory
 from tests.execution_support import check_attempt_history

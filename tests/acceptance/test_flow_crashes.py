@@ -1,6 +1,6 @@
 """SIGKILL of a real ``orbit-server serve`` process at every named point of a flow advance (between the
 statements of its transaction, and just after its commit: ``ORBIT_SERVER_FAULT=flow-pause@POINT@FILE``,
-:data:`orbit_server._faults.FLOW_POINTS`), then recovery by a restarted process: no token lost or
+:data:`orbit_server.db.faults.FLOW_POINTS`), then recovery by a restarted process: no token lost or
 duplicated, no second task for one activation, the join passes exactly once (issue 13).
 
 One chain of processes per backend: process k recovers the crash of process k-1, then is itself
@@ -23,9 +23,9 @@ import pytest
 import sqlalchemy as sa
 from sqlalchemy.engine import URL
 
-from orbit_server._db import create_engine
-from orbit_server._faults import FLOW_POINTS
-from orbit_server.schema import flow_events, flow_history, flow_instances, flow_tokens, tasks
+from orbit_server.db.engine import create_engine
+from orbit_server.db.faults import FLOW_POINTS
+from orbit_server.db.schema import flow_events, flow_history, flow_instances, flow_tokens, tasks
 from tests.conftest import DatabaseFactory
 from tests.flow_support import FlowApi, ok, until
 from tests.server_processes import ServerProcess, prepare

@@ -22,8 +22,8 @@ import httpx
 import pytest
 import sqlalchemy as sa
 
-from orbit_server._db import create_engine
-from orbit_server.schema import flow_events, flow_history, flow_instances, flow_tokens, tasks
+from orbit_server.db.engine import create_engine
+from orbit_server.db.schema import flow_events, flow_history, flow_instances, flow_tokens, tasks
 from tests.conftest import DatabaseFactory
 from tests.server_processes import ServerProcess, prepare
 

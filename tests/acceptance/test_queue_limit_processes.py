@@ -24,9 +24,9 @@ import pytest
 import sqlalchemy as sa
 from click.testing import CliRunner
 
-from orbit_server._db import create_engine
 from orbit_server.cli import main
-from orbit_server.schema import queue_events, task_attempts, tasks
+from orbit_server.db.engine import create_engine
+from orbit_server.db.schema import queue_events, task_attempts, tasks
 from tests.conftest import DatabaseFactory
 
 REPO = Path(__file__).resolve().parents[2]

@@ -9,11 +9,11 @@ import pytest
 import sqlalchemy as sa
 from click.testing import CliRunner
 
-from orbit_server import schedules
-from orbit_server._db import create_engine
 from orbit_server.cli import main
-from orbit_server.schema import schedule_events
-from orbit_server.schema import schedules as schedules_table
+from orbit_server.db.engine import create_engine
+from orbit_server.db.schema import schedule_events
+from orbit_server.db.schema import schedules as schedules_table
+from orbit_server.schedules import schedules
 from tests.conftest import DatabaseFactory
 
 

@@ -18,9 +18,9 @@ import pytest
 import sqlalchemy as sa
 from click.testing import CliRunner
 
-from orbit_server._db import create_engine
 from orbit_server.cli import main
-from orbit_server.schema import schedule_occurrences, schedules, submission_keys, tasks
+from orbit_server.db.engine import create_engine
+from orbit_server.db.schema import schedule_occurrences, schedules, submission_keys, tasks
 from tests.conftest import DatabaseFactory
 
 

@@ -25,7 +25,7 @@ import pytest
 import sqlalchemy as sa
 
 from orbit_client import OrbitClient, Task
-from orbit_server.schema import task_attempts, tasks
+from orbit_server.db.schema import task_attempts, tasks
 from tests.conftest import DatabaseFactory
 from tests.execution_support import check_attempt_history
 from tests.servers import RunningServer, run_server

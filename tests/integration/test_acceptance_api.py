@@ -10,7 +10,7 @@ import httpx
 import pytest
 import sqlalchemy as sa
 
-from orbit_server.schema import submission_keys, task_events, tasks
+from orbit_server.db.schema import submission_keys, task_events, tasks
 from tests.servers import RunningServer
 
 
@@ -235,7 +235,7 @@ def test_a_submission_without_params_sent_before_the_upgrade_still_replays(
     """Before the ``{}`` default, a body without params digested as ``"params": null``: its replay
     after the upgrade (now ``{}``) is still a replay, on the single and the batch endpoint."""
     from orbit_client import TaskSubmission
-    from orbit_server.store import request_digest
+    from orbit_server.tasks.store import request_digest
 
     name, keys = ns
     bare = {"queue": "default", "handler": "orders.ping"}

@@ -19,10 +19,13 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 from orbit_client import MAX_ATTEMPT_BATCH_ITEMS, AttemptState
-from orbit_server import errors, execution
-from orbit_server._db import db_now
-from orbit_server.attempt_batches import Redo, run_items
-from orbit_server.schema import result_events, task_attempts, tasks
+from orbit_server import errors
+from orbit_server.api.attempt_batches import Redo, run_items
+from orbit_server.db.engine import db_now
+from orbit_server.db.schema import result_events, task_attempts, tasks
+from orbit_server.db.transact import transact
+from orbit_server.tasks import attempts as attempt_reports
+from orbit_server.tasks import transitions
 from tests.conftest import DatabaseFactory
 from tests.execution_support import check_attempt_history
 from tests.integration.conftest import BACKENDS
@@ -228,7 +231,7 @@ def test_an_item_refused_after_writing_is_undone_alone(api: Api) -> None:
     def start(grant: dict[str, Any]) -> Any:
         attempt = grant["attempt"]
         return partial(
-            execution.start_attempt,
+            attempt_reports.start_attempt,
             namespace_id=ns_id,
             attempt_id=attempt["id"],
             lease_token=attempt["lease_token"],
@@ -249,9 +252,9 @@ def test_an_item_refused_after_writing_is_undone_alone(api: Api) -> None:
 
     items = [start(first), writes_then_refused, conflicts_once]
     with pytest.raises(Redo):
-        execution.transact(api.server.engine, run_items, items)
+        transact(api.server.engine, run_items, items)
     assert api.task(first["task"]["id"])["status"] == "LEASED"  # the first try was rolled back whole
-    outcomes = execution.transact(api.server.engine, run_items, items, savepoints=True)
+    outcomes = transact(api.server.engine, run_items, items, savepoints=True)
     assert isinstance(outcomes[0], AttemptState) and outcomes[0].status == "RUNNING"
     assert isinstance(outcomes[1], errors.InvalidTransition)
     assert isinstance(outcomes[2], AttemptState) and outcomes[2].status == "RUNNING"
@@ -273,7 +276,7 @@ def test_an_attempt_call_locks_the_task_row_and_not_the_attempt_row(api: Api) ->
     with engine.connect() as holder, engine.connect() as probe:
         held = holder.begin()
         ns_id = holder.scalar(sa.select(tasks.c.namespace_id).where(tasks.c.id == grant["task"]["id"]))
-        task, attempt, _ = execution._locked_attempt(holder, ns_id, grant["attempt"]["id"])
+        task, attempt, _ = transitions._locked_attempt(holder, ns_id, grant["attempt"]["id"])
         assert task["id"] == grant["task"]["id"] and attempt["id"] == grant["attempt"]["id"]
         assert attempt["status"] == "LEASED" and attempt["generation"] == 1
         with probe.begin():
@@ -290,7 +293,7 @@ def test_an_attempt_call_locks_the_task_row_and_not_the_attempt_row(api: Api) ->
 
 def _written(engine: sa.Engine, task_ids: list[str]) -> list[Any]:
     """What a task's start and complete wrote, without ids and times (compared between two tasks)."""
-    from orbit_server.schema import event_deliveries, subscriptions, task_events
+    from orbit_server.db.schema import event_deliveries, subscriptions, task_events
 
     out = []
     with engine.connect() as conn:
@@ -382,7 +385,7 @@ def test_the_set_based_path_locks_the_tasks_and_not_the_attempts(api: Api) -> No
     """Lock order (task first) holds for the batch's one locking read of its tasks."""
     if api.server.engine.dialect.name != "mysql":
         pytest.skip("SQLite has no row locks: one writer at a time")
-    from orbit_server import attempt_sets
+    from orbit_server.tasks import attempt_sets
 
     queue = api.queue()
     grants = leased(api, queue, 2)

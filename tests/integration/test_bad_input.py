@@ -12,7 +12,7 @@ from typing import Any
 import httpx
 import pytest
 
-from orbit_server._metrics import method_label
+from orbit_server.api.metrics import method_label
 from tests.servers import RunningServer
 
 

@@ -17,7 +17,7 @@ import pytest
 import sqlalchemy as sa
 
 from orbit_client import BatchItem, OrbitClient, PermissionDeniedError, RetryPolicy, UnprocessableEntityError
-from orbit_server.schema import submission_keys, task_events, tasks
+from orbit_server.db.schema import submission_keys, task_events, tasks
 from tests.conftest import DatabaseFactory
 from tests.servers import RunningServer, run_server
 
@@ -431,7 +431,10 @@ def test_batch_example_runs(make_database: DatabaseFactory) -> None:
 def test_statements_per_batch_do_not_grow_with_its_size(make_database: DatabaseFactory, kind: str):
     """Set-based: a batch costs the same statements for 5 items as for 200, new or replayed."""
     with run_server(
-        make_database(kind), sweep_interval_seconds=0, scheduler_interval_seconds=0, flow_interval_seconds=0,
+        make_database(kind),
+        sweep_interval_seconds=0,
+        scheduler_interval_seconds=0,
+        flow_interval_seconds=0,
         api_key_cache_seconds=300,
     ) as running:
         keys = running.add_namespace("acme")

@@ -17,11 +17,12 @@ import sqlalchemy as sa
 from sqlalchemy.engine import URL, Engine
 
 from orbit_client import TaskSubmission
-from orbit_server import _migrate as migrate
-from orbit_server import acceptance_batch, errors, store
-from orbit_server._db import create_engine
-from orbit_server.acceptance_batch import Accepted, Pending, submit_batch
-from orbit_server.schema import submission_keys, tasks
+from orbit_server import errors
+from orbit_server.db import migrate
+from orbit_server.db.engine import create_engine
+from orbit_server.db.schema import submission_keys, tasks
+from orbit_server.tasks import acceptance_batch, store
+from orbit_server.tasks.acceptance_batch import Accepted, Pending, submit_batch
 from tests.conftest import DatabaseFactory
 
 pytestmark = pytest.mark.mariadb

@@ -32,9 +32,9 @@ import pytest
 import sqlalchemy as sa
 
 from orbit_client import TaskStatus
-from orbit_server import store
-from orbit_server.execution import TRANSITIONS
-from orbit_server.schema import task_attempts, task_events
+from orbit_server.db.schema import task_attempts, task_events
+from orbit_server.tasks import store
+from orbit_server.tasks.transitions import TRANSITIONS
 from tests.conftest import DatabaseFactory
 from tests.integration.conftest import BACKENDS
 from tests.servers import RunningServer, run_server

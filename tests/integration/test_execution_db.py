@@ -1,6 +1,6 @@
 """Task execution at the SQL level, on SQLite and MariaDB: schema parity, the transition table, races.
 
-The races run the functions of ``orbit_server.execution`` from threads on a real database,
+The races run the functions of ``orbit_server.tasks`` (leases, attempts, operations) from threads on a real database,
 the way concurrent HTTP requests and the sweep run them in the server.
 """
 
@@ -22,10 +22,14 @@ from alembic.runtime.migration import MigrationContext
 from sqlalchemy.engine import Engine
 
 from orbit_client import AttemptError, AttemptStatus, LeaseGrant, TaskStatus, TaskSubmission
-from orbit_server import _migrate, errors, execution, schema, store
-from orbit_server._db import create_engine, db_now
-from orbit_server.execution import TRANSITIONS, transact
-from orbit_server.schema import task_attempts, task_events, tasks
+from orbit_server import errors
+from orbit_server.db import migrate as _migrate
+from orbit_server.db import schema
+from orbit_server.db.engine import create_engine, db_now
+from orbit_server.db.schema import task_attempts, task_events, tasks
+from orbit_server.db.transact import transact
+from orbit_server.tasks import attempts, leases, operations, store, transitions
+from orbit_server.tasks.transitions import TRANSITIONS
 from tests.conftest import DatabaseFactory
 from tests.execution_support import check_attempt_history
 from tests.integration.conftest import BACKENDS
@@ -86,7 +90,7 @@ class Db:
     def lease(self, queue: str | None = None, n: int = 1, lease_seconds: float = 60) -> list[LeaseGrant]:
         return transact(
             self.engine,
-            execution.lease_tasks,
+            leases.lease_tasks,
             self.principal.namespace_id,
             queue or self.queue,
             worker_id="w",
@@ -101,7 +105,7 @@ class Db:
         (grant,) = self.lease(queue)
         transact(
             self.engine,
-            execution.start_attempt,
+            attempts.start_attempt,
             self.principal.namespace_id,
             grant.attempt.id,
             grant.attempt.lease_token,
@@ -165,7 +169,7 @@ def _together(*calls: Callable[[], Any]) -> list[Any]:
 
 
 def _sweep_repeatedly(engine: Engine, times: int) -> list[int]:
-    return [transact(engine, execution.expire_leases) for _ in range(times)]
+    return [transact(engine, leases.expire_leases) for _ in range(times)]
 
 
 def _versions_are_consecutive(db: Db, task_id: str) -> None:
@@ -204,7 +208,7 @@ def test_apply_transition_allows_exactly_the_table(db: Db, source: TaskStatus) -
         try:
             with db.engine.begin() as conn:
                 row = dict(conn.execute(sa.select(tasks).where(tasks.c.id == task_id)).mappings().one())
-                execution.apply_transition(conn, row, target, event="test", now=db_now(conn), actor="test")
+                transitions.apply_transition(conn, row, target, event="test", now=db_now(conn), actor="test")
         except errors.InvalidTransition:
             assert (source, target) not in TRANSITIONS
             assert db.task(task_id)["status"] == source.value and db.task(task_id)["state_version"] == 7
@@ -227,7 +231,7 @@ def test_apply_transition_refuses_a_stale_version(db: Db) -> None:
     with pytest.raises(errors.ConcurrentUpdate), db.engine.begin() as conn:
         row = dict(conn.execute(sa.select(tasks).where(tasks.c.id == task_id)).mappings().one())
         row["state_version"] = 0
-        execution.apply_transition(conn, row, TaskStatus.CANCELLED, event="test", now=db_now(conn))
+        transitions.apply_transition(conn, row, TaskStatus.CANCELLED, event="test", now=db_now(conn))
     assert db.task(task_id)["status"] == "WAITING" and len(db.events(task_id)) == 1
 
 
@@ -245,7 +249,7 @@ def test_completion_racing_the_sweep_at_the_lease_edge_is_never_reverted(db: Db)
             partial(
                 transact,
                 db.engine,
-                execution.complete_attempt,
+                attempts.complete_attempt,
                 ns_id,
                 attempt.id,
                 attempt.lease_token,
@@ -281,10 +285,10 @@ def test_cancel_racing_complete_never_overwrites_a_success(db: Db) -> None:
         attempt = grant.attempt
         complete, cancel = _together(
             partial(
-                transact, db.engine, execution.complete_attempt, ns_id, attempt.id, attempt.lease_token, "ok"
+                transact, db.engine, attempts.complete_attempt, ns_id, attempt.id, attempt.lease_token, "ok"
             ),
             partial(
-                transact, db.engine, execution.cancel_task, ns_id, grant.task.id, reason="race", actor="t"
+                transact, db.engine, operations.cancel_task, ns_id, grant.task.id, reason="race", actor="t"
             ),
         )
         assert not isinstance(complete, Exception), complete
@@ -309,9 +313,9 @@ def test_cancel_racing_start(db: Db) -> None:
         (grant,) = db.lease(queue)
         attempt = grant.attempt
         start, cancel = _together(
-            partial(transact, db.engine, execution.start_attempt, ns_id, attempt.id, attempt.lease_token),
+            partial(transact, db.engine, attempts.start_attempt, ns_id, attempt.id, attempt.lease_token),
             partial(
-                transact, db.engine, execution.cancel_task, ns_id, grant.task.id, reason="race", actor="t"
+                transact, db.engine, operations.cancel_task, ns_id, grant.task.id, reason="race", actor="t"
             ),
         )
         assert not isinstance(cancel, Exception), cancel
@@ -325,7 +329,7 @@ def test_cancel_racing_start(db: Db) -> None:
             # The worker stops, and reports so.
             transact(
                 db.engine,
-                execution.fail_attempt,
+                attempts.fail_attempt,
                 ns_id,
                 attempt.id,
                 attempt.lease_token,

@@ -16,8 +16,8 @@ from typing import Any
 import pytest
 import sqlalchemy as sa
 
-from orbit_server._db import db_now
-from orbit_server.schema import flow_events, submission_keys, tasks
+from orbit_server.db.engine import db_now
+from orbit_server.db.schema import flow_events, submission_keys, tasks
 from tests.flow_support import FlowApi, failing, ok, until
 from tests.servers import RunningServer
 
@@ -481,7 +481,7 @@ def test_purge_keeps_a_step_task_whose_result_its_paused_instance_has_not_applie
 ) -> None:
     """Retention never deletes a step's task while its internal event is pending (the resume reads the
     task's result); once the flow applied it, the task goes like any other."""
-    from orbit_server import retention
+    from orbit_server.retention import purge as retention
 
     flow = _flow()
     api.publish(flow, {"start": "a", "nodes": {

@@ -17,12 +17,12 @@ import sqlalchemy as sa
 from sqlalchemy.engine import URL
 
 from orbit_client import FlowControl
-from orbit_server import store
-from orbit_server._db import db_now
-from orbit_server.execution import transact
+from orbit_server.db.engine import db_now
+from orbit_server.db.schema import flow_events, flow_history, flow_signals, flow_timers, tasks
+from orbit_server.db.transact import transact
 from orbit_server.flows import control, engine
 from orbit_server.flows.loop import run_pass
-from orbit_server.schema import flow_events, flow_history, flow_signals, flow_timers, tasks
+from orbit_server.tasks import store
 from tests.conftest import DatabaseFactory
 from tests.flow_support import FlowApi, ok, until
 from tests.integration.conftest import BACKENDS

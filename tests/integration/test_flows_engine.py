@@ -18,12 +18,8 @@ import pytest
 import sqlalchemy as sa
 from sqlalchemy.engine import URL
 
-from orbit_server import execution, store
-from orbit_server._db import create_engine, db_now
-from orbit_server.execution import transact
-from orbit_server.flows import engine
-from orbit_server.flows.loop import run_pass
-from orbit_server.schema import (
+from orbit_server.db.engine import create_engine, db_now
+from orbit_server.db.schema import (
     flow_events,
     flow_history,
     flow_steps,
@@ -32,6 +28,10 @@ from orbit_server.schema import (
     task_attempts,
     tasks,
 )
+from orbit_server.db.transact import transact
+from orbit_server.flows import engine
+from orbit_server.flows.loop import run_pass
+from orbit_server.tasks import leases, store
 from tests.conftest import DatabaseFactory
 from tests.flow_support import FlowApi, failing, ok, until
 from tests.integration.conftest import BACKENDS
@@ -136,7 +136,7 @@ def test_out_of_order_events_review_then_success(quiet: tuple[RunningServer, Flo
         with server.engine.begin() as conn:  # its lease lapses: not retry-safe, so NEEDS_REVIEW
             conn.execute(task_attempts.update().where(task_attempts.c.task_id == task_id).values(
                 lease_expires_at=db_now(conn) - timedelta(seconds=1)))  # fmt: skip
-        transact(server.engine, execution.expire_leases)
+        transact(server.engine, leases.expire_leases)
         r = api.post("admin", f"/tasks/{task_id}/review",
                      {"outcome": "succeeded", "reason": "checked", "evidence_ref": "ticket-1", "result": {"ok": 1}})  # fmt: skip
         assert r.status_code == 200, r.text

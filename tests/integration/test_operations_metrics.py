@@ -16,8 +16,8 @@ import pytest
 
 from orbit_client import OrbitClient, OrbitUsageError, RetryableError, TaskContext, Worker
 from orbit_client import _metrics as worker_metrics
-from orbit_server._db import db_now
-from orbit_server.schema import task_attempts
+from orbit_server.db.engine import db_now
+from orbit_server.db.schema import task_attempts
 from tests.conftest import DatabaseFactory
 from tests.integration.conftest import BACKENDS
 from tests.servers import RunningServer, run_server

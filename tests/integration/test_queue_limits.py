@@ -29,8 +29,8 @@ from orbit_client import (
     TaskStatus,
     UnprocessableEntityError,
 )
-from orbit_server import store
-from orbit_server.schema import concurrency_permits, queue_events, queues
+from orbit_server.db.schema import concurrency_permits, queue_events, queues
+from orbit_server.tasks import store
 from tests.servers import RunningServer
 
 NS = "limits"

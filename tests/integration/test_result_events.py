@@ -20,15 +20,18 @@ import pytest
 import sqlalchemy as sa
 
 from orbit_client import OrbitClient, RetryPolicy, TaskStatus
-from orbit_server import execution, results
-from orbit_server._db import db_now
-from orbit_server.schema import event_deliveries, result_events, subscriptions, task_events, tasks
+from orbit_server.db.engine import db_now
+from orbit_server.db.schema import event_deliveries, result_events, subscriptions, task_events, tasks
+from orbit_server.db.transact import transact
+from orbit_server.results import deliveries as results
+from orbit_server.tasks import operations, transitions
+from orbit_server.tasks.result_events import RESULT_STATUSES
 from tests.conftest import DatabaseFactory
 from tests.integration.conftest import BACKENDS
 from tests.integration.test_execution_api import Api, _problem
 from tests.servers import RunningServer, run_server
 
-RESULT_STATES = {s.value for s in results.RESULT_STATUSES}
+RESULT_STATES = {s.value for s in RESULT_STATUSES}
 
 
 @pytest.fixture(scope="module", params=BACKENDS)
@@ -179,7 +182,7 @@ def test_the_event_exists_only_if_its_transition_committed(api: Api) -> None:
     with engine.connect() as conn:
         trans = conn.begin()
         row = dict(conn.execute(sa.select(tasks).where(tasks.c.id == task["id"])).mappings().one())
-        execution.apply_transition(conn, row, TaskStatus.CANCELLED, event="test", now=db_now(conn))
+        transitions.apply_transition(conn, row, TaskStatus.CANCELLED, event="test", now=db_now(conn))
         assert counts(conn) == (1, 1)  # written by the transition, in its transaction
         trans.rollback()
     with engine.connect() as conn:
@@ -259,7 +262,7 @@ def test_events_before_the_subscription_existed_are_not_delivered(api: Api) -> N
 def test_subscription_created_during_transitions_gets_exactly_the_later_events(api: Api) -> None:
     """Create subscriptions while threads settle tasks: each gets the events with occurred_at >= created_at.
 
-    This is the race the namespace lock of :mod:`orbit_server.results` closes: an event whose
+    This is the race the namespace lock of :mod:`orbit_server.results.deliveries` closes: an event whose
     transaction read the subscriptions just before a new one committed must be older than it.
     """
     engine = api.server.engine
@@ -272,12 +275,12 @@ def test_subscription_created_during_transitions_gets_exactly_the_later_events(a
 
     def settle(chunk: list[str]) -> None:
         for task_id in chunk:
-            execution.transact(engine, execution.cancel_task, ns_id, task_id, reason="race", actor="t")
+            transact(engine, operations.cancel_task, ns_id, task_id, reason="race", actor="t")
 
     def create() -> None:
         for name in names:
             time.sleep(random.uniform(0.005, 0.05))
-            execution.transact(engine, results.create_subscription, ns_id, api.ns, name, None)
+            transact(engine, results.create_subscription, ns_id, api.ns, name, None)
 
     threads = [threading.Thread(target=settle, args=(c,)) for c in chunks] + [threading.Thread(target=create)]
     for t in threads:
@@ -315,7 +318,7 @@ def test_a_transition_during_a_subscription_creation_waits_for_it_and_delivers_t
         with engine.connect() as conn, conn.begin():
             seen["now"] = now = db_now(conn)
             row = dict(conn.execute(sa.select(tasks).where(tasks.c.id == task_id)).mappings().one())
-            execution.apply_transition(conn, row, TaskStatus.CANCELLED, event="test", now=now)
+            transitions.apply_transition(conn, row, TaskStatus.CANCELLED, event="test", now=now)
 
     with engine.connect() as conn:
         trans = conn.begin()

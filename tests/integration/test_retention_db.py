@@ -14,10 +14,10 @@ import sqlalchemy as sa
 from click.testing import CliRunner
 from sqlalchemy.engine import Connection, Engine, make_url
 
-from orbit_server import _migrate, retention, store
-from orbit_server._db import create_engine, db_now
 from orbit_server.cli import main
-from orbit_server.schema import (
+from orbit_server.db import migrate as _migrate
+from orbit_server.db.engine import create_engine, db_now
+from orbit_server.db.schema import (
     event_deliveries,
     purge_runs,
     result_events,
@@ -27,6 +27,8 @@ from orbit_server.schema import (
     task_events,
     tasks,
 )
+from orbit_server.retention import purge as retention
+from orbit_server.tasks import store
 from tests.conftest import DatabaseFactory
 from tests.integration.conftest import BACKENDS
 

@@ -24,9 +24,9 @@ from orbit_client import (
     Schedule,
     UnprocessableEntityError,
 )
-from orbit_server import store
-from orbit_server.schema import schedule_events
-from orbit_server.schema import schedules as schedules_table
+from orbit_server.db.schema import schedule_events
+from orbit_server.db.schema import schedules as schedules_table
+from orbit_server.tasks import store
 from tests.conftest import DatabaseFactory
 from tests.integration.conftest import BACKENDS
 from tests.servers import RunningServer, run_server

@@ -16,10 +16,12 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
 from orbit_client import ScheduleCreate, ScheduleUpdate
-from orbit_server import _migrate, schedules, store
-from orbit_server._db import create_engine, db_now
-from orbit_server.schema import schedule_occurrences, submission_keys, task_events, tasks
-from orbit_server.schema import schedules as schedules_table
+from orbit_server.db import migrate as _migrate
+from orbit_server.db.engine import create_engine, db_now
+from orbit_server.db.schema import schedule_occurrences, submission_keys, task_events, tasks
+from orbit_server.db.schema import schedules as schedules_table
+from orbit_server.schedules import schedules
+from orbit_server.tasks import store
 from tests.conftest import DatabaseFactory
 from tests.integration.conftest import BACKENDS
 

@@ -9,7 +9,7 @@ import pytest
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
-from orbit_server._db import create_engine
+from orbit_server.db.engine import create_engine
 from tests.conftest import DatabaseFactory
 
 pytestmark = pytest.mark.mariadb

@@ -16,7 +16,7 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
-from orbit_server.app import _redacted_target
+from orbit_server.api.middleware import _redacted_target
 from tests.conftest import DatabaseFactory
 from tests.servers import RunningServer, run_server
 

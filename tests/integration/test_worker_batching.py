@@ -20,7 +20,7 @@ import pytest
 import sqlalchemy as sa
 
 from orbit_client import AsyncOrbitClient, AsyncWorker, OrbitClient, RetryPolicy, TaskContext, Worker
-from orbit_server.schema import result_events
+from orbit_server.db.schema import result_events
 from tests.conftest import DatabaseFactory
 from tests.execution_support import check_attempt_history
 from tests.integration.conftest import BACKENDS

@@ -26,9 +26,9 @@ from orbit_client import (
     TaskContext,
     Worker,
 )
-from orbit_server import store
-from orbit_server._db import db_now
-from orbit_server.schema import task_attempts
+from orbit_server.db.engine import db_now
+from orbit_server.db.schema import task_attempts
+from orbit_server.tasks import store
 from tests.conftest import DatabaseFactory
 from tests.execution_support import check_attempt_history
 from tests.integration.conftest import BACKENDS

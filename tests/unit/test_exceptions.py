@@ -29,7 +29,7 @@ from orbit_client import (
     SuccessorExistsError,
     UnprocessableEntityError,
 )
-from orbit_client._client import _parse_retry_after
+from orbit_client._calls import _parse_retry_after
 from orbit_client._exceptions import _api_error_class
 
 NOW = datetime(2026, 1, 1, 12, 0, 0, tzinfo=UTC)

@@ -1,5 +1,5 @@
 """Fire times of schedules: cron in a time zone across both DST transitions, intervals, bounds,
-misfire policies (orbit_server.firetimes, orbit_server.schedules.plan_fires)."""
+misfire policies (orbit_server.schedules.firetimes, orbit_server.schedules.schedules.plan_fires)."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ from zoneinfo import ZoneInfo
 import pytest
 
 from orbit_client import MisfirePolicy
-from orbit_server.firetimes import Trigger, bad_cron, bad_timezone, format_fire_time
-from orbit_server.schedules import idempotency_key, plan_fires
+from orbit_server.schedules.firetimes import Trigger, bad_cron, bad_timezone, format_fire_time
+from orbit_server.schedules.schedules import idempotency_key, plan_fires
 
 BERLIN = ZoneInfo("Europe/Berlin")
 

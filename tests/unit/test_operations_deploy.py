@@ -15,9 +15,9 @@ import yaml
 from prometheus_client import CollectorRegistry
 
 from orbit_client import _metrics as worker_metrics
-from orbit_server._metrics import Metrics
-from orbit_server._sampling import Sample
+from orbit_server.api.metrics import Metrics
 from orbit_server.cli import main as server_cli
+from orbit_server.db.sampling import Sample
 from outbox_adapter._metrics import ConsumerMetrics, RelayMetrics
 from outbox_adapter.cli import main as outbox_cli
 

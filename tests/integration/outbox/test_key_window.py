@@ -9,10 +9,10 @@ import pytest
 import sqlalchemy as sa
 
 from orbit_client import OrbitAPIError, OrbitClient
-from orbit_server import retention
-from orbit_server._db import db_now as server_now
-from orbit_server.schema import submission_keys
-from orbit_server.schema import tasks as server_tasks
+from orbit_server.db.engine import db_now as server_now
+from orbit_server.db.schema import submission_keys
+from orbit_server.db.schema import tasks as server_tasks
+from orbit_server.retention import purge as retention
 from outbox_adapter import Outbox, OutboxTables, enqueue
 from tests.conftest import DatabaseFactory
 from tests.integration.outbox.conftest import Biz, Namespace, RelayFactory

@@ -9,7 +9,7 @@ from typing import Any
 import sqlalchemy as sa
 
 from orbit_client import OrbitClient, RetryPolicy
-from orbit_server import store
+from orbit_server.tasks import store
 from outbox_adapter import Outbox, OutboxTables, enqueue
 from outbox_adapter._db import db_now
 from tests.integration.outbox.conftest import Biz, Namespace, RelayFactory

@@ -1,0 +1,253 @@
+"""Engines, database time and dialect differences, in one place.
+
+Rules (DESIGN §2): time comes from the database clock, never the process clock;
+SQLite is a single writer (every transaction starts with ``BEGIN IMMEDIATE``);
+MySQL/MariaDB run at READ COMMITTED so claims with ``SKIP LOCKED`` take no gap locks.
+
+The pool spends no round trip that buys nothing (:func:`create_engine`): a connection is
+pinged only when it has sat idle in the pool, and rolled back on return only when it may hold
+an open transaction.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sqlite3
+import time
+from datetime import UTC, datetime
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy import event
+from sqlalchemy.engine import URL, Connection, Engine, make_url
+
+from orbit_server.db import faults as _faults
+
+__all__ = [
+    "as_db_time",
+    "create_engine",
+    "db_now",
+    "db_now_expression",
+    "is_lock_conflict",
+    "is_sqlite",
+    "to_utc",
+]
+
+#: MySQL/MariaDB error numbers meaning "another transaction got in the way; try again".
+_MYSQL_RETRYABLE = {1205, 1213}  # lock wait timeout, deadlock
+
+
+def is_sqlite(url: str | URL) -> bool:
+    return make_url(url).get_backend_name() == "sqlite"
+
+
+def create_engine(
+    url: str | URL, *, pool_size: int = 20, echo: bool = False, ping_idle_seconds: float = 10.0
+) -> Engine:
+    """Build an engine for the server's database.
+
+    Args:
+        url: a SQLAlchemy URL, e.g. ``sqlite:///./orbit.db`` or
+            ``mysql+pymysql://user:pw@host/orbit`` (or ``mysql+mysqldb://``, the C driver
+            of the ``mysqlclient`` extra).
+        pool_size: connections kept open (MySQL/PostgreSQL); as many again may
+            overflow under load.
+        ping_idle_seconds: a pooled connection idle for longer than this is pinged before
+            use, and replaced if the database dropped it (a restart, ``wait_timeout``, a
+            proxy's idle cut-off); a busy connection is not (``0``: ping at every checkout,
+            SQLAlchemy's ``pool_pre_ping``). A connection lost while in use fails that
+            statement; the pool then replaces every connection older than the failure, and
+            task acceptance retries it (safe: the idempotency key makes a retry a replay).
+
+    Raises:
+        ValueError: for an in-memory SQLite URL (each connection would see its own
+            empty database).
+    """
+    url = make_url(url)
+    backend = url.get_backend_name()
+    if backend == "sqlite":
+        if url.database in (None, "", ":memory:"):
+            raise ValueError(
+                "the server needs a SQLite file, e.g. sqlite:///./orbit.db, not an in-memory database"
+            )
+        engine = sa.create_engine(
+            url,
+            echo=echo,
+            hide_parameters=True,
+            connect_args={"check_same_thread": False, "timeout": 30},
+            pool_size=pool_size,
+            max_overflow=pool_size,
+        )
+        _make_sqlite_single_writer(engine)
+        return engine
+    kwargs: dict[str, Any] = {"pool_size": pool_size, "max_overflow": pool_size}
+    if backend == "mysql":
+        kwargs["isolation_level"] = "READ COMMITTED"
+    # hide_parameters: a database error must not write params or results into the log (DESIGN §8).
+    # LIFO: under light load the same few connections stay warm (no idle ping) and the rest age out.
+    engine = sa.create_engine(url, echo=echo, pool_recycle=3600, hide_parameters=True, pool_use_lifo=True,
+                              pool_reset_on_return=None, **kwargs)  # fmt: skip
+    _ping_when_idle(engine, ping_idle_seconds)
+    _reset_only_open_transactions(engine)
+    _faults.install(engine)  # test-only hooks; nothing unless ORBIT_SERVER_FAULT is set
+    return engine
+
+
+def _ping_when_idle(engine: Engine, idle_seconds: float) -> None:
+    """Ping a connection at checkout only if it sat in the pool longer than ``idle_seconds``.
+
+    ``pool_pre_ping`` costs a round trip per checkout, i.e. per transaction; a connection
+    used a moment ago is alive as surely as a ping would say. A failed ping raises
+    ``DisconnectionError``, on which the pool opens a new connection instead.
+    """
+
+    @event.listens_for(engine, "checkin")
+    def _on_checkin(_dbapi_connection: Any, record: Any) -> None:
+        record.info["orbit_idle_since"] = time.monotonic()
+
+    @event.listens_for(engine, "checkout")
+    def _on_checkout(dbapi_connection: Any, record: Any, _proxy: Any) -> None:
+        idle_since = record.info.get("orbit_idle_since")
+        if idle_since is None:
+            return  # a new connection
+        if idle_seconds > 0 and time.monotonic() - idle_since <= idle_seconds:
+            return  # in use moments ago
+        try:
+            engine.dialect.do_ping(dbapi_connection)
+        except engine.dialect.loaded_dbapi.Error as exc:
+            if engine.dialect.is_disconnect(exc, dbapi_connection, None):
+                raise sa.exc.DisconnectionError() from exc
+            raise
+
+
+def _reset_only_open_transactions(engine: Engine) -> None:
+    """Roll a returned connection back only when it may hold an open transaction.
+
+    SQLAlchemy's default reset sends a ``ROLLBACK`` on every return, even after a ``COMMIT``
+    (``engine.begin()`` ends that way): a round trip per transaction that changes nothing. Here
+    a connection is dirty from its checkout on, clean once its ``Connection`` committed or
+    rolled back, and dirty again at its next statement or error; only a connection returned
+    dirty is rolled back (e.g. one used through ``raw_connection()``), so no transaction or
+    lock ever outlives its checkout.
+    """
+    key = "orbit_clean"
+
+    @event.listens_for(engine, "checkout")
+    def _on_checkout(_dbapi_connection: Any, record: Any, _proxy: Any) -> None:
+        record.info[key] = False
+
+    def _info(conn: Connection) -> dict[Any, Any]:
+        return conn.connection.info
+
+    @event.listens_for(engine, "before_cursor_execute")
+    def _on_execute(conn: Connection, *_args: Any) -> None:
+        _info(conn)[key] = False
+
+    @event.listens_for(engine, "handle_error")
+    def _on_error(context: sa.engine.ExceptionContext) -> None:
+        if context.connection is not None and not context.connection.invalidated:
+            with contextlib.suppress(sa.exc.SQLAlchemyError):
+                _info(context.connection)[key] = False
+
+    @event.listens_for(engine, "commit")
+    @event.listens_for(engine, "rollback")
+    def _on_end(conn: Connection) -> None:
+        # Fired just before the DBAPI commit/rollback; if that fails, handle_error marks it dirty.
+        if conn.invalidated:
+            # The database dropped the connection (crash, cut, KILL): the pool discards it. Touching
+            # it here would raise PendingRollbackError in place of the caller's OperationalError.
+            return
+        _info(conn)[key] = True
+
+    @event.listens_for(engine, "reset")
+    def _on_reset(dbapi_connection: Any, record: Any, state: Any) -> None:
+        if state.terminate_only:
+            return  # the connection is being closed: the server ends its transaction
+        if state.transaction_was_reset or record.info.get(key):
+            return
+        dbapi_connection.rollback()
+        record.info[key] = True
+
+
+def _make_sqlite_single_writer(engine: Engine) -> None:
+    """Let SQLAlchemy, not pysqlite, open transactions, and open them ``IMMEDIATE``.
+
+    With ``BEGIN IMMEDIATE`` a transaction takes the write lock when it starts, so
+    two writers never both read and then collide on commit; the loser waits up to
+    the busy timeout (30 s). WAL lets readers proceed beside the one writer.
+    """
+
+    @event.listens_for(engine, "connect")
+    def _on_connect(dbapi_connection: sqlite3.Connection, _record: object) -> None:
+        dbapi_connection.isolation_level = None
+        cursor = dbapi_connection.cursor()
+        cursor.execute("PRAGMA journal_mode=WAL")
+        cursor.execute("PRAGMA synchronous=FULL")
+        cursor.execute("PRAGMA foreign_keys=ON")
+        cursor.execute("PRAGMA busy_timeout=30000")
+        cursor.close()
+
+    @event.listens_for(engine, "begin")
+    def _on_begin(connection: Connection) -> None:
+        connection.exec_driver_sql("BEGIN IMMEDIATE")
+
+
+def db_now(conn: Connection) -> datetime:
+    """The database clock, as a naive UTC datetime (how every timestamp is stored)."""
+    name = conn.dialect.name
+    if name == "sqlite":
+        value = conn.exec_driver_sql("SELECT strftime('%Y-%m-%d %H:%M:%f', 'now')").scalar_one()
+        return datetime.fromisoformat(value)
+    if name == "mysql":
+        value = conn.exec_driver_sql("SELECT UTC_TIMESTAMP(6)").scalar_one()
+    elif name == "postgresql":
+        value = conn.exec_driver_sql("SELECT clock_timestamp() AT TIME ZONE 'UTC'").scalar_one()
+    else:  # pragma: no cover - other dialects are not supported
+        raise RuntimeError(f"unsupported database dialect {name!r}")
+    assert isinstance(value, datetime)
+    return value.replace(tzinfo=None)
+
+
+def db_now_expression(dialect: sa.Dialect) -> sa.ColumnElement[Any]:
+    """The database clock as a SQL expression, to read it within another statement (no extra
+    round trip); pass what it returns through :func:`as_db_time`."""
+    if dialect.name == "sqlite":
+        return sa.func.strftime("%Y-%m-%d %H:%M:%f", "now", type_=sa.String)
+    if dialect.name == "mysql":
+        return sa.func.utc_timestamp(6, type_=sa.DateTime)
+    if dialect.name == "postgresql":
+        return sa.func.timezone("UTC", sa.func.clock_timestamp(), type_=sa.DateTime)
+    raise RuntimeError(f"unsupported database dialect {dialect.name!r}")  # pragma: no cover
+
+
+def as_db_time(value: datetime | str) -> datetime:
+    """A value of :func:`db_now_expression` as a naive UTC datetime (like :func:`db_now`)."""
+    if isinstance(value, str):
+        return datetime.fromisoformat(value)
+    return value.replace(tzinfo=None)
+
+
+def to_utc(value: datetime | None) -> datetime | None:
+    """A stored naive-UTC datetime as an aware UTC datetime (``None`` stays ``None``)."""
+    if value is None:
+        return None
+    return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+
+
+def to_naive_utc(value: datetime | None) -> datetime | None:
+    """An aware datetime as the naive UTC datetime the database stores."""
+    if value is None:
+        return None
+    return value.astimezone(UTC).replace(tzinfo=None)
+
+
+def is_lock_conflict(exc: sa.exc.DBAPIError) -> bool:
+    """``True`` when ``exc`` is a deadlock or lock wait timeout worth retrying."""
+    orig = exc.orig
+    args = getattr(orig, "args", ())
+    if args and isinstance(args[0], int) and args[0] in _MYSQL_RETRYABLE:
+        return True
+    sqlstate = getattr(orig, "sqlstate", None)
+    if sqlstate in ("40001", "40P01"):  # PostgreSQL serialization failure / deadlock
+        return True
+    return isinstance(orig, sqlite3.OperationalError) and "locked" in str(orig)

@@ -1,0 +1,73 @@
+"""Run one unit of work in one short transaction: commit, roll back, or run it again on a lock conflict.
+
+Every area's writes go through :func:`transact`, so it lives with the engine, not with any area.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Concatenate, ParamSpec, TypeVar
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Connection, Engine
+
+from orbit_server import errors
+from orbit_server.db import flow_hooks
+from orbit_server.db.engine import is_lock_conflict
+
+__all__ = ["transact"]
+
+#: The logger's name is the one ``transact`` had in ``orbit_server.execution`` (log settings keep working).
+log = logging.getLogger("orbit_server.execution")
+
+#: How many times :func:`transact` runs a unit of work that met a lock conflict.
+_TRIES = 5
+
+P = ParamSpec("P")
+T = TypeVar("T")
+
+
+# ---------------------------------------------------------------- transactions
+
+
+def transact(
+    engine: Engine, work: Callable[Concatenate[Connection, P], T], *args: P.args, **kwargs: P.kwargs
+) -> T:
+    """Run ``work(conn, *args, **kwargs)`` in one transaction and commit it.
+
+    A domain error rolls the transaction back, except one with ``keep_writes`` (e.g.
+    :class:`errors.LeaseLost`, whose refusal may have expired the attempt or kept a late
+    report as evidence): that is committed, then raised. A deadlock, lock wait timeout or
+    :class:`errors.ConcurrentUpdate` rolls back and runs ``work`` again, up to 5 times in all;
+    nothing of a rolled-back try is left behind, so this is safe.
+
+    Raises:
+        errors.OrbitServerError: whatever ``work`` raised.
+        errors.ConcurrentUpdate: the conflicts did not stop (409, retryable by the client).
+    """
+    for _ in range(_TRIES):
+        try:
+            with engine.connect() as conn:
+                trans = conn.begin()
+                try:
+                    value = work(conn, *args, **kwargs)
+                except errors.OrbitServerError as exc:
+                    if exc.keep_writes:
+                        trans.commit()
+                    else:
+                        trans.rollback()
+                    raise
+                except BaseException:
+                    trans.rollback()
+                    raise
+                trans.commit()
+                flow_hooks.after_commit(conn)
+                return value
+        except errors.ConcurrentUpdate:
+            log.debug("concurrent update; running %s again", work.__name__)
+        except sa.exc.DBAPIError as exc:
+            if not is_lock_conflict(exc):
+                raise
+            log.debug("lock conflict; running %s again", work.__name__)
+    raise errors.ConcurrentUpdate("the task kept changing under concurrent requests; retry shortly")

@@ -1,0 +1,237 @@
+"""The set-based path of batched ``start`` and ``complete`` calls (DESIGN §4, "Batched attempt calls").
+
+A batch whose every item is the plain case (the attempt exists in the namespace, its token is
+right, it holds a live lease, it is ``LEASED`` for a start or ``RUNNING`` for a complete, its task
+is at the matching status with this attempt current, and no attempt appears twice) is written
+with one statement per table instead of one per item:
+
+1. lock the batch's tasks: ``SELECT ... FROM tasks WHERE id IN (SELECT task_id FROM task_attempts
+   WHERE id IN (...)) AND namespace_id = :ns FOR UPDATE`` (the attempt rows are read by the
+   subquery without a lock: lock order stays task first), with the database clock;
+2. read the attempts, now that their tasks are locked (every change to an attempt is made under
+   its task's lock, and the server reads at ``READ COMMITTED``, so these rows are current);
+3. one conditional ``UPDATE`` of the attempts fenced on ``(id, lease_token_hash)``, status and an
+   unexpired lease, and one of the tasks fenced on ``(id, state_version)`` and status; both row
+   counts are checked (a mismatch raises :class:`errors.ConcurrentUpdate`: the whole request is
+   rolled back and run again);
+4. one multi-row ``INSERT`` of the task events; for completes, the result events and their
+   deliveries in the same transaction (:func:`orbit_server.tasks.result_events.record_result_events`), and for
+   the tasks that are flow steps one multi-row ``INSERT`` of their internal events
+   (:mod:`orbit_server.db.flow_hooks`; none for plain tasks).
+
+A start whose queue is paused is declined (the per-item start gives its lease back), and a
+complete deletes the concurrency permits of the tasks that hold one (:mod:`orbit_server.tasks.permits`).
+
+The rows written are exactly those the per-item functions
+(:func:`orbit_server.tasks.attempts.start_attempt`, :func:`~orbit_server.tasks.attempts.complete_attempt`)
+write. Any other batch is declined before anything is written (``None``), and the caller runs
+it item by item in the same transaction (:func:`orbit_server.api.attempt_batches.run_items`),
+which answers every refusal exactly as the single call does.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import datetime, timedelta
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Connection
+
+from orbit_client import AttemptState, AttemptStatus, CompleteItem, StartItem, TaskStatus
+from orbit_server import _ids, errors
+from orbit_server.db import flow_hooks
+from orbit_server.db.schema import task_attempts, task_events, tasks
+from orbit_server.tasks import permits, result_events, transitions
+
+__all__ = ["complete_all", "start_all"]
+
+_TASK_COLUMNS = (*transitions._TASK_COLUMNS, tasks.c.handler, tasks.c.retry_of)
+_ATTEMPT_COLUMNS = (
+    task_attempts.c.id,
+    task_attempts.c.task_id,
+    task_attempts.c.generation,
+    task_attempts.c.lease_token_hash,
+    task_attempts.c.worker_id,
+    task_attempts.c.status,
+    task_attempts.c.lease_seconds,
+    task_attempts.c.lease_expires_at,
+)
+_IDS = sa.bindparam("attempt_ids", expanding=True, type_=task_attempts.c.id.type)
+_READ_ATTEMPTS = sa.select(*_ATTEMPT_COLUMNS).where(task_attempts.c.id.in_(_IDS))
+#: :func:`_lock_tasks`'s statement, built once per dialect.
+_LOCK_TASKS: dict[str, sa.Executable] = {}
+
+
+def _lock_tasks_statement(conn: Connection) -> sa.Executable:
+    name = conn.dialect.name
+    statement = _LOCK_TASKS.get(name)
+    if statement is None:
+        statement = _LOCK_TASKS[name] = (
+            sa.select(*_TASK_COLUMNS, transitions._clock(conn).label("db_now"), transitions.gate_paused())
+            .where(
+                tasks.c.id.in_(sa.select(task_attempts.c.task_id).where(task_attempts.c.id.in_(_IDS))),
+                tasks.c.namespace_id == sa.bindparam("namespace_id"),
+            )
+            .with_for_update()
+        )
+    return statement
+
+
+def _read(
+    conn: Connection, namespace_id: int, attempt_ids: list[str], attempt_status: AttemptStatus,
+    task_status: TaskStatus, tokens: list[str],
+) -> tuple[list[tuple[dict[str, Any], dict[str, Any]]], datetime] | None:  # fmt: skip
+    """Lock and read the batch; ``(task, attempt)`` per item and the clock, or ``None`` to decline."""
+    if len(set(attempt_ids)) != len(attempt_ids) or not all(map(_ids.can_exist, attempt_ids)):
+        return None  # item by item: a repeated id sees the first item's effect; a bad id is a 404
+    locked = conn.execute(
+        _lock_tasks_statement(conn), {"attempt_ids": attempt_ids, "namespace_id": namespace_id}
+    ).mappings().all()  # fmt: skip
+    if not locked:
+        return None
+    now = transitions._naive(locked[0]["db_now"])
+    by_task = {row["id"]: dict(row) for row in locked}
+    by_attempt = {
+        row["id"]: dict(row) for row in conn.execute(_READ_ATTEMPTS, {"attempt_ids": attempt_ids}).mappings()
+    }
+    pairs: list[tuple[dict[str, Any], dict[str, Any]]] = []
+    for attempt_id, token in zip(attempt_ids, tokens, strict=True):
+        attempt = by_attempt.get(attempt_id)
+        task = by_task.get(attempt["task_id"]) if attempt is not None else None
+        if (
+            attempt is None
+            or task is None
+            or attempt["status"] != attempt_status.value
+            or attempt["lease_expires_at"] <= now
+            or attempt["lease_token_hash"] != transitions._hash_token(token)
+            or task["status"] != task_status.value
+            or task["current_attempt_id"] != attempt_id
+            or (task["gate_paused"] and attempt_status is AttemptStatus.LEASED)  # a start on a paused queue
+        ):
+            return None
+        task.pop("db_now", None)
+        task.pop("gate_paused", None)
+        pairs.append((task, attempt))
+    return pairs, now
+
+
+def _update_attempts(
+    conn: Connection, pairs: Sequence[tuple[dict[str, Any], dict[str, Any]]], now: datetime, **values: Any
+) -> None:
+    done = conn.execute(
+        task_attempts.update()
+        .where(
+            sa.tuple_(task_attempts.c.id, task_attempts.c.lease_token_hash).in_(
+                [(attempt["id"], attempt["lease_token_hash"]) for _, attempt in pairs]
+            ),
+            task_attempts.c.status == pairs[0][1]["status"],
+            task_attempts.c.lease_expires_at > now,
+        )
+        .values(**values)
+    )
+    if done.rowcount != len(pairs):
+        raise errors.ConcurrentUpdate("an attempt of the batch changed while it was being updated")
+
+
+def _update_tasks(
+    conn: Connection, pairs: Sequence[tuple[dict[str, Any], dict[str, Any]]], to: TaskStatus, now: datetime,
+    **values: Any,
+) -> None:  # fmt: skip
+    current = TaskStatus(pairs[0][0]["status"])
+    if (current, to) not in transitions.TRANSITIONS:
+        raise errors.InvalidTransition(f"a {current.value} task cannot become {to.value}")
+    changes: dict[str, Any] = {"status": to.value, "updated_at": now, **values}
+    if to.is_terminal:
+        changes["finished_at"] = now
+    done = conn.execute(
+        tasks.update()
+        .where(
+            sa.tuple_(tasks.c.id, tasks.c.state_version).in_(
+                [(task["id"], task["state_version"]) for task, _ in pairs]
+            ),
+            tasks.c.status == current.value,
+        )
+        .values(state_version=tasks.c.state_version + 1, **changes)
+    )
+    if done.rowcount != len(pairs):
+        raise errors.ConcurrentUpdate("a task of the batch changed while it was being updated")
+    conn.execute(
+        task_events.insert(),
+        [
+            {
+                "task_id": task["id"], "state_version": int(task["state_version"]) + 1,
+                "event": "started" if to is TaskStatus.RUNNING else "completed",
+                "from_status": current.value, "to_status": to.value,
+                "actor": f"worker:{attempt['worker_id']}", "reason": None,
+                "data": {"attempt_id": attempt["id"]}, "created_at": now,
+            }
+            for task, attempt in pairs
+        ],
+    )  # fmt: skip
+    for task, _ in pairs:
+        task.update(changes, state_version=int(task["state_version"]) + 1)
+
+
+def start_all(conn: Connection, namespace_id: int, items: Sequence[StartItem]) -> list[AttemptState] | None:
+    """Start every attempt of the batch set-based, or ``None`` (nothing written) to run it item by item."""
+    read = _read(
+        conn, namespace_id, [item.attempt_id for item in items], AttemptStatus.LEASED, TaskStatus.LEASED,
+        [item.lease_token for item in items],
+    )  # fmt: skip
+    if read is None:
+        return None
+    pairs, now = read
+    expires = {attempt["id"]: now + timedelta(seconds=attempt["lease_seconds"]) for _, attempt in pairs}
+    _update_attempts(
+        conn, pairs, now, status=AttemptStatus.RUNNING.value, started_at=now,
+        lease_expires_at=sa.case(expires, value=task_attempts.c.id),
+    )  # fmt: skip
+    _update_tasks(conn, pairs, TaskStatus.RUNNING, now)
+    return [
+        transitions._state(
+            task, attempt, status=AttemptStatus.RUNNING, lease_expires_at=expires[attempt["id"]]
+        )
+        for task, attempt in pairs
+    ]
+
+
+def complete_all(
+    conn: Connection, namespace_id: int, items: Sequence[CompleteItem]
+) -> list[AttemptState] | None:
+    """Complete every attempt of the batch set-based, or ``None`` (nothing written) to run it item by item."""
+    read = _read(
+        conn, namespace_id, [item.attempt_id for item in items], AttemptStatus.RUNNING, TaskStatus.RUNNING,
+        [item.lease_token for item in items],
+    )  # fmt: skip
+    if read is None:
+        return None
+    pairs, now = read
+    json_type = task_attempts.c.result.type
+    found = {item.attempt_id: item.result for item in items}
+    by_attempt = sa.case(
+        {aid: sa.bindparam(None, result, type_=json_type) for aid, result in found.items()},
+        value=task_attempts.c.id,
+    )
+    by_task = sa.case(
+        {
+            attempt["task_id"]: sa.bindparam(None, found[attempt["id"]], type_=json_type)
+            for _, attempt in pairs
+        },
+        value=tasks.c.id,
+    )
+    _update_attempts(
+        conn, pairs, now, status=AttemptStatus.SUCCEEDED.value, result=by_attempt, finished_at=now
+    )
+    holders = [attempt["id"] for task, attempt in pairs if task["holds_permit"]]
+    if holders:  # the attempts end here: so do their concurrency permits (orbit_server.tasks.permits)
+        permits.release(conn, holders)
+    _update_tasks(conn, pairs, TaskStatus.SUCCEEDED, now, result=by_task, error=None, holds_permit=False)
+    for task, attempt in pairs:
+        task["result"] = found[attempt["id"]]
+    event_ids = result_events.record_result_events(conn, namespace_id, [task for task, _ in pairs], now)
+    steps = [(task, event_id) for (task, _), event_id in zip(pairs, event_ids, strict=True)
+             if task["flow_instance_id"] is not None]  # fmt: skip
+    if steps:  # flow steps: their internal events, in this transaction (orbit_server.db.flow_hooks)
+        flow_hooks.record_events(conn, steps, now)
+    return [transitions._state(task, attempt, status=AttemptStatus.SUCCEEDED) for task, attempt in pairs]

@@ -1,0 +1,266 @@
+"""Leases: grant waiting tasks of a queue to a worker (:func:`lease_tasks`) and sweep expired attempts
+(:func:`expire_leases`); the rules are in :mod:`orbit_server.tasks.transitions`.
+"""
+
+from __future__ import annotations
+
+import secrets
+import uuid
+from collections.abc import Mapping, Sequence
+from datetime import datetime, timedelta
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Connection
+
+from orbit_client import (
+    AttemptLease,
+    AttemptStatus,
+    LeaseGrant,
+    TaskStatus,
+)
+from orbit_server import errors
+from orbit_server.db import faults as _faults
+from orbit_server.db.engine import db_now
+from orbit_server.db.schema import (
+    concurrency_permits,
+    namespaces,
+    queue_gates,
+    queues,
+    task_attempts,
+    task_events,
+    tasks,
+)
+from orbit_server.tasks import permits, store
+from orbit_server.tasks.transitions import (
+    _LIVE,
+    _TASK_COLUMNS,
+    _at,
+    _clock,
+    _deadline_error,
+    _expire_attempt,
+    _hash_token,
+    _lock_task,
+    _naive,
+    apply_transition,
+)
+
+__all__ = ["expire_leases", "lease_tasks"]
+
+#: Most expired attempts (and overdue waiting tasks) one sweep pass handles.
+_SWEEP_BATCH = 200
+
+
+# ---------------------------------------------------------------------- leases
+
+
+def lease_tasks(
+    conn: Connection,
+    namespace_id: int,
+    queue: str,
+    *,
+    worker_id: str,
+    max_tasks: int,
+    lease_seconds: float,
+) -> list[LeaseGrant]:
+    """Grant up to ``max_tasks`` due tasks of a queue to one worker (the "领取" transaction of §5).
+
+    First sweeps the queue's expired leases (:func:`expire_leases`), then claims ``WAITING``
+    tasks whose ``available_at`` has come (oldest first; ``SKIP LOCKED`` on MySQL/MariaDB).
+    Each grant moves the task ``WAITING → LEASED``, counts an attempt, and creates a
+    ``task_attempts`` row with the next ``generation``, a new 256-bit lease token and
+    ``lease_expires_at = now + lease_seconds`` (database clock).
+
+    A paused queue grants nothing. A queue with a concurrency limit grants only tasks whose
+    ``concurrency_key`` (and the queue) have room, and each grant takes a permit in this
+    transaction (:mod:`orbit_server.tasks.permits`); a queue without one takes the plain path.
+
+    Args:
+        lease_seconds: the lease duration, in seconds.
+
+    Returns:
+        The grants, oldest task first; empty when nothing is due (or the queue is paused). The lease tokens appear
+        here and nowhere else.
+
+    Raises:
+        errors.QueueNotFound: no such queue in the namespace (404).
+    """
+    found = conn.execute(
+        sa.select(
+            queues.c.id, namespaces.c.name, _clock(conn).label("db_now"), queue_gates.c.paused,
+            queue_gates.c.max_concurrency_per_key, queue_gates.c.max_concurrency,
+        )
+        .select_from(
+            queues.join(namespaces, namespaces.c.id == queues.c.namespace_id).outerjoin(
+                queue_gates, queue_gates.c.queue_id == queues.c.id
+            )
+        )
+        .where(queues.c.namespace_id == namespace_id, queues.c.name == queue)
+    ).first()  # fmt: skip
+    if found is None:
+        raise errors.QueueNotFound(f"queue {queue!r} does not exist in this namespace")
+    queue_id, namespace_name, now = found.id, found.name, _naive(found.db_now)
+    _sweep(conn, now, queue_id=queue_id, limit=_SWEEP_BATCH)
+    if found.paused:
+        return []  # the execution gate is shut: no new grants (invariant 12)
+    due: Sequence[Mapping[Any, Any]] | None = None
+    claimed_limited = None
+    if found.max_concurrency_per_key is not None or found.max_concurrency is not None:
+        claimed_limited = permits.claim_limited(conn, queue_id, now, max_tasks, _clock(conn))
+    if claimed_limited is not None:
+        due, now = claimed_limited
+    limited = due is not None
+    if due is None:
+        due = (
+            conn.execute(
+                _faults.skip_locked(
+                    sa.select(tasks)
+                    .where(
+                        tasks.c.queue_id == queue_id,
+                        tasks.c.status == TaskStatus.WAITING.value,
+                        tasks.c.available_at <= now,
+                        sa.or_(tasks.c.deadline.is_(None), tasks.c.deadline > now),
+                    )
+                    .order_by(tasks.c.available_at, tasks.c.id)
+                    .limit(max_tasks)
+                )
+            )
+            .mappings()
+            .all()
+        )
+    if not due:
+        return []
+    # Set-based: one conditional UPDATE of every claimed row (each at the status and version it was
+    # read at; the row count is checked, so correctness never rests on SKIP LOCKED alone), then one
+    # multi-row INSERT of their events and one of their attempts (WAITING → LEASED, §2).
+    expires = now + timedelta(seconds=lease_seconds)
+    attempt_ids = {row["id"]: str(uuid.uuid4()) for row in due}
+    claimed = conn.execute(
+        tasks.update()
+        .where(
+            sa.tuple_(tasks.c.id, tasks.c.state_version).in_(
+                [(row["id"], row["state_version"]) for row in due]
+            ),
+            tasks.c.status == TaskStatus.WAITING.value,
+        )
+        .values(
+            status=TaskStatus.LEASED.value,
+            state_version=tasks.c.state_version + 1,
+            attempt_count=tasks.c.attempt_count + 1,
+            current_attempt_id=sa.case(attempt_ids, value=tasks.c.id),
+            updated_at=now,
+            **({"holds_permit": True} if limited else {}),
+        )
+    )
+    if claimed.rowcount != len(due):
+        raise errors.ConcurrentUpdate("a claimed task changed while it was being leased")
+    actor = f"worker:{worker_id}"
+    events: list[dict[str, Any]] = []
+    attempts: list[dict[str, Any]] = []
+    grants: list[LeaseGrant] = []
+    for row in due:
+        attempt_id = attempt_ids[row["id"]]
+        token = secrets.token_urlsafe(32)
+        generation = int(row["attempt_count"]) + 1
+        version = int(row["state_version"]) + 1
+        events.append(
+            {
+                "task_id": row["id"], "state_version": version, "event": "leased",
+                "from_status": TaskStatus.WAITING.value, "to_status": TaskStatus.LEASED.value,
+                "actor": actor, "reason": None, "data": {"attempt_id": attempt_id, "generation": generation},
+                "created_at": now,
+            }
+        )  # fmt: skip
+        attempts.append(
+            {
+                "id": attempt_id, "task_id": row["id"], "generation": generation,
+                "lease_token_hash": _hash_token(token), "worker_id": worker_id,
+                "status": AttemptStatus.LEASED.value, "lease_seconds": lease_seconds, "leased_at": now,
+                "lease_expires_at": expires,
+            }
+        )  # fmt: skip
+        task = store.task_from_row(
+            {
+                **row, "status": TaskStatus.LEASED.value, "state_version": version,
+                "attempt_count": generation, "current_attempt_id": attempt_id, "updated_at": now,
+                "namespace_name": namespace_name, "queue_name": queue,
+            }  # type: ignore[arg-type]
+        )  # fmt: skip
+        lease = AttemptLease(
+            id=attempt_id, generation=generation, lease_token=token, lease_expires_at=_at(expires)
+        )
+        grants.append(LeaseGrant(task=task, attempt=lease))
+    conn.execute(task_events.insert(), events)
+    conn.execute(task_attempts.insert(), attempts)
+    if limited:  # the permits, taken in this transaction under the gate's lock (§5 "领取 … 取得额度")
+        conn.execute(
+            concurrency_permits.insert(),
+            permits.permit_rows([(row, attempt_ids[row["id"]]) for row in due], now),
+        )
+    return grants
+
+
+def expire_leases(conn: Connection, *, limit: int = _SWEEP_BATCH) -> int:
+    """The expiry sweep: settle up to ``limit`` lapsed attempts and overdue waiting tasks.
+
+    For an attempt whose ``lease_expires_at`` has passed (database clock):
+
+    - ``LEASED`` (nothing started) → the task goes back to ``WAITING`` while attempts remain
+      and the deadline allows, else ``FAILED`` (``attempts_exhausted``/``deadline_exceeded``);
+    - ``RUNNING`` → ``WAITING`` (after the task's backoff) only when the task is
+      ``retry_safe``, attempts remain and the deadline allows; otherwise ``NEEDS_REVIEW``,
+      because silence is no proof that nothing happened (invariant 7, DESIGN §4). A retry-safe
+      task whose cancellation was requested then becomes ``CANCELLED``.
+
+    The attempt becomes ``EXPIRED``. Each update re-checks what it read (attempt status and
+    expiry, task status and ``state_version``), so a heartbeat or completion that committed
+    first wins and the sweep leaves that task alone. Tasks locked by a concurrent request are
+    skipped until the next pass. ``WAITING`` tasks past their deadline become ``FAILED``
+    (``deadline_exceeded``).
+
+    Returns:
+        How many tasks changed state.
+    """
+    return _sweep(conn, db_now(conn), queue_id=None, limit=limit)
+
+
+def _sweep(conn: Connection, now: datetime, *, queue_id: int | None, limit: int) -> int:
+    expired = sa.select(task_attempts.c.id, task_attempts.c.task_id).where(
+        task_attempts.c.status.in_(_LIVE), task_attempts.c.lease_expires_at <= now
+    )
+    overdue = sa.select(*_TASK_COLUMNS).where(
+        tasks.c.status == TaskStatus.WAITING.value, tasks.c.deadline <= now
+    )
+    if queue_id is not None:
+        expired = expired.join(tasks, tasks.c.id == task_attempts.c.task_id).where(
+            tasks.c.queue_id == queue_id
+        )
+        overdue = overdue.where(tasks.c.queue_id == queue_id)
+    changed = 0
+    for attempt_id, task_id in conn.execute(
+        expired.order_by(task_attempts.c.lease_expires_at).limit(limit)
+    ).all():
+        task = _lock_task(conn, task_id, skip_locked=True)
+        if task is None or task["current_attempt_id"] != attempt_id:
+            continue  # locked by a concurrent request: the next pass will see it
+        attempt = (
+            conn.execute(sa.select(task_attempts).where(task_attempts.c.id == attempt_id)).mappings().one()
+        )
+        if (
+            attempt["status"] in _LIVE
+            and attempt["lease_expires_at"] <= now
+            and _expire_attempt(conn, task, attempt, now)
+        ):
+            changed += 1
+    for row in conn.execute(_faults.skip_locked(overdue.limit(limit))).mappings().all():
+        apply_transition(
+            conn,
+            dict(row),
+            TaskStatus.FAILED,
+            event="deadline_exceeded",
+            now=now,
+            actor="sweeper",
+            values={"error": _deadline_error()},
+        )
+        changed += 1
+    return changed

@@ -1,0 +1,227 @@
+"""The result event a task's terminal transition writes, with one delivery per subscription, in that
+transaction (DESIGN §4 "Result events"). Subscribers lease and ack the deliveries through
+:mod:`orbit_server.results.deliveries`; this half lives with the transitions that call it.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Mapping, Sequence
+from datetime import datetime
+from typing import Any, Final
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Connection
+
+from orbit_client import TaskStatus
+from orbit_server import errors
+from orbit_server.db.engine import to_utc
+from orbit_server.db.schema import (
+    Key,
+    Timestamp,
+    event_deliveries,
+    namespaces,
+    queues,
+    result_events,
+    submission_keys,
+    subscriptions,
+    tasks,
+)
+
+__all__ = ["RESULT_STATUSES", "chain_key", "record_result_event", "record_result_events"]
+
+#: The task states whose transitions write a result event (DESIGN §4).
+RESULT_STATUSES: Final[frozenset[TaskStatus]] = frozenset(
+    {TaskStatus.SUCCEEDED, TaskStatus.FAILED, TaskStatus.CANCELLED, TaskStatus.NEEDS_REVIEW}
+)
+
+PENDING: Final = "PENDING"
+ACKED: Final = "ACKED"
+
+#: Largest BIGINT: a longer delivery id cannot exist.
+_MAX_ID_DIGITS = 19
+
+
+def _at(value: datetime) -> datetime:
+    aware = to_utc(value)
+    assert aware is not None
+    return aware
+
+
+# ---------------------------------------------------------------------- events
+
+
+def record_result_event(conn: Connection, task_id: str, now: datetime) -> str:
+    """Write the result event of a transition that just happened, and its deliveries.
+
+    Call it in the transition's transaction, after the task row was updated (and while it is
+    locked): the event copies the row's status, result, error, handler, queue, ``state_version``
+    and ``retry_of``; for a task created by manual retry it also gets the idempotency key of the
+    chain's first task (:func:`chain_key`), so a receiver finds the business record of a retried
+    task by the key it knows. Then one ``PENDING`` delivery per subscription of the namespace that
+    matches the task's queue and was created at or before ``now`` (the module docstring
+    explains why that is exact under concurrency).
+
+    Args:
+        task_id: the task that changed state.
+        now: the transition's database time (naive UTC); becomes ``occurred_at``.
+
+    Returns:
+        The new event's id (a UUID).
+
+    Raises:
+        errors.ConcurrentUpdate: the task row was not found (nothing sensible was written;
+            the caller's transaction must roll back).
+    """
+    event_id = str(uuid.uuid4())
+    copied = conn.execute(
+        result_events.insert().from_select(
+            [
+                "id", "task_id", "namespace_id", "queue_id", "handler", "status", "result", "error",
+                "state_version", "occurred_at", "retry_of",
+            ],
+            sa.select(
+                sa.literal(event_id, Key(36)), tasks.c.id, tasks.c.namespace_id, tasks.c.queue_id,
+                tasks.c.handler, tasks.c.status, tasks.c.result, tasks.c.error, tasks.c.state_version,
+                sa.literal(now, Timestamp), tasks.c.retry_of,
+            ).where(tasks.c.id == task_id),
+        )
+    )  # fmt: skip
+    if copied.rowcount != 1:
+        raise errors.ConcurrentUpdate(f"task {task_id} vanished while its result event was written")
+    # Shared lock on the namespace row: serialises with create_subscription's exclusive lock.
+    namespace_id, queue_name, retry_of = conn.execute(
+        sa.select(namespaces.c.id, queues.c.name, tasks.c.retry_of)
+        .select_from(
+            tasks.join(namespaces, namespaces.c.id == tasks.c.namespace_id).join(
+                queues, queues.c.id == tasks.c.queue_id
+            )
+        )
+        .where(tasks.c.id == task_id)
+        .with_for_update(read=True)
+    ).one()
+    if retry_of is not None:  # a manual retry: the event carries the key of the chain's first task
+        conn.execute(
+            result_events.update()
+            .where(result_events.c.id == event_id)
+            .values(idempotency_key=chain_key(conn, namespace_id, retry_of))
+        )
+    # A locking read, so it sees the newest committed subscriptions whatever the isolation level.
+    matching = [
+        row.id
+        for row in conn.execute(
+            sa.select(subscriptions.c.id, subscriptions.c.queues)
+            .where(subscriptions.c.namespace_id == namespace_id, subscriptions.c.created_at <= now)
+            .with_for_update(read=True)
+        )
+        if row.queues is None or queue_name in row.queues
+    ]
+    if matching:
+        conn.execute(
+            event_deliveries.insert(),
+            [
+                {
+                    "subscription_id": subscription_id,
+                    "event_id": event_id,
+                    "state": PENDING,
+                    "delivery_count": 0,
+                    "created_at": now,
+                }
+                for subscription_id in matching
+            ],
+        )
+    return event_id
+
+
+def record_result_events(
+    conn: Connection, namespace_id: int, changed: Sequence[Mapping[str, Any]], now: datetime
+) -> list[str]:
+    """:func:`record_result_event` for many tasks of one namespace, set-based (4 statements at most).
+
+    Call it in the transitions' transaction, after the task rows were updated (and while they
+    are locked). ``changed`` are the task rows as written: ``id``, ``queue_id``, ``handler``,
+    ``status``, ``result``, ``error``, ``state_version`` and (optional) ``retry_of``. The rows written are exactly those
+    of one :func:`record_result_event` per task, in the same lock order: the events, then a
+    shared lock on the namespace and the tasks' queues, then the locking read of the
+    subscriptions.
+
+    Returns:
+        The new events' ids, in the order of ``changed``.
+
+    Raises:
+        errors.ConcurrentUpdate: a task's queue was not found in the namespace.
+    """
+    events = [
+        {
+            "id": str(uuid.uuid4()), "task_id": task["id"], "namespace_id": namespace_id,
+            "queue_id": task["queue_id"], "handler": task["handler"], "status": task["status"],
+            "result": task["result"], "error": task["error"], "state_version": task["state_version"],
+            "occurred_at": now, "retry_of": task.get("retry_of"),
+            "idempotency_key": chain_key(conn, namespace_id, task["retry_of"]) if task.get("retry_of") else None,
+        }
+        for task in changed
+    ]  # fmt: skip
+    conn.execute(result_events.insert(), events)
+    queue_ids = sorted({task["queue_id"] for task in changed})
+    names = dict(conn.execute(_LOCK_QUEUES, {"namespace_id": namespace_id, "queue_ids": queue_ids}).all())
+    if len(names) != len(queue_ids):
+        raise errors.ConcurrentUpdate("a task's queue vanished while its result event was written")
+    subscribed = conn.execute(_LOCK_SUBSCRIPTIONS, {"namespace_id": namespace_id, "now": now}).all()
+    deliveries = [
+        {"subscription_id": row.id, "event_id": event["id"], "state": PENDING, "delivery_count": 0,
+         "created_at": now}
+        for event in events
+        for row in subscribed
+        if row.queues is None or names[event["queue_id"]] in row.queues
+    ]  # fmt: skip
+    if deliveries:
+        conn.execute(event_deliveries.insert(), deliveries)
+    return [event["id"] for event in events]
+
+
+#: :func:`record_result_events`: the shared lock on the namespace and the tasks' queues.
+_LOCK_QUEUES = (
+    sa.select(queues.c.id, queues.c.name)
+    .select_from(namespaces.join(queues, queues.c.namespace_id == namespaces.c.id))
+    .where(
+        namespaces.c.id == sa.bindparam("namespace_id"),
+        queues.c.id.in_(sa.bindparam("queue_ids", expanding=True)),
+    )
+    .with_for_update(read=True)
+)
+#: :func:`record_result_events`: the locking read of the namespace's subscriptions.
+_LOCK_SUBSCRIPTIONS = (
+    sa.select(subscriptions.c.id, subscriptions.c.queues)
+    .where(
+        subscriptions.c.namespace_id == sa.bindparam("namespace_id"),
+        subscriptions.c.created_at <= sa.bindparam("now", type_=subscriptions.c.created_at.type),
+    )
+    .with_for_update(read=True)
+)
+
+
+#: Longest retry chain followed back to its first task (a chain is one manual retry per link).
+_MAX_CHAIN = 1000
+
+
+def chain_key(conn: Connection, namespace_id: int, predecessor: str) -> str | None:
+    """The ``Idempotency-Key`` of the first task of a retry chain, given a manual retry's predecessor.
+
+    Follows ``retry_of`` back from ``predecessor`` (one indexed read per link; a chain is as long
+    as the number of manual retries) to the task that has none, or that was purged, and returns
+    the key its submission was made with (submission keys outlive their tasks for the key
+    window); ``None`` when that task was not created by a submission or its key expired.
+    """
+    first = predecessor
+    for _ in range(_MAX_CHAIN):
+        earlier = conn.execute(
+            sa.select(tasks.c.retry_of).where(tasks.c.id == first, tasks.c.namespace_id == namespace_id)
+        ).scalar()
+        if earlier is None:
+            break
+        first = earlier
+    return conn.execute(
+        sa.select(submission_keys.c.idempotency_key).where(
+            submission_keys.c.task_id == first, submission_keys.c.namespace_id == namespace_id
+        )
+    ).scalar()

@@ -1,0 +1,586 @@
+"""A task's state machine: the allowed transitions, the conditional update that makes one, attempt locking and expiry.
+
+The SQL for executing tasks is split by idea: this module (transitions, locking, expiry), :mod:`.leases`
+(grants and the expiry sweep), :mod:`.attempts` (start, heartbeat, complete, fail), :mod:`.operations`
+(cancel, review, manual retry, history); :func:`orbit_server.db.transact.transact` runs them.
+
+The rules, from §2, §3 and §5 of the reliability model (seed 001) and DESIGN §2, §4:
+
+- A task moves only along :data:`TRANSITIONS`, and only through :func:`apply_transition`: a
+  conditional ``UPDATE`` on the status and ``state_version`` it read, which bumps the version,
+  checks the affected-row count and appends a ``task_events`` row in the same transaction
+  (and, for a result state, a ``result_events`` row with its deliveries: :mod:`.result_events`).
+  The one exception is its set-based twin in :func:`lease_tasks`, which makes the same
+  conditional update (``WAITING → LEASED``) for every claimed row in one statement, checks
+  that every row was updated, and inserts their events in one multi-row ``INSERT``.
+- Each grant of a task is a ``task_attempts`` row with a monotonic ``generation`` (the fencing
+  number) and a secret lease token (only its SHA-256 is stored). Every later write to an attempt
+  is a conditional ``UPDATE`` on its id, token digest and status, and its row count is checked.
+  A final attempt is never rewritten; a report that comes too late is kept as evidence only.
+- Leases are judged by the database clock (:func:`orbit_server.db.engine.db_now`).
+- A queue's execution gate and concurrency limits (:mod:`orbit_server.tasks.permits`): a paused queue
+  grants and starts nothing; a limited queue's grant takes a permit, and every transition out of
+  ``LEASED``/``RUNNING`` in :func:`apply_transition` releases it.
+- Lock order: a transaction locks the task row (``SELECT ... FOR UPDATE``) before it touches the
+  task's attempts. Claims and the expiry sweep use ``SKIP LOCKED`` on MySQL/MariaDB and never
+  wait for a row; SQLite has one writer at a time (``BEGIN IMMEDIATE``), so there the locking
+  clauses are no-ops.
+- No transaction stays open across HTTP, a handler or a human: every function here takes the
+  caller's :class:`~sqlalchemy.engine.Connection` and does one short unit of work. Run them with
+  :func:`~orbit_server.db.transact.transact`, which commits, rolls back or retries, and keeps the transaction visible at
+  the call site: ``transact(engine, complete_attempt, namespace_id, attempt_id, token, result)``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import logging
+import random
+from collections.abc import Mapping
+from datetime import datetime, timedelta
+from typing import Any, Final
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Connection
+
+from orbit_client import (
+    AttemptState,
+    AttemptStatus,
+    Task,
+    TaskStatus,
+)
+from orbit_server import _ids, errors
+from orbit_server.db import faults as _faults
+from orbit_server.db import flow_hooks
+from orbit_server.db.engine import to_utc
+from orbit_server.db.sampling import lease_expired
+from orbit_server.db.schema import (
+    queue_gates,
+    task_attempts,
+    task_events,
+    tasks,
+)
+from orbit_server.tasks import permits, result_events, store
+
+__all__ = ["DEFAULT_BACKOFF_BASE_SECONDS", "DEFAULT_BACKOFF_CAP_SECONDS", "TRANSITIONS", "apply_transition"]
+
+log = logging.getLogger("orbit_server.execution")
+
+W, L, R, NR = TaskStatus.WAITING, TaskStatus.LEASED, TaskStatus.RUNNING, TaskStatus.NEEDS_REVIEW
+S, F, C = TaskStatus.SUCCEEDED, TaskStatus.FAILED, TaskStatus.CANCELLED
+
+#: Every allowed ``(from, to)`` pair: exactly the arrows of §2 of the reliability model.
+TRANSITIONS: Final[frozenset[tuple[TaskStatus, TaskStatus]]] = frozenset(
+    {
+        (W, L),  # 原子取得执行授权: a worker leased it
+        (L, R),  # 确认开始: the worker started it
+        (L, W),  # 未授权开始且领取失效: the lease lapsed (or a retryable failure) before start
+        (L, F),  # 未授权开始且时限或策略已耗尽: ... and budget or deadline is spent
+        (W, C),  # 取消生效
+        (L, C),  # 开始前取消生效
+        (W, F),  # 时限或策略不再允许执行: the deadline passed while waiting
+        (R, S),  # 结果可靠保存
+        (R, W),  # 满足安全重试条件: retryable failure, or retry-safe task whose lease lapsed
+        (R, F),  # 已知失败且结束
+        (R, NR),  # 结果未知且不可安全重试
+        (R, C),  # 停止已确认: the worker reported that it stopped after a cancel request
+        (NR, S),  # 核查确认成功
+        (NR, F),  # 核查确认失败并结束
+    }
+)
+
+_LIVE = (AttemptStatus.LEASED.value, AttemptStatus.RUNNING.value)
+#: The task states with a live attempt.
+_LIVE_TASK = (TaskStatus.LEASED, TaskStatus.RUNNING)
+
+#: Retry backoff of a task that sets none, in seconds.
+DEFAULT_BACKOFF_BASE_SECONDS: Final = 1.0
+DEFAULT_BACKOFF_CAP_SECONDS: Final = 300.0
+
+_TASK_COLUMNS = (
+    tasks.c.id,
+    tasks.c.namespace_id,
+    tasks.c.queue_id,
+    tasks.c.status,
+    tasks.c.state_version,
+    tasks.c.attempt_count,
+    tasks.c.max_attempts,
+    tasks.c.retry_safe,
+    tasks.c.deadline,
+    tasks.c.cancel_requested,
+    tasks.c.current_attempt_id,
+    tasks.c.backoff_base_seconds,
+    tasks.c.backoff_cap_seconds,
+    tasks.c.holds_permit,
+    # The flow step this task is (NULL for plain tasks): read with the row, so a terminal transition
+    # knows without a statement more whether it must write a flow event (orbit_server.db.flow_hooks).
+    tasks.c.flow_instance_id,
+    tasks.c.flow_token_id,
+    tasks.c.flow_activation,
+)
+
+# Statements built once (the SET columns come from the parameters of each execution).
+#: The conditional update of :func:`apply_transition`: ``:b_id``, ``:b_status``, ``:b_version``.
+_UPDATE_TASK = tasks.update().where(
+    tasks.c.id == sa.bindparam("b_id"),
+    tasks.c.status == sa.bindparam("b_status"),
+    tasks.c.state_version == sa.bindparam("b_version"),
+)
+#: :func:`_update_attempt`: ``:b_id``, ``:b_hash``, ``:b_status``, ``:b_now``.
+_UPDATE_LIVE_ATTEMPT = task_attempts.update().where(
+    task_attempts.c.id == sa.bindparam("b_id"),
+    task_attempts.c.lease_token_hash == sa.bindparam("b_hash"),
+    task_attempts.c.status == sa.bindparam("b_status"),
+    task_attempts.c.lease_expires_at > sa.bindparam("b_now", type_=task_attempts.c.lease_expires_at.type),
+)
+_INSERT_EVENT = task_events.insert()
+
+
+# ---------------------------------------------------------------- transitions
+
+
+def apply_transition(
+    conn: Connection,
+    task: Mapping[str, Any],
+    to: TaskStatus,
+    *,
+    event: str,
+    now: datetime,
+    actor: str | None = None,
+    reason: str | None = None,
+    data: Any = None,
+    values: Mapping[str, Any] | None = None,
+) -> dict[str, Any]:
+    """Move ``task`` to ``to``: the one way any task changes state.
+
+    A conditional ``UPDATE`` on the task's id, status and ``state_version`` as read (the
+    caller holds the row's lock), which bumps ``state_version``, sets ``updated_at`` (and
+    ``finished_at`` for a terminal state) and the extra column ``values``; then a
+    ``task_events`` row in the same transaction (§4 of DESIGN, invariant 4 of seed 001).
+    A transition to ``SUCCEEDED``, ``FAILED``, ``CANCELLED`` or ``NEEDS_REVIEW`` also writes
+    its ``result_events`` row and the deliveries to matching subscriptions, in the same
+    transaction (:func:`orbit_server.tasks.result_events.record_result_event`; DESIGN §4, §6.2 of seed 001),
+    and, for a flow step's task, its internal event (:mod:`orbit_server.db.flow_hooks`, §6.3).
+
+    Args:
+        task: the task row as read, with at least ``id``, ``status`` and ``state_version``.
+        now: the database time of the transaction (naive UTC).
+
+    Returns:
+        ``task`` with the new status, version and values: pass it to a following transition.
+
+    Raises:
+        errors.InvalidTransition: ``(task status, to)`` is not in :data:`TRANSITIONS` (409).
+        errors.ConcurrentUpdate: the row was not at the version read (nothing written).
+    """
+    current = TaskStatus(task["status"])
+    if (current, to) not in TRANSITIONS:
+        raise errors.InvalidTransition(
+            f"a {current.value} task cannot become {to.value} (§2 of the reliability model)"
+        )
+    version = int(task["state_version"]) + 1
+    changes: dict[str, Any] = {
+        "status": to.value,
+        "state_version": version,
+        "updated_at": now,
+        **(values or {}),
+    }
+    if to.is_terminal:
+        changes["finished_at"] = now
+    if task.get("holds_permit") and to not in _LIVE_TASK:
+        # The attempt ends here: so does its concurrency permit (§5 "完成 … 额度释放").
+        permits.release(conn, [task["current_attempt_id"]])
+        changes["holds_permit"] = False
+    result = conn.execute(
+        _UPDATE_TASK,
+        {"b_id": task["id"], "b_status": current.value, "b_version": task["state_version"], **changes},
+    )
+    if result.rowcount != 1:
+        raise errors.ConcurrentUpdate(f"task {task['id']} changed while it was being updated")
+    _append_event(conn, task["id"], version, event, current, to, now, actor=actor, reason=reason, data=data)
+    if to in result_events.RESULT_STATUSES:
+        event_id = result_events.record_result_event(conn, task["id"], now)
+        if task.get("flow_instance_id") is not None:  # a flow step: its internal event, same transaction
+            flow_hooks.record_events(conn, [({**task, **changes}, event_id)], now)
+    return {**task, **changes}
+
+
+def _append_event(
+    conn: Connection,
+    task_id: str,
+    state_version: int,
+    event: str,
+    from_status: TaskStatus | None,
+    to_status: TaskStatus | None,
+    now: datetime,
+    *,
+    actor: str | None = None,
+    reason: str | None = None,
+    data: Any = None,
+) -> None:
+    conn.execute(
+        _INSERT_EVENT,
+        {
+            "task_id": task_id,
+            "state_version": state_version,
+            "event": event,
+            "from_status": from_status.value if from_status else None,
+            "to_status": to_status.value if to_status else None,
+            "actor": actor,
+            "reason": reason,
+            "data": data,
+            "created_at": now,
+        },
+    )
+
+
+def _lock_task(conn: Connection, task_id: str, *, skip_locked: bool = False) -> dict[str, Any] | None:
+    """Read a task row and lock it (``FOR UPDATE [SKIP LOCKED]`` on MySQL/MariaDB; a ``skip_locked``
+    read locks nothing under the test-only ``ORBIT_TEST_CLAIMS_WITHOUT_LOCKS``, see :mod:`._faults`)."""
+    select = sa.select(*_TASK_COLUMNS).where(tasks.c.id == task_id)
+    row = (
+        conn.execute(_faults.skip_locked(select) if skip_locked else select.with_for_update())
+        .mappings()
+        .first()
+    )
+    return dict(row) if row is not None else None
+
+
+def _clock(conn: Connection) -> sa.ColumnElement[Any]:
+    """The database's current UTC time as a column, to read it in a statement that runs anyway."""
+    name = conn.dialect.name
+    if name == "sqlite":
+        return sa.func.strftime("%Y-%m-%d %H:%M:%f", "now")
+    if name == "mysql":
+        return sa.func.utc_timestamp(sa.literal_column("6"))
+    return sa.func.timezone("UTC", sa.func.clock_timestamp())  # pragma: no cover - PostgreSQL
+
+
+def _naive(value: Any) -> datetime:
+    """A value of :func:`_clock` as the naive UTC datetime every timestamp is stored as."""
+    if isinstance(value, str):
+        return datetime.fromisoformat(value)
+    assert isinstance(value, datetime)
+    return value.replace(tzinfo=None)
+
+
+def _lock_task_in(conn: Connection, namespace_id: int, task_id: str) -> dict[str, Any]:
+    if not _ids.can_exist(task_id):  # never a row; MariaDB would not even compare it
+        raise errors.TaskNotFound(f"no task {task_id!r} in this namespace")
+    task = _lock_task(conn, task_id)
+    if task is None or task["namespace_id"] != namespace_id:
+        raise errors.TaskNotFound(f"no task {task_id!r} in this namespace")
+    return task
+
+
+def _task(conn: Connection, namespace_id: int, task_id: str) -> Task:
+    found = store.get_task(conn, namespace_id, task_id)
+    assert found is not None
+    return found
+
+
+def _at(value: datetime) -> datetime:
+    """A stored (naive UTC) timestamp that is never NULL, as an aware UTC datetime."""
+    aware = to_utc(value)
+    assert aware is not None
+    return aware
+
+
+def _hash_token(token: str) -> str:
+    return hashlib.sha256(token.encode("utf-8")).hexdigest()
+
+
+def _retry_delay(task: Mapping[str, Any]) -> timedelta:
+    """Equal-jitter exponential backoff before the next attempt (DESIGN §4)."""
+    base = task["backoff_base_seconds"]
+    cap = task["backoff_cap_seconds"]
+    base = DEFAULT_BACKOFF_BASE_SECONDS if base is None else float(base)
+    cap = DEFAULT_BACKOFF_CAP_SECONDS if cap is None else float(cap)
+    bound = min(cap, base * 2.0 ** max(0, int(task["attempt_count"]) - 1))
+    return timedelta(seconds=bound / 2 + random.uniform(0, bound / 2))
+
+
+def _past_deadline(task: Mapping[str, Any], when: datetime) -> bool:
+    deadline = task["deadline"]
+    return deadline is not None and deadline <= when
+
+
+def _deadline_error(cause: Any = None) -> dict[str, Any]:
+    error: dict[str, Any] = {
+        "type": "deadline_exceeded",
+        "message": "the task's deadline passed before it could run again",
+        "retryable": False,
+    }
+    if cause is not None:
+        error["cause"] = cause
+    return error
+
+
+def _expire_attempt(
+    conn: Connection, task: dict[str, Any], attempt: Mapping[Any, Any], now: datetime,
+    *, reason: str | None = None,
+) -> bool:  # fmt: skip
+    """Settle one lapsed live attempt of a locked task; ``False`` if it was renewed or finished first."""
+    was = AttemptStatus(attempt["status"])
+    done = conn.execute(
+        task_attempts.update()
+        .where(
+            task_attempts.c.id == attempt["id"],
+            task_attempts.c.status == was.value,
+            task_attempts.c.lease_expires_at <= now,
+        )
+        .values(status=AttemptStatus.EXPIRED.value, finished_at=now)
+    )
+    if done.rowcount != 1:
+        return False
+    if task["current_attempt_id"] != attempt["id"] or task["status"] != was.value:
+        raise errors.ConcurrentUpdate(f"task {task['id']} does not match its live attempt {attempt['id']}")
+    lease_expired(was.value)  # orbit_lease_expiries_total
+    budget_left = int(task["attempt_count"]) < int(task["max_attempts"])
+    data = {
+        "attempt_id": attempt["id"],
+        "generation": attempt["generation"],
+        "worker_id": attempt["worker_id"],
+    }
+    if was is AttemptStatus.LEASED:
+        if budget_left and not _past_deadline(task, now):
+            apply_transition(
+                conn,
+                task,
+                TaskStatus.WAITING,
+                event="lease_expired",
+                now=now,
+                actor="sweeper",
+                reason=reason,
+                data=data,
+                values={"available_at": now},
+            )
+        else:
+            error = (
+                _deadline_error()
+                if _past_deadline(task, now)
+                else {
+                    "type": "attempts_exhausted",
+                    "message": "every attempt's lease lapsed",
+                    "retryable": False,
+                }
+            )
+            apply_transition(
+                conn,
+                task,
+                TaskStatus.FAILED,
+                event="lease_expired",
+                now=now,
+                actor="sweeper",
+                reason=reason,
+                data=data,
+                values={"error": error},
+            )
+        return True
+    available_at = now + _retry_delay(task)
+    if task["retry_safe"] and budget_left and not _past_deadline(task, available_at):
+        task = apply_transition(
+            conn,
+            task,
+            TaskStatus.WAITING,
+            event="lease_expired",
+            now=now,
+            actor="sweeper",
+            data=data,
+            values={"available_at": available_at},
+        )
+        if task["cancel_requested"]:
+            apply_transition(
+                conn,
+                task,
+                TaskStatus.CANCELLED,
+                event="cancelled",
+                now=now,
+                actor="sweeper",
+                reason="cancellation was requested before the lease lapsed",
+            )
+        return True
+    error = {
+        "type": "outcome_unknown",
+        "message": (
+            f"the lease of attempt {attempt['generation']} lapsed while it was running and the task is not "
+            "declared safe to retry (or its budget or deadline is spent); review it"
+        ),
+        "retryable": False,
+    }
+    apply_transition(
+        conn,
+        task,
+        TaskStatus.NEEDS_REVIEW,
+        event="lease_expired",
+        now=now,
+        actor="sweeper",
+        data=data,
+        values={"error": error},
+    )
+    return True
+
+
+# -------------------------------------------------------------------- attempts
+
+
+#: The attempt columns :func:`_locked_attempt` reads.
+_ATTEMPT_COLUMNS = (
+    task_attempts.c.id,
+    task_attempts.c.task_id,
+    task_attempts.c.generation,
+    task_attempts.c.lease_token_hash,
+    task_attempts.c.worker_id,
+    task_attempts.c.status,
+    task_attempts.c.lease_seconds,
+    task_attempts.c.lease_expires_at,
+    task_attempts.c.result,
+    task_attempts.c.error,
+)
+#: :func:`_locked_attempt`'s statement, built once per dialect.
+_LOCKED_ATTEMPT: dict[str, sa.Executable] = {}
+
+
+def _locked_attempt_statement(conn: Connection) -> sa.Executable:
+    """``SELECT <task>, <clock>, <attempt columns as scalar subqueries> FROM tasks WHERE id = <the
+    attempt's task> AND namespace_id = :namespace_id FOR UPDATE``, with ``:attempt_id``.
+
+    The attempt's columns come from subqueries, so the locking clause locks the task row alone
+    (MySQL/MariaDB and PostgreSQL lock no rows read by a nested subquery): the lock order stays
+    task first.
+    """
+    name = conn.dialect.name
+    statement = _LOCKED_ATTEMPT.get(name)
+    if statement is None:
+        attempt_id = sa.bindparam("attempt_id", type_=task_attempts.c.id.type)
+
+        def of(column: sa.Column[Any]) -> sa.Label[Any]:
+            return (
+                sa.select(column)
+                .where(task_attempts.c.id == attempt_id)
+                .scalar_subquery()
+                .label(f"attempt_{column.name}")
+            )
+
+        task_of_attempt = sa.select(task_attempts.c.task_id).where(task_attempts.c.id == attempt_id)
+        statement = _LOCKED_ATTEMPT[name] = (
+            sa.select(
+                *_TASK_COLUMNS,
+                _clock(conn).label("db_now"),
+                gate_paused(),
+                *(of(c) for c in _ATTEMPT_COLUMNS),
+            )
+            .where(
+                tasks.c.id == task_of_attempt.scalar_subquery(),
+                tasks.c.namespace_id == sa.bindparam("namespace_id"),
+            )
+            .with_for_update()
+        )
+    return statement
+
+
+def gate_paused() -> sa.Label[Any]:
+    """Whether the task's queue is paused, as a column of a statement over ``tasks`` (no lock)."""
+    return (
+        sa.select(queue_gates.c.paused)
+        .where(queue_gates.c.queue_id == tasks.c.queue_id)
+        .scalar_subquery()
+        .label("gate_paused")
+    )
+
+
+def _locked_attempt(
+    conn: Connection, namespace_id: int, attempt_id: str
+) -> tuple[dict[str, Any], dict[str, Any], datetime]:
+    """Lock the attempt's task, and read it, the attempt and the database clock in one statement.
+
+    Returns ``(task, attempt, now)``. The task row is read under its lock; the attempt row is
+    read by a subquery of the same statement, without a lock (lock order: task first), so it
+    may be as old as the statement's start. Every change to an attempt is made under its task's
+    lock, so a change that landed in between can only make a later conditional update miss: it
+    then raises :class:`errors.ConcurrentUpdate` and :func:`transact` runs the call again on
+    fresh rows.
+
+    Raises:
+        errors.AttemptNotFound: no such attempt in the namespace (404).
+    """
+    if not _ids.can_exist(attempt_id):  # never a row; MariaDB would not even compare it
+        raise errors.AttemptNotFound(f"no attempt {attempt_id!r} in this namespace")
+    row = (
+        conn.execute(
+            _locked_attempt_statement(conn), {"attempt_id": attempt_id, "namespace_id": namespace_id}
+        )
+        .mappings()
+        .first()
+    )
+    if row is None:
+        raise errors.AttemptNotFound(f"no attempt {attempt_id!r} in this namespace")
+    task = {column.name: row[column.name] for column in _TASK_COLUMNS}
+    task["gate_paused"] = bool(row["gate_paused"])
+    attempt = {column.name: row[f"attempt_{column.name}"] for column in _ATTEMPT_COLUMNS}
+    return task, attempt, _naive(row["db_now"])
+
+
+def _check_token(attempt: Mapping[Any, Any], lease_token: str) -> None:
+    if not hmac.compare_digest(attempt["lease_token_hash"], _hash_token(lease_token)):
+        raise errors.LeaseLost("the lease token does not belong to this attempt")
+
+
+def _lapsed(
+    conn: Connection, task: dict[str, Any], attempt: Mapping[Any, Any], now: datetime
+) -> AttemptStatus | None:
+    """``None`` while the attempt holds the lease, else its final status (a lapsed lease is expired now)."""
+    status = AttemptStatus(attempt["status"])
+    if not status.is_live:
+        return status
+    if attempt["lease_expires_at"] > now:
+        return None
+    if not _expire_attempt(conn, task, attempt, now):
+        raise errors.ConcurrentUpdate(f"attempt {attempt['id']} changed while it was being read")
+    return AttemptStatus.EXPIRED
+
+
+def _state(
+    task: Mapping[str, Any],
+    attempt: Mapping[Any, Any],
+    *,
+    status: AttemptStatus | None = None,
+    lease_expires_at: datetime | None = None,
+) -> AttemptState:
+    """The answer to an attempt call, from the rows as written (no second read)."""
+    return AttemptState(
+        attempt_id=attempt["id"],
+        task_id=attempt["task_id"],
+        generation=attempt["generation"],
+        status=status or AttemptStatus(attempt["status"]),
+        task_status=TaskStatus(task["status"]),
+        lease_expires_at=_at(lease_expires_at or attempt["lease_expires_at"]),
+        cancel_requested=bool(task["cancel_requested"]),
+    )
+
+
+def _lost(attempt: Mapping[Any, Any], status: AttemptStatus, *, kept: bool | None = None) -> errors.LeaseLost:
+    why = "its lease lapsed" if status is AttemptStatus.EXPIRED else f"it is {status.value}"
+    detail = f"attempt {attempt['generation']} no longer holds the task's lease ({why}); stop working on it"
+    if kept is not None:
+        detail += "; the report was " + (
+            "kept as evidence" if kept else "not kept: evidence was already recorded"
+        )
+    return errors.LeaseLost(detail, evidence_recorded=bool(kept))
+
+
+def _update_attempt(conn: Connection, attempt: Mapping[Any, Any], now: datetime, **values: Any) -> None:
+    """The conditional update of a live attempt: same id, token digest and status, lease not lapsed."""
+    done = conn.execute(
+        _UPDATE_LIVE_ATTEMPT,
+        {
+            "b_id": attempt["id"],
+            "b_hash": attempt["lease_token_hash"],
+            "b_status": attempt["status"],
+            "b_now": now,
+            **values,
+        },
+    )
+    if done.rowcount != 1:
+        raise errors.ConcurrentUpdate(f"attempt {attempt['id']} changed while it was being updated")

@@ -1,0 +1,155 @@
+"""``orbit-outbox status``, ``list`` and ``show``: read the outbox, change nothing (README "Operations",
+"Ordering keys").
+"""
+
+from __future__ import annotations
+
+import json
+
+import click
+from rich.markup import escape
+from rich.table import Table
+
+from outbox_adapter._ordering import BlockedKey
+from outbox_adapter._tables import OutboxState
+from outbox_adapter.cli._common import (
+    _cells,
+    _outbox,
+    _print_json,
+    _row_dict,
+    _rows_table,
+    _short,
+    out,
+)
+from outbox_adapter.cli._options import (
+    _database_options,
+    _json_option,
+)
+
+__all__ = ["blocked_keys_table", "list_command", "show", "status", "way_out"]
+
+
+@click.command()
+@_database_options
+@_json_option
+def status(database_url: str, table: str, as_json: bool) -> None:
+    """Rows per state, leased rows, the oldest pending row's age (s), the next due time (UTC), and the
+    ordering keys blocked by a DEAD or NEEDS_RECONCILE row (with that row)."""
+    with _outbox(database_url, table) as outbox:
+        summary = outbox.status()
+        blocked = outbox.blocked_keys()
+    if as_json:
+        _print_json({**summary.to_dict(), "blocked_keys": [key.to_dict() for key in blocked]})
+        return
+    grid = Table(title=escape(f"outbox {table}"), title_justify="left", show_header=True)
+    grid.add_column("state")
+    grid.add_column("rows", justify="right")
+    for state, count in summary.counts.items():
+        grid.add_row(state, str(count))
+    grid.add_row("(leased now)", str(summary.leased))
+    out.print(grid)
+    age = summary.oldest_pending_age_seconds
+    out.print(f"oldest pending: {f'{age:.1f} s' if age is not None else '-'}", highlight=False)
+    due = summary.next_due_at
+    out.print(f"next due: {due.isoformat().replace('+00:00', 'Z') if due else '-'}", highlight=False)
+    if blocked:
+        out.print(blocked_keys_table(blocked))
+        for key in blocked:
+            out.print(escape(way_out(key)), highlight=False)
+    else:
+        out.print("blocked ordering keys: none", highlight=False)
+
+
+@click.command(name="list")
+@_database_options
+@click.option(
+    "--state",
+    type=click.Choice([s.value for s in OutboxState], case_sensitive=False),
+    default=None,
+    help="Only rows in this state, in any case (default: every state).",
+)
+@click.option("--limit", type=click.IntRange(1, 10_000), default=50, show_default=True)
+@click.option(
+    "--after-id", type=click.IntRange(min=0), default=0, help="Only rows with a larger id (paging)."
+)
+@_json_option
+def list_command(
+    database_url: str, table: str, state: str | None, limit: int, after_id: int, as_json: bool
+) -> None:
+    """List rows by id (params are never shown here)."""
+    with _outbox(database_url, table) as outbox:
+        rows = outbox.list_rows(state=state, limit=limit, after_id=after_id)
+    if as_json:
+        _print_json([_row_dict(r, with_params=False) for r in rows])
+        return
+    out.print(_rows_table(rows, f"{len(rows)} rows" + (f" in {state}" if state else "")))
+
+
+@click.command()
+@_database_options
+@click.argument("row_id", type=int)
+@click.option("--params", "with_params", is_flag=True, help="Also print the row's params.")
+@_json_option
+def show(database_url: str, table: str, row_id: int, with_params: bool, as_json: bool) -> None:
+    """One row and its audit trail."""
+    with _outbox(database_url, table) as outbox:
+        row = outbox.get(row_id)
+        events = outbox.events(row_id)
+    if as_json:
+        _print_json({"row": _row_dict(row, with_params=with_params), "events": [e.to_dict() for e in events]})
+        return
+    details = Table(title=f"row {row_id}", title_justify="left", show_header=False)
+    details.add_column("field", style="bold")
+    details.add_column("value", overflow="fold")
+    for key, value in _row_dict(row, with_params=with_params).items():
+        details.add_row(
+            *_cells(
+                key,
+                "" if value is None else json.dumps(value) if key in ("params", "options") else str(value),
+            )
+        )
+    out.print(details)
+    trail = Table(title="events", title_justify="left")
+    for column in ("at (UTC)", "from", "to", "actor", "task", "reason"):
+        trail.add_column(column, overflow="fold")
+    for e in events:
+        trail.add_row(
+            *_cells(
+                e.at.strftime("%Y-%m-%d %H:%M:%S"),
+                e.from_state or "",
+                e.to_state,
+                e.actor,
+                e.orbit_task_id or "",
+                e.reason,
+            )
+        )
+    out.print(trail)
+
+
+def blocked_keys_table(keys: list[BlockedKey]) -> Table:
+    """The keys held back by a row that needs a person: key, row, its state, rows waiting behind it."""
+    table = Table(title="blocked ordering keys", title_justify="left")
+    for column in ("ordering key", "blocked by row", "state", "waiting", "last error"):
+        table.add_column(column, overflow="fold")
+    for key in keys:
+        table.add_row(
+            escape(key.ordering_key),
+            str(key.row_id),
+            key.state,
+            str(key.waiting),
+            escape(_short(key.last_error, 40)),
+        )
+    return table
+
+
+def way_out(key: BlockedKey) -> str:
+    """What an operator can do about one blocked key (README "Ordering keys")."""
+    if key.state == "DEAD":
+        return (
+            f"row {key.row_id}: fix the cause and `orbit-outbox retry {key.row_id}`, or give it up: "
+            f"`orbit-outbox abandon {key.row_id} --reason TEXT` (releases {key.ordering_key!r})"
+        )
+    return (
+        f"row {key.row_id}: `orbit-outbox reconcile`, or `orbit-outbox resolve {key.row_id} --delivered-as TASK_ID "
+        f"| --abandon --reason TEXT` (releases {key.ordering_key!r})"
+    )
