@@ -29,7 +29,7 @@ import pytest
 import sqlalchemy as sa
 
 from bench.cluster.galera import GaleraCluster
-from orbit_server import store
+from orbit_server.tasks import store
 from tests.cluster.conftest import ClusterDatabase
 from tests.servers import RunningServer, run_server
 
