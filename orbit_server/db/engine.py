@@ -30,11 +30,19 @@ __all__ = [
     "db_now_expression",
     "is_lock_conflict",
     "is_sqlite",
+    "is_unavailable",
     "to_utc",
 ]
 
-#: MySQL/MariaDB error numbers meaning "another transaction got in the way; try again".
-_MYSQL_RETRYABLE = {1205, 1213}  # lock wait timeout, deadlock
+#: MySQL/MariaDB error numbers meaning "another transaction got in the way; try again": lock wait
+#: timeout, deadlock (on a Galera cluster also a certification conflict at COMMIT, or a brute-force
+#: abort by a write replicated from another node).
+_MYSQL_RETRYABLE = {1205, 1213}
+#: MySQL/MariaDB error numbers meaning "the database did nothing and cannot serve right now": cannot
+#: connect (2002, 2003), a Galera node outside its cluster's primary component (1047 "WSREP has not yet
+#: prepared node for application use", on any statement that touches a table). A connection lost
+#: mid-way (2006, 2013) is not among them: its COMMIT may have happened.
+_MYSQL_UNAVAILABLE = {1047, 2002, 2003}
 
 
 def is_sqlite(url: str | URL) -> bool:
@@ -251,3 +259,23 @@ def is_lock_conflict(exc: sa.exc.DBAPIError) -> bool:
     if sqlstate in ("40001", "40P01"):  # PostgreSQL serialization failure / deadlock
         return True
     return isinstance(orig, sqlite3.OperationalError) and "locked" in str(orig)
+
+
+def is_unavailable(exc: BaseException) -> bool:
+    """``True`` when ``exc`` proves the database did nothing and cannot serve right now (the server
+    answers 503 with ``Retry-After``, README "Scaling out"): it could not be reached, or a Galera
+    node is outside the primary component (1047 on a statement; at ``COMMIT``, 1180 naming the
+    primary component: nothing was replicated, so nothing committed)."""
+    if not isinstance(exc, sa.exc.DBAPIError):
+        return False
+    args = getattr(exc.orig, "args", ())
+    code = args[0] if args and isinstance(args[0], int) else None
+    if code in _MYSQL_UNAVAILABLE:
+        return True
+    if code == 1180 and "Primary Component" in str(args[1:]):
+        return True
+    return getattr(exc.orig, "sqlstate", None) in (
+        "08001",
+        "08006",
+        "57P03",
+    )  # PostgreSQL: cannot connect, starting
