@@ -27,11 +27,11 @@ _bearer = HTTPBearer(auto_error=False, description="An API key created with `orb
 def _lookup(engine: Engine, key: str) -> store.Principal | None:
     with engine.begin() as conn:
         found = store.authenticate(conn, key)
-        if found is None and is_galera(conn):
-            # A key created on another node a moment ago: 401 only once this node has caught up.
-            with causal_reads(conn):
-                found = store.authenticate(conn, key)
-        return found
+        again = found is None and is_galera(conn)
+    if again:  # a key created on another node a moment ago: 401 only once this node has caught up
+        with engine.begin() as conn, causal_reads(conn):
+            found = store.authenticate(conn, key)
+    return found
 
 
 async def _principal(

@@ -149,10 +149,10 @@ def find_submission(
     authorize(caller, namespace, "read")
     with engine.begin() as conn:
         task = store.find_submission(conn, caller.namespace_id, idempotency_key)
-        if task is None and is_galera(conn):
-            # Reconcile decides on this answer: "not found" only once this node has caught up.
-            with causal_reads(conn):
-                task = store.find_submission(conn, caller.namespace_id, idempotency_key)
+        again = task is None and is_galera(conn)
+    if again:  # reconcile decides on this answer: "not found" only once this node has caught up
+        with engine.begin() as conn, causal_reads(conn):
+            task = store.find_submission(conn, caller.namespace_id, idempotency_key)
     if task is None:
         raise errors.SubmissionNotFound(f"no task was created with this idempotency key in {namespace!r}")
     return task

@@ -18,12 +18,15 @@ from __future__ import annotations
 import contextlib
 import weakref
 from collections.abc import Iterator
+from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
 
-__all__ = ["causal_reads", "is_galera", "node_state"]
+__all__ = ["causal_reads", "is_galera", "node_state", "reset_on_return"]
 
+#: In a pooled connection's info while its session may still wait on reads (``wsrep_sync_wait = 1``).
+_CAUSAL = "orbit_causal_reads"
 #: Per engine: whether its database is a Galera node (``@@wsrep_on``), asked once.
 _GALERA: weakref.WeakKeyDictionary[Engine, bool] = weakref.WeakKeyDictionary()
 
@@ -48,25 +51,59 @@ def is_galera(conn: Connection) -> bool:
 
 @contextlib.contextmanager
 def causal_reads(conn: Connection, *, wanted: bool = True) -> Iterator[Connection]:
-    """Until the block ends, every read of ``conn`` first waits until its node has applied every
-    transaction the cluster committed before the read began (``SET SESSION wsrep_sync_wait = 1``).
+    """Until the block ends, a transaction's first read on ``conn`` first waits until its node has
+    applied every transaction the cluster committed before the read began (``SET SESSION
+    wsrep_sync_wait = 1``). Enter it before the transaction's first statement: MariaDB waits only
+    at the start of a transaction, never inside one (the later reads of a READ COMMITTED
+    transaction see at least what the first one waited for).
 
     Nothing at all off Galera or when not ``wanted``. The wait is bounded by the provider's
     ``repl.causal_read_timeout`` (then 1205, a lock conflict: the caller's retry applies). The
-    session is set back to 0 at the end; a connection that cannot be reset is invalidated, so no
-    pooled connection keeps waiting on every read.
+    session is set back to 0 at the end, or, after an error, when the connection returns to the
+    pool (:func:`reset_on_return`), so no pooled connection keeps waiting on every read.
     """
     if not wanted or not is_galera(conn):
         yield conn
         return
     conn.exec_driver_sql("SET SESSION wsrep_sync_wait = 1")
+    info = conn.connection.info
+    info[_CAUSAL] = True
+    yield conn
+    # Not after an error: the caller's error (a conflict to retry, say) must reach it unchanged,
+    # and the pool sets the session back when the connection returns (reset_on_return).
     try:
-        yield conn
-    finally:
+        conn.exec_driver_sql("SET SESSION wsrep_sync_wait = 0")
+        info.pop(_CAUSAL, None)
+    except sa.exc.DBAPIError:  # e.g. a brute-force abort: the COMMIT that follows reports it
+        pass
+
+
+def reset_on_return(engine: Engine) -> None:
+    """On a MySQL/MariaDB ``engine``: learn at its first connection whether it is a Galera node, and
+    set a connection whose :func:`causal_reads` ended in an error back to ``wsrep_sync_wait = 0``
+    when it returns to the pool (the pool discards it if that fails)."""
+
+    @sa.event.listens_for(engine, "first_connect")
+    def _learn(dbapi_connection: Any, _record: Any) -> None:
+        cursor = dbapi_connection.cursor()
         try:
-            conn.exec_driver_sql("SET SESSION wsrep_sync_wait = 0")
-        except sa.exc.DBAPIError:
-            conn.invalidate()
+            cursor.execute("SELECT @@wsrep_on")
+            row = cursor.fetchone()
+            _GALERA[engine] = row is not None and str(row[0]).upper() in ("1", "ON")
+        except engine.dialect.loaded_dbapi.Error:  # MySQL: no such variable
+            _GALERA[engine] = False
+        finally:
+            cursor.close()
+
+    @sa.event.listens_for(engine, "reset")
+    def _reset(dbapi_connection: Any, record: Any, state: Any) -> None:
+        if state.terminate_only or not record.info.pop(_CAUSAL, False):
+            return
+        cursor = dbapi_connection.cursor()
+        try:
+            cursor.execute("SET SESSION wsrep_sync_wait = 0")
+        finally:
+            cursor.close()
 
 
 def node_state(conn: Connection) -> str | None:

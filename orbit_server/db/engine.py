@@ -22,6 +22,7 @@ from sqlalchemy import event
 from sqlalchemy.engine import URL, Connection, Engine, make_url
 
 from orbit_server.db import faults as _faults
+from orbit_server.db.cluster import reset_on_return
 
 __all__ = [
     "as_db_time",
@@ -97,6 +98,8 @@ def create_engine(
                               pool_reset_on_return=None, **kwargs)  # fmt: skip
     _ping_when_idle(engine, ping_idle_seconds)
     _reset_only_open_transactions(engine)
+    if backend == "mysql":
+        reset_on_return(engine)  # a causal read ended by an error (Galera; README "Scaling out")
     _faults.install(engine)  # test-only hooks; nothing unless ORBIT_SERVER_FAULT is set
     return engine
 

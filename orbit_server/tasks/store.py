@@ -634,16 +634,18 @@ def submit_task(
     digest = request_digest(submission)
     lookup_params = {"ns": principal.namespace_id, "key": idempotency_key, "queue": submission.queue}
     lost: sa.exc.DBAPIError | None = None
+    recheck = False
     for attempt in range(_SUBMIT_TRIES):
         try:
             with engine.begin() as conn:
-                # A retry after a conflict reads causally, to see the submission it lost to.
-                with causal_reads(conn, wanted=attempt > 0):
+                # A retry after a conflict reads causally, to see the submission it lost to; so does
+                # a look-up again after "no such queue", which refuses for good (README "Scaling out").
+                causal = attempt > 0 or recheck
+                with causal_reads(conn, wanted=causal):
                     found = conn.execute(_lookup(conn), lookup_params).mappings().one()
-                if found["task_id"] is None and found["queue_id"] is None and is_galera(conn):
-                    # "No such queue" refuses the request for good: not before this node caught up.
-                    with causal_reads(conn):
-                        found = conn.execute(_lookup(conn), lookup_params).mappings().one()
+                if found["task_id"] is None and found["queue_id"] is None and not causal and is_galera(conn):
+                    recheck = True
+                    continue
                 if found["task_id"] is not None:
                     return _replay(conn, principal, found, digest, submission), True
                 if found["queue_id"] is None:
