@@ -70,12 +70,11 @@ def causal_reads(conn: Connection, *, wanted: bool = True) -> Iterator[Connectio
     info[_CAUSAL] = True
     yield conn
     # Not after an error: the caller's error (a conflict to retry, say) must reach it unchanged,
-    # and the pool sets the session back when the connection returns (reset_on_return).
-    try:
-        conn.exec_driver_sql("SET SESSION wsrep_sync_wait = 0")
-        info.pop(_CAUSAL, None)
-    except sa.exc.DBAPIError:  # e.g. a brute-force abort: the COMMIT that follows reports it
-        pass
+    # and the pool sets the session back when the connection returns (reset_on_return). An error
+    # of this statement is raised, never swallowed: after a brute-force abort (another node's write
+    # won) it is the one report of it, and the COMMIT that follows would succeed with nothing in it.
+    conn.exec_driver_sql("SET SESSION wsrep_sync_wait = 0")
+    info.pop(_CAUSAL, None)
 
 
 def reset_on_return(engine: Engine) -> None:
