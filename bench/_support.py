@@ -109,7 +109,7 @@ def orbit_server_processes(
             )
             servers.append(ServerProcess(f"http://127.0.0.1:{port}", proc))
         for server in servers:
-            deadline = time.monotonic() + 30
+            deadline = time.monotonic() + 90  # a loaded 2-core machine starts a server slowly
             while True:
                 with contextlib.suppress(httpx.TransportError):
                     if httpx.get(f"{server.base}/readyz").status_code == 200:
