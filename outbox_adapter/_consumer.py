@@ -32,7 +32,7 @@ from sqlalchemy.engine import URL, Connection, Engine
 from orbit_client import NAME_PATTERN, Delivery, OrbitError, ResultEvent, _tracing
 from outbox_adapter import _inbox_queries as iq
 from outbox_adapter import _tracing as outbox_tracing
-from outbox_adapter._db import short_transaction, translate_db_error
+from outbox_adapter._db import again_on_conflict, short_transaction, translate_db_error
 from outbox_adapter._exceptions import OutboxDatabaseError, OutboxUsageError
 from outbox_adapter._faults import Faults
 from outbox_adapter._manager import Outbox
@@ -439,7 +439,8 @@ class ResultConsumer:
         }
         started = time.monotonic()
         try:
-            kind = self._apply(delivery)
+            # A lock conflict (on Galera: another node's write, met at COMMIT) is applied again at once.
+            kind = again_on_conflict(lambda: self._apply(delivery))
         except _HandlerFailed as failed:
             stats.failed += 1
             cause = failed.cause

@@ -17,9 +17,12 @@ Rules (DESIGN §2):
 from __future__ import annotations
 
 import dataclasses
+import logging
+import random
 import sqlite3
+import time
 import weakref
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime
 from typing import Any, TypeVar
@@ -31,12 +34,16 @@ from sqlalchemy.engine import URL, Connection, Engine, RowMapping, make_url
 from outbox_adapter._exceptions import OutboxDatabaseError, OutboxSchemaError, OutboxUsageError
 
 _R = TypeVar("_R")
+T = TypeVar("T")
+log = logging.getLogger("outbox_adapter")
 
 __all__ = [
+    "again_on_conflict",
     "aware_utc",
     "create_engine",
     "db_now",
     "describe_url",
+    "is_conflict",
     "is_transient_db_error",
     "needs_read_committed",
     "now_sql",
@@ -54,7 +61,10 @@ __all__ = [
 #: (1047), shutdown in progress (1053), lock wait timeout (1205), deadlock (1213), read-only
 #: (1836 MySQL super_read_only; 1290 below), connection killed (1927), idle connection closed
 #: (4031), server gone / lost / refused (2002, 2003, 2006, 2013, 2055).
-_MYSQL_TRANSIENT = {1040, 1047, 1053, 1205, 1213, 1836, 1927, 4031, 2002, 2003, 2006, 2013, 2055}
+#: On a Galera cluster also 1180 "Error while appending streaming replication fragment (... Not connected
+#: to Primary Component)" at COMMIT (nothing was committed) and 1213 for a certification conflict; README
+#: "Scaling out".
+_MYSQL_TRANSIENT = {1040, 1047, 1053, 1180, 1205, 1213, 1836, 1927, 4031, 2002, 2003, 2006, 2013, 2055}
 #: "The server is running with the --read-only option" (an old primary during a failover) is 1290,
 #: which also names other options (--secure-file-priv, ...): transient only when it says read-only.
 _MYSQL_OPTION_PREVENTS = 1290
@@ -427,3 +437,44 @@ def translate_db_error(
             f"cannot {what}: {cause}; {hint}", retryable=transient, row_id=row_id, state=state
         )
     return OutboxDatabaseError(f"cannot {what}: {type(exc).__name__}: {exc}", row_id=row_id, state=state)
+
+
+#: MySQL/MariaDB: lock wait timeout, deadlock (on a Galera cluster also a certification conflict at
+#: COMMIT with a write made on another node, or a brute-force abort by one).
+_MYSQL_CONFLICT = {1205, 1213}
+#: Seconds: before try *n* (n >= 1) a conflicting transaction waits up to ``_CONFLICT_PAUSE * 2**n``.
+_CONFLICT_PAUSE = 0.005
+
+
+def is_conflict(exc: BaseException) -> bool:
+    """Whether ``exc`` (a SQLAlchemy error, or an :class:`OutboxDatabaseError` raised from one) is a
+    lock conflict that a new transaction may well not meet: deadlock or lock wait timeout (MySQL,
+    MariaDB, a Galera certification conflict), serialization failure or deadlock (PostgreSQL)."""
+    cause = exc.__cause__ if isinstance(exc, OutboxDatabaseError) else exc
+    if not isinstance(cause, sa.exc.DBAPIError):
+        return False
+    args = getattr(cause.orig, "args", ())
+    if args and isinstance(args[0], int) and args[0] in _MYSQL_CONFLICT:
+        return True
+    return getattr(cause.orig, "sqlstate", None) in ("40001", "40P01")
+
+
+def again_on_conflict(run: Callable[[], T], *, tries: int = 4) -> T:
+    """``run()``, run again (up to ``tries`` times in all, after a short random pause) while it fails
+    with a lock conflict (:func:`is_conflict`): on a Galera cluster two relays or consumers on two
+    nodes meet at COMMIT, and a conflict is not an outage to back off from (README "Scaling out").
+    ``run`` must be one whole transaction that leaves nothing behind when it fails.
+
+    Raises:
+        OutboxDatabaseError: ``run``'s error, when it is not a conflict or the conflicts went on.
+    """
+    for attempt in range(tries):
+        if attempt:
+            time.sleep(random.uniform(0, _CONFLICT_PAUSE * 2**attempt))
+        try:
+            return run()
+        except OutboxDatabaseError as exc:
+            if attempt == tries - 1 or not is_conflict(exc):
+                raise
+            log.debug("lock conflict (%s); running the transaction again", exc)
+    raise AssertionError("unreachable")  # pragma: no cover

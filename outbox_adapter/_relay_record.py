@@ -16,7 +16,7 @@ from sqlalchemy.engine import Connection
 
 from outbox_adapter import _queries as q
 from outbox_adapter import _tracing as outbox_tracing
-from outbox_adapter._db import db_now
+from outbox_adapter._db import again_on_conflict, db_now
 from outbox_adapter._exceptions import OutboxDatabaseError
 from outbox_adapter._manager import Outbox
 from outbox_adapter._metrics import RelayMetrics
@@ -84,8 +84,15 @@ class Recorder:
         skipped: dict[int, Exception] = {}
         for _ in range(3):
             skipped = {}
+
+            def once(live: set[int] | None = live, skipped: dict[int, Exception] = skipped) -> dict[int, str]:
+                skipped.clear()
+                return self._record_once(pairs, batch.token, live, skipped)
+
             try:
-                written = self._record_once(pairs, batch.token, live, skipped)
+                # A lock conflict (on Galera: another node's write, met at COMMIT) is run again at once,
+                # not waited out as an outage: the leases are still ours.
+                written = again_on_conflict(once)
             except _LeaseLost:
                 if live is not None:
                     raise OutboxDatabaseError(  # a lease changed under the row lock: try again later

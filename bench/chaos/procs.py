@@ -63,6 +63,7 @@ class Service:
             if marker is not None and marker in line:
                 self.paused.set()
         log.close()
+        proc.stderr.close()  # at EOF (the process ended): not left to the garbage collector
 
     def kill(self) -> None:
         """SIGKILL the process (and anything it started) and reap it."""

@@ -28,6 +28,7 @@ import sqlalchemy as sa
 from rich.console import Console
 from rich.table import Table
 
+from bench.cluster.galera import GaleraCluster
 from examples.order_service.db import business_orders, create_business_tables
 from orbit_client import OrbitClient
 from orbit_server.db import migrate as server_migrate
@@ -36,6 +37,7 @@ from outbox_adapter import Outbox, OutboxTables
 
 from .checks import Placed, Report, check
 from .consumer import CONFIRM_QUEUE, chaos_metadata
+from .galera import NODE_FAULTS, ClusterDatabases, cluster_schedule
 from .mariadb import MariaDB, free_port
 from .procs import Service
 
@@ -87,6 +89,8 @@ class Options:
     drain_timeout: float
     keep: bool
     root: Path
+    #: ``"galera"``: both databases on one 3-node Galera cluster (:mod:`bench.chaos.galera`).
+    cluster: str | None = None
 
 
 @dataclass
@@ -196,7 +200,8 @@ class Placer:
 
 
 class Chaos:
-    def __init__(self, opts: Options) -> None:
+    def __init__(self, opts: Options, cluster: GaleraCluster | None = None) -> None:
+        self.given_cluster = cluster
         self.opts = opts
         self.rng = random.Random(opts.seed)
         self.stats = Stats()
@@ -205,6 +210,7 @@ class Chaos:
         self.logs.mkdir(parents=True)
         self.arms.mkdir()
         self.dbs: dict[str, MariaDB] = {}
+        self.galera: ClusterDatabases | None = None
         self.proxies: dict[str, Service] = {}
         self.services: list[Service] = []
         self.reconciled = 0
@@ -212,6 +218,12 @@ class Chaos:
     # --- set-up --------------------------------------------------------------------------------
 
     def start_databases(self) -> None:
+        if self.opts.cluster == "galera":
+            self.galera = ClusterDatabases(self.opts.root / "galera", cluster=self.given_cluster)
+            self.galera.start()
+            self.business_direct = self.galera.direct("shop")
+            self.orbit_direct = self.galera.direct("orbit")
+            return
         py = sys.executable
         for name in ("business", "orbit"):
             self.dbs[name] = MariaDB(name, self.opts.root / f"{name}-db")
@@ -252,6 +264,19 @@ class Chaos:
         orbit()  # one after the other: Alembic's context is global to the process
         business()
 
+    def orbit_db_url_for(self, i: int) -> str:
+        """The Orbit database URL of server ``i`` (on a cluster: node ``i``)."""
+        return self.galera.url("orbit", i) if self.galera is not None else self.orbit_db_url
+
+    def business_url_for(self, i: int) -> str:
+        """The business database URL of the ``i``-th process of a kind (on a cluster: node ``i``)."""
+        return self.galera.url("shop", i) if self.galera is not None else self.business_url
+
+    def settings(self) -> dict[str, Any]:
+        if self.galera is not None:
+            return self.galera.settings()
+        return {name: db.settings() for name, db in self.dbs.items()}
+
     def start_services(self) -> None:
         py = sys.executable
         locks = {"ORBIT_TEST_CLAIMS_WITHOUT_LOCKS": "1"} if self.opts.no_skip_locked else {}
@@ -261,8 +286,8 @@ class Chaos:
             arm = self.arms / f"server-{i}"
             self.services.append(Service(
                 f"server-{i}", "server",
-                [py, "-m", "orbit_server", "--log-level", "warning", "serve", "--database-url", self.orbit_db_url,
-                 "--port", str(port)],
+                [py, "-m", "orbit_server", "--log-level", "warning", "serve", "--database-url",
+                 self.orbit_db_url_for(i), "--port", str(port)],
                 {"ORBIT_SWEEP_INTERVAL_SECONDS": "0.5", "ORBIT_SERVER_FAULT": f"pause-before-commit@{arm}", **locks},
                 self.logs, marker="paused-before-commit", arm_file=arm,
             ))  # fmt: skip
@@ -270,8 +295,8 @@ class Chaos:
         servers = list(self.services)
         api_port = free_port()
         self.api_url = f"http://127.0.0.1:{api_port}"
-        api = Service("api", "api", [py, "-m", "examples.order_service.api", "--database-url", self.business_url,
-                                     "--port", str(api_port)], {}, self.logs)  # fmt: skip
+        api = Service("api", "api", [py, "-m", "examples.order_service.api", "--database-url",
+                                     self.business_url_for(0), "--port", str(api_port)], {}, self.logs)  # fmt: skip
         self.services.append(api)
         server = self._server_for
         for i in range(self.opts.relays):
@@ -281,7 +306,7 @@ class Chaos:
                 [py, "-m", "outbox_adapter.cli", "relay", "--batch-size", "50", "--concurrency", "2",
                  "--lease-seconds", "10", "--timeout", "4", "--poll-interval", "0.2", "--max-attempts", "1000",
                  "--backoff-base", "0.2", "--backoff-cap", "5"],
-                {"ORBIT_OUTBOX_DATABASE_URL": self.business_url, "ORBIT_URL": server(i),
+                {"ORBIT_OUTBOX_DATABASE_URL": self.business_url_for(i + 1), "ORBIT_URL": server(i),
                  "ORBIT_API_KEY": self.keys["submit"], "ORBIT_OUTBOX_FAULT": f"pause-after-send@{arm}", **locks},
                 self.logs, marker="paused-after-send", arm_file=arm,
             ))  # fmt: skip
@@ -290,7 +315,8 @@ class Chaos:
             self.services.append(Service(
                 f"worker-{i}", "worker",
                 [py, "-m", "examples.order_service.worker", "--concurrency", "8", "--lease-seconds", "5"],
-                {"ORDER_DATABASE_URL": self.business_url, "ORBIT_URL": server(i + 1), "ORBIT_API_KEY": self.keys["work"],
+                {"ORDER_DATABASE_URL": self.business_url_for(i + 2), "ORBIT_URL": server(i + 1),
+                 "ORBIT_API_KEY": self.keys["work"],
                  "ORDER_SERVICE_FAULT": f"hang-after-charge@{arm}"},
                 self.logs, marker="paused-after-charge", arm_file=arm,
             ))  # fmt: skip
@@ -300,8 +326,8 @@ class Chaos:
             [py, "-m", "outbox_adapter.cli", "consume", "--namespace", NAMESPACE, "--subscription", SUBSCRIPTION,
              "--handler", "bench.chaos.consumer:apply_result", "--batch-size", "50", "--lease-seconds", "6",
              "--poll-interval", "0.2"],
-            {"ORBIT_OUTBOX_DATABASE_URL": self.business_url, "ORBIT_URL": server(0), "ORBIT_API_KEY": self.keys["work"],
-             "ORBIT_OUTBOX_FAULT": f"pause-after-commit@{arm}"},
+            {"ORBIT_OUTBOX_DATABASE_URL": self.business_url_for(2), "ORBIT_URL": server(0),
+             "ORBIT_API_KEY": self.keys["work"], "ORBIT_OUTBOX_FAULT": f"pause-after-commit@{arm}"},
             self.logs, marker="paused-after-commit", arm_file=arm,
         ))  # fmt: skip
         for s in self.services:
@@ -357,6 +383,9 @@ class Chaos:
             time.sleep(rng.uniform(0, 0.3))
             target.start()
             return True
+        if kind in NODE_FAULTS:
+            assert self.galera is not None
+            return self.galera.fault(kind, rng)
         if kind in CUTS:
             proxy = self.proxies[CUTS[kind]]
             assert proxy.proc is not None
@@ -467,7 +496,7 @@ class Chaos:
         """What an operator does with NEEDS_RECONCILE rows: ``orbit-outbox reconcile`` (the rows are counted)."""
         subprocess.run(
             [sys.executable, "-m", "outbox_adapter.cli", "reconcile", "--json", "--actor", "chaos"],
-            env={**os.environ, "ORBIT_OUTBOX_DATABASE_URL": self.business_url, "ORBIT_URL": self.server_urls[0],
+            env={**os.environ, "ORBIT_OUTBOX_DATABASE_URL": self.business_url_for(0), "ORBIT_URL": self.server_urls[0],
                  "ORBIT_API_KEY": self.keys["admin"]},
             capture_output=True, text=True,
         )  # fmt: skip
@@ -482,6 +511,15 @@ class Chaos:
             s.wait_or_kill(10)
         for db in self.dbs.values():
             db.stop()
+        if self.galera is not None:
+            self.galera.stop()
+
+    def restart_databases(self) -> None:
+        """Start the databases again from disk (after :meth:`stop`) for the checks."""
+        if self.galera is not None:
+            self.galera.restart_for_checks()
+        for db in self.dbs.values():
+            db.start()
 
 
 def _wait_port(port: int, timeout: float = 30) -> None:
@@ -513,14 +551,16 @@ def _wait_http(url: str, service: Service, timeout: float = 60) -> None:
     raise SystemExit(f"error: {url} did not answer within {timeout:.0f} s")
 
 
-def run(opts: Options) -> tuple[dict[str, Any], Report]:
-    chaos = Chaos(opts)
+def run(opts: Options, cluster: GaleraCluster | None = None) -> tuple[dict[str, Any], Report]:
+    """One chaos run; ``cluster``: a Galera cluster already running (a test session's) to use with
+    ``opts.cluster == "galera"`` instead of starting one (its databases are dropped afterwards)."""
+    chaos = Chaos(opts, cluster)
     started = time.monotonic()
     placer: Placer | None = None
     try:
         console.log(f"run directory {opts.root}")
         chaos.start_databases()
-        settings = {name: db.settings() for name, db in chaos.dbs.items()}
+        settings = chaos.settings()
         console.log(f"databases ready after {time.monotonic() - started:.1f} s")
         chaos.set_up_schemas()
         console.log(f"schemas ready after {time.monotonic() - started:.1f} s")
@@ -530,7 +570,11 @@ def run(opts: Options) -> tuple[dict[str, Any], Report]:
             f"{opts.servers} servers, {opts.relays} relays, {opts.workers} workers, 1 consumer, 1 order API; "
             f"{opts.orders} orders, {opts.faults} faults (seed {opts.seed})"
         )
-        plan = schedule(chaos.rng, opts.faults, opts.crashes_per_db)
+        if chaos.galera is not None:
+            plan = cluster_schedule(chaos.rng, opts.faults, [*HOOKED, *KILLS])
+        else:
+            plan = schedule(chaos.rng, opts.faults, opts.crashes_per_db)
+        kinds = KINDS if chaos.galera is None else [*HOOKED, *KILLS, *NODE_FAULTS]
         stats = chaos.stats
         per_fault = FAULT_SHARE * opts.orders / (len(plan) + 1)
         # Orders in flight at most: a steady load the pipeline keeps up with, so that faults land on
@@ -570,9 +614,9 @@ def run(opts: Options) -> tuple[dict[str, Any], Report]:
         polling.set()
         left = {} if drained else chaos.pending()
         console.log(f"drained={drained} after {drain_seconds:.1f} s")
+        counters = chaos.galera.counters() if chaos.galera is not None else {}
         chaos.stop()
-        for db in chaos.dbs.values():  # the checks read the databases as they are on disk after the run
-            db.start()
+        chaos.restart_databases()  # the checks read the databases as they are on disk after the run
         console.log("checking the invariants")
         report = check(chaos.business_direct, chaos.orbit_direct, placer.placed, subscription=SUBSCRIPTION)
         if not drained:
@@ -591,7 +635,16 @@ def run(opts: Options) -> tuple[dict[str, Any], Report]:
             "acknowledged_orders": f["orders"],
             "seed": opts.seed,
             "skip_locked": not opts.no_skip_locked,
-            "faults": {k: chaos.stats.faults.get(k, 0) for k in KINDS},
+            "cluster": opts.cluster,
+            "faults": {k: chaos.stats.faults.get(k, 0) for k in kinds},
+            "node_faults": sum(chaos.stats.faults.get(k, 0) for k in NODE_FAULTS),
+            "cluster_counters": counters,
+            "cert_failures_per_1000_tasks": round(
+                1000 * counters.get("wsrep_local_cert_failures", 0) / max(1, f["tasks"]), 2
+            ),
+            "bf_aborts_per_1000_tasks": round(
+                1000 * counters.get("wsrep_local_bf_aborts", 0) / max(1, f["tasks"]), 2
+            ),
             "faults_total": sum(chaos.stats.faults.values()),
             "faults_missed": dict(chaos.stats.missed),
             "fault_seconds": {k: round(v, 1) for k, v in chaos.stats.seconds.items()},
@@ -628,6 +681,11 @@ def run(opts: Options) -> tuple[dict[str, Any], Report]:
         }
         for db in chaos.dbs.values():
             db.stop()
+        chaos.business_direct.dispose()
+        chaos.orbit_direct.dispose()
+        if chaos.galera is not None:
+            chaos.galera.drop()
+            chaos.galera.stop()
         return summary, report
     except BaseException:
         console.log(f"[red]the run failed; its logs are kept under {opts.root}[/red]")
@@ -659,14 +717,19 @@ def show(s: dict[str, Any]) -> None:
     table.add_row("orders (acknowledged)", f"{s['orders']} ({s['acknowledged_orders']})")
     table.add_row("order outcomes", ", ".join(f"{k} {v}" for k, v in sorted(s["order_statuses"].items())))
     table.add_row("faults injected", str(s["faults_total"]))
-    for kind in KINDS:
+    for kind in s["faults"]:
         missed = s["faults_missed"].get(kind)
         table.add_row(
             f"  {kind}", f"{s['faults'][kind]}" + (f" (+{missed} armed, not reached)" if missed else "")
         )
-    table.add_row(
-        "database crashes (SIGKILL mariadbd)", ", ".join(f"{k} {v}" for k, v in s["db_crashes"].items())
-    )
+    if s["cluster"]:
+        table.add_row("node faults", str(s["node_faults"]))
+        table.add_row("certification failures / brute-force aborts per 1,000 tasks",
+                      f"{s['cert_failures_per_1000_tasks']} / {s['bf_aborts_per_1000_tasks']}")  # fmt: skip
+    else:
+        table.add_row(
+            "database crashes (SIGKILL mariadbd)", ", ".join(f"{k} {v}" for k, v in s["db_crashes"].items())
+        )
     table.add_row("lost", str(s["lost"]))
     table.add_row("duplicated", str(s["duplicated"]))
     table.add_row("double-charged", str(s["double_charged"]))
@@ -708,7 +771,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="crashes of each database among the faults (default: faults/50, at least 1)")  # fmt: skip
     parser.add_argument("--relays", type=int, default=2)
     parser.add_argument("--workers", type=int, default=2)
-    parser.add_argument("--servers", type=int, default=2)
+    parser.add_argument("--servers", type=int, default=None, help="Orbit servers (default 2; 3 on a cluster)")
+    parser.add_argument("--cluster", choices=["galera"], default=None,
+                        help="both databases on one private 3-node MariaDB Galera cluster, with node faults")  # fmt: skip
     parser.add_argument("--no-skip-locked", action="store_true",
                         help="claims lock nothing (test-only ORBIT_TEST_CLAIMS_WITHOUT_LOCKS): the conditional updates alone")  # fmt: skip
     parser.add_argument("--drain-timeout", type=float, default=900.0, help="seconds to wait for the drain")
@@ -726,8 +791,9 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, interrupted)
     crashes = args.db_crashes if args.db_crashes is not None else max(1, args.faults // 50)
     root = Path(tempfile.mkdtemp(prefix="orbit-chaos-"))
+    servers = args.servers or (3 if args.cluster else 2)
     opts = Options(args.orders, args.faults, args.seed, crashes if args.faults else 0, args.relays, args.workers,
-                   args.servers, args.no_skip_locked, args.drain_timeout, args.keep, root)  # fmt: skip
+                   servers, args.no_skip_locked, args.drain_timeout, args.keep, root, args.cluster)  # fmt: skip
     summary, _ = run(opts)
     if summary["violations"] or opts.keep:
         console.log(f"logs and datadirs kept under {root}")

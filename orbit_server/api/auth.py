@@ -15,6 +15,7 @@ from sqlalchemy.engine import Engine
 from starlette.concurrency import run_in_threadpool
 
 from orbit_server import errors
+from orbit_server.db.cluster import causal_reads, is_galera
 from orbit_server.tasks import store
 from orbit_server.tasks.keys import KeyCache
 
@@ -25,7 +26,12 @@ _bearer = HTTPBearer(auto_error=False, description="An API key created with `orb
 
 def _lookup(engine: Engine, key: str) -> store.Principal | None:
     with engine.begin() as conn:
-        return store.authenticate(conn, key)
+        found = store.authenticate(conn, key)
+        again = found is None and is_galera(conn)
+    if again:  # a key created on another node a moment ago: 401 only once this node has caught up
+        with engine.begin() as conn, causal_reads(conn):
+            found = store.authenticate(conn, key)
+    return found
 
 
 async def _principal(

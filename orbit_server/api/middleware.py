@@ -16,6 +16,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from orbit_server.api.metrics import Metrics, method_label
 from orbit_server.api.problems import problem_response
+from orbit_server.db.engine import is_unavailable
 
 #: One line per request when ``ORBIT_ACCESS_LOG`` is on (README "Running the server").
 log = logging.getLogger("orbit_server.app")
@@ -141,7 +142,19 @@ class RequestContextMiddleware:
 
         try:
             await self.app(scope, receive_counted, send_with_id)
-        except Exception:
+        except Exception as exc:
+            if is_unavailable(exc):  # nothing was done: 503, retry (README "Scaling out")
+                log.warning("database unavailable (request_id=%s): %s", request_id, getattr(exc, "orig", exc))
+                if started:
+                    raise
+                response = problem_response(
+                    503, "database_unavailable", "Database unavailable",
+                    "the server's database cannot serve right now (unreachable, or a cluster node outside its "
+                    "primary component); nothing was done: retry shortly", request_id,
+                )  # fmt: skip
+                response.headers["Retry-After"] = "1"
+                await response(scope, receive, send_with_id)
+                return
             log.exception("unhandled error (request_id=%s)", request_id)
             if started:
                 raise

@@ -23,6 +23,7 @@ from orbit_server.api.deps import (
 )
 from orbit_server.api.metrics import metrics_refusal
 from orbit_server.api.problems import _request_id, problem_response
+from orbit_server.db.cluster import node_state
 
 __all__ = ["router"]
 
@@ -39,14 +40,22 @@ def healthz() -> dict[str, str]:
 
 @router.get("/readyz", tags=["operations"], responses={503: _PROBLEMS[400]})
 def readyz(engine: EngineDep, request: Request) -> Any:
-    """Readiness: the database answers a query."""
+    """Readiness: the database answers a query (on a Galera cluster: its node is synced in the primary component)."""
+    problem: str | None = None
     try:
         with engine.connect() as conn:
             conn.execute(sa.text("SELECT 1"))
-    except sa.exc.SQLAlchemyError as exc:
+            problem = node_state(conn)
+    except sa.exc.SQLAlchemyError as exc:  # a node outside the primary component also refuses the rollback
+        problem = problem or "the server cannot reach its database"
         log.warning("readiness check failed: %s", type(exc).__name__)
-        return problem_response(503, "database_unavailable", "Database unavailable",
-                                "the server cannot reach its database", _request_id(request))  # fmt: skip
+    if problem is not None:
+        log.warning("readiness check failed: %s", problem)
+        response = problem_response(
+            503, "database_unavailable", "Database unavailable", problem, _request_id(request)
+        )
+        response.headers["Retry-After"] = "1"
+        return response
     return {"status": "ok"}
 
 

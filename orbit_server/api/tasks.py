@@ -36,6 +36,7 @@ from orbit_server.api.deps import (
     SettingsDep,
     WakeupDep,
 )
+from orbit_server.db.cluster import causal_reads, is_galera
 from orbit_server.db.transact import transact
 from orbit_server.tasks import operations as task_ops
 from orbit_server.tasks import store
@@ -148,6 +149,10 @@ def find_submission(
     authorize(caller, namespace, "read")
     with engine.begin() as conn:
         task = store.find_submission(conn, caller.namespace_id, idempotency_key)
+        again = task is None and is_galera(conn)
+    if again:  # reconcile decides on this answer: "not found" only once this node has caught up
+        with engine.begin() as conn, causal_reads(conn):
+            task = store.find_submission(conn, caller.namespace_id, idempotency_key)
     if task is None:
         raise errors.SubmissionNotFound(f"no task was created with this idempotency key in {namespace!r}")
     return task

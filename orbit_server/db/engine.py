@@ -22,6 +22,7 @@ from sqlalchemy import event
 from sqlalchemy.engine import URL, Connection, Engine, make_url
 
 from orbit_server.db import faults as _faults
+from orbit_server.db.cluster import reset_on_return
 
 __all__ = [
     "BIGINT_MAX",
@@ -32,6 +33,7 @@ __all__ = [
     "insert_unique",
     "is_lock_conflict",
     "is_sqlite",
+    "is_unavailable",
     "is_unique_violation",
     "to_utc",
 ]
@@ -40,8 +42,15 @@ __all__ = [
 #: even send a larger one (OverflowError), so an id above it is answered "not found" before a query.
 BIGINT_MAX = 2**63 - 1
 
-#: MySQL/MariaDB error numbers meaning "another transaction got in the way; try again".
-_MYSQL_RETRYABLE = {1205, 1213}  # lock wait timeout, deadlock
+#: MySQL/MariaDB error numbers meaning "another transaction got in the way; try again": lock wait
+#: timeout, deadlock (on a Galera cluster also a certification conflict at COMMIT, or a brute-force
+#: abort by a write replicated from another node).
+_MYSQL_RETRYABLE = {1205, 1213}
+#: MySQL/MariaDB error numbers meaning "the database did nothing and cannot serve right now": cannot
+#: connect (2002, 2003), a Galera node outside its cluster's primary component (1047 "WSREP has not yet
+#: prepared node for application use", on any statement that touches a table). A connection lost
+#: mid-way (2006, 2013) is not among them: its COMMIT may have happened.
+_MYSQL_UNAVAILABLE = {1047, 2002, 2003}
 
 
 def is_sqlite(url: str | URL) -> bool:
@@ -96,6 +105,8 @@ def create_engine(
                               pool_reset_on_return=None, **kwargs)  # fmt: skip
     _ping_when_idle(engine, ping_idle_seconds)
     _reset_only_open_transactions(engine)
+    if backend == "mysql":
+        reset_on_return(engine)  # a causal read ended by an error (Galera; README "Scaling out")
     _faults.install(engine)  # test-only hooks; nothing unless ORBIT_SERVER_FAULT is set
     return engine
 
@@ -287,3 +298,23 @@ def is_lock_conflict(exc: sa.exc.DBAPIError) -> bool:
     if sqlstate in ("40001", "40P01"):  # PostgreSQL serialization failure / deadlock
         return True
     return isinstance(orig, sqlite3.OperationalError) and "locked" in str(orig)
+
+
+def is_unavailable(exc: BaseException) -> bool:
+    """``True`` when ``exc`` proves the database did nothing and cannot serve right now (the server
+    answers 503 with ``Retry-After``, README "Scaling out"): it could not be reached, or a Galera
+    node is outside the primary component (1047 on a statement; at ``COMMIT``, 1180 naming the
+    primary component: nothing was replicated, so nothing committed)."""
+    if not isinstance(exc, sa.exc.DBAPIError):
+        return False
+    args = getattr(exc.orig, "args", ())
+    code = args[0] if args and isinstance(args[0], int) else None
+    if code in _MYSQL_UNAVAILABLE:
+        return True
+    if code == 1180 and "Primary Component" in str(args[1:]):
+        return True
+    return getattr(exc.orig, "sqlstate", None) in (
+        "08001",
+        "08006",
+        "57P03",
+    )  # PostgreSQL: cannot connect, starting

@@ -39,6 +39,7 @@ from sqlalchemy.engine import Connection, Engine
 
 from orbit_client import Task, TaskSubmission
 from orbit_server import errors
+from orbit_server.db.cluster import causal_reads
 from orbit_server.db.engine import db_now, is_lock_conflict
 from orbit_server.db.schema import queues, submission_keys, task_events, tasks
 from orbit_server.tasks import store
@@ -123,7 +124,9 @@ def submit_batch(
         return []
     for _ in range(TRIES):
         try:
-            with engine.begin() as conn:
+            with engine.begin() as conn, causal_reads(conn):
+                # On a Galera cluster a batch reads causally (a few waits per batch): its "no such
+                # queue" answers, and its retries after a conflict, see every commit made elsewhere.
                 return _run(conn, principal, items, default_max_attempts, key_ttl, create=True)
         except sa.exc.IntegrityError:
             # A concurrent request inserted one of the keys and committed first.

@@ -24,12 +24,14 @@ from sqlalchemy.engine import Connection, Engine, RowMapping
 
 from orbit_client import Queue, Task, TaskPage, TaskStatus, TaskSubmission, is_valid_idempotency_key
 from orbit_server import _ids, errors
+from orbit_server.db.cluster import causal_reads, is_galera
 from orbit_server.db.engine import (
     as_db_time,
     db_now,
     db_now_expression,
     insert_unique,
     is_lock_conflict,
+    is_unavailable,
     to_naive_utc,
     to_utc,
 )
@@ -636,10 +638,19 @@ def submit_task(
     """
     digest = request_digest(submission)
     lookup_params = {"ns": principal.namespace_id, "key": idempotency_key, "queue": submission.queue}
-    for _ in range(_SUBMIT_TRIES):
+    lost: sa.exc.DBAPIError | None = None
+    recheck = False
+    for attempt in range(_SUBMIT_TRIES):
         try:
             with engine.begin() as conn:
-                found = conn.execute(_lookup(conn), lookup_params).mappings().one()
+                # A retry after a conflict reads causally, to see the submission it lost to; so does
+                # a look-up again after "no such queue", which refuses for good (README "Scaling out").
+                causal = attempt > 0 or recheck
+                with causal_reads(conn, wanted=causal):
+                    found = conn.execute(_lookup(conn), lookup_params).mappings().one()
+                if found["task_id"] is None and found["queue_id"] is None and not causal and is_galera(conn):
+                    recheck = True
+                    continue
                 if found["task_id"] is not None:
                     return _replay(conn, principal, found, digest, submission), True
                 if found["queue_id"] is None:
@@ -679,7 +690,13 @@ def submit_task(
             ) from None
         except sa.exc.DBAPIError as exc:
             if not (exc.connection_invalidated or is_lock_conflict(exc)):
+                if lost is not None and is_unavailable(exc):
+                    # An earlier try lost its connection, perhaps after its COMMIT: never answer
+                    # 503 ("nothing was done") for it.
+                    raise lost from exc
                 raise
+            if exc.connection_invalidated:
+                lost = exc
             log.debug("lock conflict or lost connection while accepting a submission; retrying")
     raise errors.RequestInProgress(
         "the submission kept meeting concurrent requests with the same key; retry shortly"
