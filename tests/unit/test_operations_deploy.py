@@ -108,7 +108,8 @@ def _check_command(line: str) -> None:
     command: click.Command = {"orbit-outbox": outbox_cli, "orbit-server": server_cli}[words[0]]
     rest = words[1:]
     while isinstance(command, click.Group) and rest and not rest[0].startswith("-"):
-        sub = command.commands.get(rest[0])
+        # get_command, not .commands: the server's groups are imported lazily (fast --help).
+        sub = command.get_command(click.Context(command), rest[0])
         assert sub is not None, f"{line!r}: no command {rest[0]!r}"
         command, rest = sub, rest[1:]
     options = {opt for param in command.params for opt in param.opts}
