@@ -106,7 +106,7 @@ def _check_command(line: str) -> None:
     command: click.Command = {"orbit-outbox": outbox_cli, "orbit-server": server_cli}[words[0]]
     rest = words[1:]
     while isinstance(command, click.Group) and rest and not rest[0].startswith("-"):
-        sub = command.commands.get(rest[0])
+        sub = command.get_command(click.Context(command), rest[0])  # lazy groups import on request
         assert sub is not None, f"{line!r}: no command {rest[0]!r}"
         command, rest = sub, rest[1:]
     options = {opt for param in command.params for opt in param.opts}
