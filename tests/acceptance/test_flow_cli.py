@@ -221,7 +221,9 @@ def test_the_readme_flow_commands_run(make_database: DatabaseFactory, tmp_path: 
     section = readme[readme.index("### The `orbit-server flow` commands") :]
     block = section[section.index("```sh\n") + 6 : section.index("```\n", section.index("```sh\n") + 6)]
     url = make_database("sqlite").render_as_string(hide_password=False)
-    script = block.replace("sqlite:///orbit.db", url)
+    # The block keeps the reader's ORBIT_DATABASE_URL, exported in "Running the server" (issue 23).
+    assert "export ORBIT_DATABASE_URL" not in block
+    script = f"export ORBIT_DATABASE_URL={url}\n{block}"
     env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
     setup = f"orbit-server namespace create shop --database-url {url} && " \
             f"orbit-server queue create shop fulfilment --database-url {url}"  # fmt: skip

@@ -63,7 +63,9 @@ def test_plain_install_is_the_client_without_sqlalchemy(wheel: Path, tmp_path: P
             [str(env_dir / "bin" / "orbit-outbox"), *args], capture_output=True, text=True
         )
         assert outbox_cli.returncode == 2, outbox_cli.stderr
-        assert "pip install 'orbit-tasks[outbox]'" in outbox_cli.stderr and "Traceback" not in outbox_cli.stderr
+        assert (
+            "pip install 'orbit-tasks[outbox]'" in outbox_cli.stderr and "Traceback" not in outbox_cli.stderr
+        )
     # Using the outbox from Python on that install names the extra too.
     probe = "import outbox_adapter\ntry:\n    outbox_adapter.enqueue\nexcept ModuleNotFoundError as e:\n    print(e)"
     done = subprocess.run([str(python), "-c", probe], capture_output=True, text=True)
