@@ -40,7 +40,9 @@ def _names(registry: CollectorRegistry) -> set[str]:
 
 def exported() -> set[str]:
     server = Metrics()
-    server.sampled.store(Sample(tasks={("q", "WAITING"): 1}, review_oldest=1.0, deliveries={"s": (1, 2.0)}))
+    server.sampled.store(
+        Sample(tasks={("ns", "q", "WAITING"): 1}, review_oldest=1.0, deliveries={("ns", "s"): (1, 2.0)})
+    )
     relay = RelayMetrics()
     relay.backlog.store({"PENDING": 1, "NEEDS_RECONCILE": 0, "DEAD": 0}, 3.0)
     return (
@@ -106,7 +108,8 @@ def _check_command(line: str) -> None:
     command: click.Command = {"orbit-outbox": outbox_cli, "orbit-server": server_cli}[words[0]]
     rest = words[1:]
     while isinstance(command, click.Group) and rest and not rest[0].startswith("-"):
-        sub = command.get_command(click.Context(command), rest[0])  # lazy groups import on request
+        # get_command, not .commands: the server's groups are imported lazily (fast --help).
+        sub = command.get_command(click.Context(command), rest[0])
         assert sub is not None, f"{line!r}: no command {rest[0]!r}"
         command, rest = sub, rest[1:]
     options = {opt for param in command.params for opt in param.opts}
