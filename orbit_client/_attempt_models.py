@@ -88,8 +88,7 @@ class LeaseRequest(_Wire):
             judged by the database clock. Default 30.
         wait_seconds: long-poll: when nothing is due, wait up to this many seconds for a
             task before answering with an empty list; 0 (the default) answers at once.
-        start: *lease-and-start* (README "Workers"): grant the tasks declared ``retry_safe``
-            already ``RUNNING`` (the others ``LEASED``, to be started explicitly), for a
+        start: *lease-and-start* (README "Workers"): grant the tasks already ``RUNNING``, for a
             worker that starts their handlers at once, so no ``start`` call is needed. Such an
             attempt is unconfirmed until its first heartbeat or ``complete``; one whose lease
             lapses unconfirmed (its answer was lost) is settled as a never-started one: the task

@@ -143,14 +143,8 @@ def lease_tasks(
     # multi-row INSERT of their events and one of their attempts (WAITING → LEASED, §2).
     expires = now + timedelta(seconds=lease_seconds)
     attempt_ids = {row["id"]: str(uuid.uuid4()) for row in due}
-    # Lease-and-start starts only tasks declared retry-safe: a worker killed after its handler began
-    # but before confirming would otherwise have its task run again as never started. Others are
-    # granted LEASED, and their worker confirms each start before running it (README "Workers").
-    running_status: Any = (
-        sa.case((tasks.c.retry_safe, TaskStatus.RUNNING.value), else_=TaskStatus.LEASED.value)
-        if start else TaskStatus.LEASED.value
-    )  # fmt: skip
-    steps: Any = sa.case((tasks.c.retry_safe, 2), else_=1) if start else 1  # versions: leased (and started)
+    granted = TaskStatus.RUNNING if start else TaskStatus.LEASED
+    steps = 2 if start else 1  # state versions: leased (and started)
     claimed = conn.execute(
         tasks.update()
         .where(
@@ -160,7 +154,7 @@ def lease_tasks(
             tasks.c.status == TaskStatus.WAITING.value,
         )
         .values(
-            status=running_status,
+            status=granted.value,
             state_version=tasks.c.state_version + steps,
             attempt_count=tasks.c.attempt_count + 1,
             current_attempt_id=sa.case(attempt_ids, value=tasks.c.id),
@@ -187,9 +181,7 @@ def lease_tasks(
                 "created_at": now,
             }
         )  # fmt: skip
-        started = start and bool(row["retry_safe"])
-        granted = TaskStatus.RUNNING if started else TaskStatus.LEASED
-        if started:
+        if start:
             version += 1
             events.append(
                 {
@@ -203,7 +195,7 @@ def lease_tasks(
             {
                 "id": attempt_id, "task_id": row["id"], "generation": generation,
                 "lease_token_hash": _hash_token(token), "worker_id": worker_id,
-                "status": (AttemptStatus.RUNNING if started else AttemptStatus.LEASED).value,
+                "status": (AttemptStatus.RUNNING if start else AttemptStatus.LEASED).value,
                 "lease_seconds": lease_seconds, "leased_at": now, "lease_expires_at": expires,
             }
         )  # fmt: skip

@@ -1,8 +1,7 @@
 """Lease-and-start and report-and-lease against a real server, on SQLite and MariaDB (DESIGN §4,
 README "Workers": fewer calls per task).
 
-Lease-and-start: a lease request with ``start: true`` answers grants of retry-safe tasks already
-``RUNNING`` (the others ``LEASED``, to be started explicitly). The
+Lease-and-start: a lease request with ``start: true`` answers grants already ``RUNNING``. The
 attempt is unconfirmed until its first heartbeat or report; one whose lease lapses unconfirmed
 (its answer was lost) is settled as a never-started attempt: the task waits again (or fails when
 its budget is spent), never ``NEEDS_REVIEW``, and ``started_at`` stays empty.
@@ -48,7 +47,7 @@ def test_the_server_says_it_offers_both(worker_client: OrbitClient) -> None:
 
 def test_grants_come_back_running_and_need_no_start(env: Env, worker_client: OrbitClient) -> None:
     queue = env.queue()
-    ids = [env.submit(queue, "h", {"n": n}, retry_safe=True) for n in range(3)]
+    ids = [env.submit(queue, "h", {"n": n}) for n in range(3)]
     grants = worker_client.lease_tasks(env.ns, queue, worker_id="w", max_tasks=3, start=True)
     assert sorted(g.task.id for g in grants) == sorted(ids)
     assert {g.task.status for g in grants} == {"RUNNING"}
@@ -70,10 +69,10 @@ def test_grants_come_back_running_and_need_no_start(env: Env, worker_client: Orb
 
 
 def test_a_lost_lease_and_start_answer_lapses_as_never_started(env: Env, worker_client: OrbitClient) -> None:
-    # Retry-safe with a backoff of an hour: a started attempt that lapsed would wait an hour.
-    # Unconfirmed, it is a never-started one: the task waits again at once.
+    # Not retry-safe and one attempt left after this one: a started attempt that lapsed would be
+    # NEEDS_REVIEW. Unconfirmed, it is a never-started one: the task waits again.
     queue = env.queue()
-    task_id = env.submit(queue, "h", retry_safe=True, max_attempts=2, backoff_base_seconds=3600)
+    task_id = env.submit(queue, "h", retry_safe=False, max_attempts=2)
     (lost,) = worker_client.lease_tasks(env.ns, queue, worker_id="w", lease_seconds=0.3, start=True)
     # The answer never reaches a handler: nothing heartbeats, nothing reports.
     env.wait(task_id, "WAITING")
@@ -92,17 +91,16 @@ def test_a_lost_answer_with_the_budget_spent_fails_the_task_as_a_lapsed_lease_do
     env: Env, worker_client: OrbitClient
 ) -> None:
     queue = env.queue()
-    task_id = env.submit(queue, "h", retry_safe=True, max_attempts=1)
+    task_id = env.submit(queue, "h", retry_safe=False, max_attempts=1)
     worker_client.lease_tasks(env.ns, queue, worker_id="w", lease_seconds=0.3, start=True)
     task = env.wait(task_id, "FAILED", "NEEDS_REVIEW")
     assert task.status == "FAILED" and task.error is not None and task.error["type"] == "attempts_exhausted"
 
 
 def test_the_first_heartbeat_confirms_the_start(env: Env, worker_client: OrbitClient) -> None:
-    # Confirmed, the attempt is an ordinary running one: a lapse with no attempt left then means
-    # NEEDS_REVIEW (invariant 7), where an unconfirmed one fails as attempts_exhausted.
+    # Confirmed, the attempt is an ordinary running one: a lapse then means NEEDS_REVIEW (invariant 7).
     queue = env.queue()
-    task_id = env.submit(queue, "h", retry_safe=True, max_attempts=1)
+    task_id = env.submit(queue, "h", retry_safe=False)
     (grant,) = worker_client.lease_tasks(env.ns, queue, worker_id="w", lease_seconds=2.0, start=True)
     state = worker_client.heartbeat(env.ns, grant.attempt.id, grant.attempt.lease_token)
     assert state.status == "RUNNING"
@@ -117,9 +115,9 @@ def test_the_first_heartbeat_confirms_the_start(env: Env, worker_client: OrbitCl
 
 def test_report_and_lease_commits_the_reports_then_grants(env: Env, worker_client: OrbitClient) -> None:
     queue = env.queue()
-    first = [env.submit(queue, "h", {"n": n}, retry_safe=True) for n in range(2)]
+    first = [env.submit(queue, "h", {"n": n}) for n in range(2)]
     grants = worker_client.lease_tasks(env.ns, queue, worker_id="w", max_tasks=2, start=True)
-    later = [env.submit(queue, "h", {"n": n}, retry_safe=True) for n in range(2, 5)]
+    later = [env.submit(queue, "h", {"n": n}) for n in range(2, 5)]
     lease = BatchLease(queue=queue, worker_id="w", max_tasks=3, start=True)
     answer = worker_client.complete_attempts_and_lease(
         env.ns,
@@ -148,7 +146,7 @@ def test_report_and_lease_commits_the_reports_then_grants(env: Env, worker_clien
 
 def test_a_failed_grant_never_undoes_the_reports(env: Env, worker_client: OrbitClient) -> None:
     queue = env.queue()
-    ids = [env.submit(queue, "h", retry_safe=True) for _ in range(2)]
+    ids = [env.submit(queue, "h") for _ in range(2)]
     grants = worker_client.lease_tasks(env.ns, queue, worker_id="w", max_tasks=2, start=True)
     answer = worker_client.complete_attempts_and_lease(
         env.ns,
@@ -165,14 +163,6 @@ def test_a_failed_grant_never_undoes_the_reports(env: Env, worker_client: OrbitC
     for task_id in ids:
         assert env.admin.get_task(env.ns, task_id).status == "SUCCEEDED"
     check_attempt_history(env.server.engine, ids)
-
-
-def test_tasks_not_declared_retry_safe_come_back_leased(env: Env, worker_client: OrbitClient) -> None:
-    # A worker killed after such a handler began must leave it for review, so its start is confirmed first.
-    queue = env.queue()
-    env.submit(queue, "h")
-    (grant,) = worker_client.lease_tasks(env.ns, queue, worker_id="w", start=True)
-    assert grant.task.status == "LEASED"
 
 
 def test_old_clients_are_answered_as_before(env: Env, worker_client: OrbitClient) -> None:

@@ -132,7 +132,7 @@ def test_a_slow_server_and_short_leases_never_make_a_grant_wait_past_its_lease(e
 
 def test_short_handlers_are_prefetched_and_each_starts_within_a_quarter_of_its_lease(env: Env) -> None:
     queue = env.queue()
-    ids = [env.submit(queue, "quick", {"n": n}, retry_safe=True) for n in range(60)]
+    ids = [env.submit(queue, "quick", {"n": n}) for n in range(60)]
     began: dict[str, datetime] = {}
 
     def quick(ctx: TaskContext) -> Any:
@@ -166,7 +166,7 @@ def test_short_handlers_are_prefetched_and_each_starts_within_a_quarter_of_its_l
 
 def test_the_async_worker_is_pipelined_alike(env: Env) -> None:
     queue = env.queue()
-    ids = [env.submit(queue, "quick", {"n": n}, retry_safe=True) for n in range(30)]
+    ids = [env.submit(queue, "quick", {"n": n}) for n in range(30)]
     recorder = Recorder()
 
     async def quick(ctx: TaskContext) -> Any:
@@ -211,7 +211,7 @@ def generation(ctx: TaskContext) -> int:
 
 def test_a_lost_lease_and_start_answer_never_leaves_a_task_running(env: Env) -> None:
     queue = env.queue()
-    ids = [env.submit(queue, "echo", {"n": n}, retry_safe=True, backoff_base_seconds=0) for n in range(2)]
+    ids = [env.submit(queue, "echo", {"n": n}, retry_safe=False) for n in range(2)]
     recorder = Recorder(faults={"lease": "lose"})
     with (
         client_for(env, HookedTransport(recorder)) as client,
