@@ -185,8 +185,6 @@ class _Config:
         report_linger: float | None,
         metrics_port: int | None = None,
         metrics_host: str = "127.0.0.1",
-        prefetch: int | None = None,
-        lease_and_start: bool = True,
     ) -> None:
         if not handlers:
             raise OrbitUsageError("handlers must map at least one handler name to a function")
@@ -204,8 +202,6 @@ class _Config:
             )
         if metrics_port is not None and not 0 <= metrics_port <= 65535:
             raise OrbitUsageError(f"metrics_port must be None or 0-65535, not {metrics_port!r}")
-        if prefetch is not None and (isinstance(prefetch, bool) or not 0 <= prefetch <= 10_000):
-            raise OrbitUsageError(f"prefetch must be None or 0-10000, not {prefetch!r}")
         self.namespace = namespace
         self.queue = queue
         self.handlers = dict(handlers)
@@ -219,9 +215,6 @@ class _Config:
         self.error_backoff_cap = error_backoff_cap
         self.report_linger = report_linger
         self.metrics_port, self.metrics_host = metrics_port, metrics_host
-        #: Most grants held beyond the slots (orbit_client._pipeline); fewer when handlers are slow.
-        self.prefetch_cap = 4 * concurrency if prefetch is None else prefetch
-        self.lease_and_start = bool(lease_and_start)
         #: The worker's counters, when it serves metrics (prometheus-client imported only then).
         self.metrics = WorkerMetrics(namespace, queue) if metrics_port is not None else None
 
@@ -249,15 +242,9 @@ class _Config:
 
 @dataclass(eq=False)
 class _Active:
-    """An attempt the heartbeats renew: while its handler runs, and after it returned (``done``)
-    until its report is answered, so that a report waiting out its linger (or retried) keeps its
-    lease. A ``lease_lost`` answer for a ``done`` attempt is no loss: its report decides (the
-    report may have won the race with the heartbeat)."""
-
     grant: LeaseGrant
     ctx: TaskContext
     next_beat: float
-    done: bool = False
 
 
 _DOC_ARGS = """
@@ -295,14 +282,6 @@ _DOC_ARGS = """
             queue. ``None`` (the default) counts nothing. Needs ``pip install 'orbit-tasks[metrics]'``
             (prometheus-client); README "Operations".
         metrics_host: address the metrics server listens on. Default ``"127.0.0.1"``.
-        prefetch: most grants held beyond ``concurrency``, waiting for a slot; the worker holds
-            fewer when its handlers are slow, so that each grant starts within a quarter of its
-            lease (README "Workers"). ``None`` (the default) means four times ``concurrency``;
-            ``0`` leases only for free slots.
-        lease_and_start: ask for grants already ``RUNNING`` (lease-and-start: no ``start`` call;
-            the attempt's first heartbeat or report confirms it, and one never confirmed lapses
-            as never started) when the server offers it (``GET /v1/settings``). Default ``True``;
-            ``False`` confirms every start with its own (batched) call after the lease.
 
     Raises:
         OrbitUsageError: an argument is out of range, or ``metrics_port`` is set and
@@ -475,7 +454,7 @@ class _WorkerCore:
         """
         config, attempt = self._config, active.grant.attempt
         if isinstance(outcome, LeaseLostError):
-            if not active.done and forget(attempt.id):
+            if forget(attempt.id):
                 if self._metrics is not None:
                     self._metrics.lease_lost()
                 logger.warning("task %s attempt %d lost its lease", active.grant.task.id, attempt.generation)

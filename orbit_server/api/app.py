@@ -73,8 +73,6 @@ def create_app(settings: ServerSettings | None = None, *, engine: Engine | None 
         submission_key_ttl_seconds=settings.submission_key_ttl_seconds,
         max_batch_items=settings.max_batch_items,
         max_body_bytes=settings.max_body_bytes,
-        lease_and_start=True,
-        report_and_lease=True,
     )
     install_problem_handlers(app)
 
@@ -82,11 +80,7 @@ def create_app(settings: ServerSettings | None = None, *, engine: Engine | None 
     app.include_router(tasks.router)
     app.include_router(queues.router)
     app.include_router(attempts.router)
-    app.include_router(
-        attempt_batch_router(
-            the_engine, lambda queue, grants: metrics.lease_grants.labels(queue).inc(len(grants))
-        )
-    )
+    app.include_router(attempt_batch_router(the_engine))
     app.include_router(deliveries.router)
     app.include_router(
         batch_router(engine=the_engine, settings=settings, metrics=metrics, on_created=wakeup.notify)

@@ -92,7 +92,6 @@ async def lease_tasks(
             worker_id=body.worker_id,
             max_tasks=body.max_tasks,
             lease_seconds=body.lease_seconds,
-            start=body.start,
         )
         if not sighted:  # the queue exists (no 404): this worker is alive, task or not (console liveness)
             sighted = True

@@ -220,16 +220,8 @@ def complete_all(
         },
         value=tasks.c.id,
     )
-    # A lease-and-start attempt's report confirms it: started_at = the grant's time (execution._confirmed).
-    started = sa.func.coalesce(task_attempts.c.started_at, task_attempts.c.leased_at)
     _update_attempts(
-        conn,
-        pairs,
-        now,
-        status=AttemptStatus.SUCCEEDED.value,
-        result=by_attempt,
-        finished_at=now,
-        started_at=started,
+        conn, pairs, now, status=AttemptStatus.SUCCEEDED.value, result=by_attempt, finished_at=now
     )
     holders = [attempt["id"] for task, attempt in pairs if task["holds_permit"]]
     if holders:  # the attempts end here: so do their concurrency permits (orbit_server.tasks.permits)

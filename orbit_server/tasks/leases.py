@@ -62,7 +62,6 @@ def lease_tasks(
     worker_id: str,
     max_tasks: int,
     lease_seconds: float,
-    start: bool = False,
 ) -> list[LeaseGrant]:
     """Grant up to ``max_tasks`` due tasks of a queue to one worker (the "领取" transaction of §5).
 
@@ -76,15 +75,8 @@ def lease_tasks(
     ``concurrency_key`` (and the queue) have room, and each grant takes a permit in this
     transaction (:mod:`orbit_server.tasks.permits`); a queue without one takes the plain path.
 
-    With ``start`` (*lease-and-start*, README "Workers") each grant is made ``RUNNING`` in the same
-    statements (``WAITING → LEASED → RUNNING``, both events written): its attempt is ``RUNNING``
-    with ``started_at`` empty, *unconfirmed* until the worker's first heartbeat or ``complete``
-    sets it to the grant's time. An unconfirmed attempt whose lease lapses is settled exactly as a
-    ``LEASED`` one (``transitions._expire_attempt``): nothing is known to have started.
-
     Args:
         lease_seconds: the lease duration, in seconds.
-        start: grant the tasks ``RUNNING`` (above). Default ``False``.
 
     Returns:
         The grants, oldest task first; empty when nothing is due (or the queue is paused). The lease tokens appear
@@ -143,8 +135,6 @@ def lease_tasks(
     # multi-row INSERT of their events and one of their attempts (WAITING → LEASED, §2).
     expires = now + timedelta(seconds=lease_seconds)
     attempt_ids = {row["id"]: str(uuid.uuid4()) for row in due}
-    granted = TaskStatus.RUNNING if start else TaskStatus.LEASED
-    steps = 2 if start else 1  # state versions: leased (and started)
     claimed = conn.execute(
         tasks.update()
         .where(
@@ -154,8 +144,8 @@ def lease_tasks(
             tasks.c.status == TaskStatus.WAITING.value,
         )
         .values(
-            status=granted.value,
-            state_version=tasks.c.state_version + steps,
+            status=TaskStatus.LEASED.value,
+            state_version=tasks.c.state_version + 1,
             attempt_count=tasks.c.attempt_count + 1,
             current_attempt_id=sa.case(attempt_ids, value=tasks.c.id),
             updated_at=now,
@@ -181,27 +171,17 @@ def lease_tasks(
                 "created_at": now,
             }
         )  # fmt: skip
-        if start:
-            version += 1
-            events.append(
-                {
-                    "task_id": row["id"], "state_version": version, "event": "started",
-                    "from_status": TaskStatus.LEASED.value, "to_status": TaskStatus.RUNNING.value,
-                    "actor": actor, "reason": "lease-and-start", "data": {"attempt_id": attempt_id},
-                    "created_at": now,
-                }
-            )  # fmt: skip
         attempts.append(
             {
                 "id": attempt_id, "task_id": row["id"], "generation": generation,
                 "lease_token_hash": _hash_token(token), "worker_id": worker_id,
-                "status": (AttemptStatus.RUNNING if start else AttemptStatus.LEASED).value,
-                "lease_seconds": lease_seconds, "leased_at": now, "lease_expires_at": expires,
+                "status": AttemptStatus.LEASED.value, "lease_seconds": lease_seconds, "leased_at": now,
+                "lease_expires_at": expires,
             }
         )  # fmt: skip
         task = store.task_from_row(
             {
-                **row, "status": granted.value, "state_version": version,
+                **row, "status": TaskStatus.LEASED.value, "state_version": version,
                 "attempt_count": generation, "current_attempt_id": attempt_id, "updated_at": now,
                 "namespace_name": namespace_name, "queue_name": queue,
             }  # type: ignore[arg-type]

@@ -29,9 +29,6 @@ from tests.servers import run_server
 
 #: Long enough never to be what ends a batch here: batches end when every task in flight reported.
 PATIENT = 0.5
-#: These tests count the calls of the explicit-start path (``lease_and_start=False``, and the path a
-#: server without lease-and-start gets): lease, then a batched start, then the reports.
-EXPLICIT_START = {**FAST, "lease_and_start": False}
 
 
 @dataclass
@@ -182,7 +179,7 @@ def test_n_tasks_cost_one_lease_one_start_and_one_complete_call(env: Env) -> Non
     ids = [env.submit(queue, "echo", {"n": n}) for n in range(8)]
     recorder = Recorder()
     drain(env, lambda client: Worker(
-        client, env.ns, queue, {"echo": echo}, concurrency=8, report_linger=PATIENT, **EXPLICIT_START
+        client, env.ns, queue, {"echo": echo}, concurrency=8, report_linger=PATIENT, **FAST
     ), recorder, ids)  # fmt: skip
     assert [s.grants for s in recorder.sent if s.kind == "lease" and s.grants] == [8]
     assert recorder.items("start (batch)") == [8]
@@ -209,13 +206,7 @@ def test_a_start_does_not_linger_for_tasks_that_are_already_running(env: Env) ->
     linger = 1.0
     recorder = Recorder()
     worker_for = lambda client: Worker(  # noqa: E731
-        client,
-        env.ns,
-        queue,
-        {"held": held, "echo": echo},
-        concurrency=2,
-        report_linger=linger,
-        **EXPLICIT_START,
+        client, env.ns, queue, {"held": held, "echo": echo}, concurrency=2, report_linger=linger, **FAST
     )
     with counted_client(env, recorder) as client, running(worker_for(client)):
         a = env.submit(queue, "held")
@@ -237,7 +228,7 @@ def test_without_report_linger_every_report_is_its_own_call(env: Env) -> None:
     ids = [env.submit(queue, "echo", {"n": n}) for n in range(4)]
     recorder = Recorder()
     drain(env, lambda client: Worker(
-        client, env.ns, queue, {"echo": echo}, concurrency=4, report_linger=None, **EXPLICIT_START
+        client, env.ns, queue, {"echo": echo}, concurrency=4, report_linger=None, **FAST
     ), recorder, ids)  # fmt: skip
     assert recorder.count("start") == recorder.count("complete") == 4
     assert recorder.count("start (batch)") == recorder.count("complete (batch)") == 0
@@ -279,7 +270,7 @@ def test_a_server_without_batched_calls_gets_single_calls(env: Env) -> None:
         faults={kind: "missing" for kind in ("start (batch)", "complete (batch)", "heartbeat (batch)")}
     )
     drain(env, lambda client: Worker(
-        client, env.ns, queue, {"echo": echo}, concurrency=3, report_linger=PATIENT, **EXPLICIT_START
+        client, env.ns, queue, {"echo": echo}, concurrency=3, report_linger=PATIENT, **FAST
     ), recorder, ids)  # fmt: skip
     assert recorder.count("start (batch)") == recorder.count("complete (batch)") == 1  # then never again
     assert recorder.count("start") == recorder.count("complete") == 6
@@ -300,7 +291,7 @@ def test_async_worker_coalesces_its_reports(env: Env) -> None:
             env.server.base_url, api_key=env.keys["work"], transport=AsyncCountingTransport(recorder)
         ) as client:
             worker = AsyncWorker(
-                client, env.ns, queue, {"echo": aecho}, concurrency=6, report_linger=PATIENT, **EXPLICIT_START
+                client, env.ns, queue, {"echo": aecho}, concurrency=6, report_linger=PATIENT, **FAST
             )
             runner = asyncio.create_task(worker.run())
             for task_id in ids:
