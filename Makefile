@@ -16,16 +16,21 @@ $(STAMP): pyproject.toml
 demo: $(STAMP)
 	@$(PY) -m examples.order_service.demo $(DEMO_ARGS)
 
+# Test modules run on TEST_WORKERS pytest-xdist workers at once (most tests wait on databases, servers and
+# subprocesses, not on a core); each module stays on one worker. TEST_WORKERS=0 runs them in this process.
+TEST_WORKERS ?= 3
+
 test: $(STAMP)
 	$(PY) -m ruff check .
 	$(PY) -m mypy
-	$(PY) -m pytest $(PYTEST_ARGS)
+	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadgroup --durations=25 $(PYTEST_ARGS)
 
 # The inner loop: unit and integration tests on SQLite only (no MariaDB/PostgreSQL, no browser, no slow
 # seeds), stopping at the first failure. `make test` before you push runs everything.
 QUICK_MARKS := not mariadb and not postgres and not slow
 test-quick: $(STAMP)
-	ORBIT_TEST_DATABASES=sqlite $(PY) -m pytest -q -x -p no:cacheprovider tests/unit tests/integration \
+	ORBIT_TEST_DATABASES=sqlite $(PY) -m pytest -n $(TEST_WORKERS) --dist loadgroup -q -x -p no:cacheprovider \
+		tests/unit tests/integration \
 		-m "$(QUICK_MARKS)" --deselect tests/integration/test_console_browser.py $(PYTEST_ARGS)
 
 lint: $(STAMP)

@@ -109,7 +109,7 @@ def orbit_server_processes(
             )
             servers.append(ServerProcess(f"http://127.0.0.1:{port}", proc))
         for server in servers:
-            deadline = time.monotonic() + 30
+            deadline = time.monotonic() + 120  # a loaded shared machine: start-up took 37 s once
             while True:
                 with contextlib.suppress(httpx.TransportError):
                     if httpx.get(f"{server.base}/readyz").status_code == 200:

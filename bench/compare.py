@@ -28,6 +28,10 @@ Sections (``--only`` takes their names):
   until the last task has succeeded. Also the peak RSS of the server, relay (batch 500) and
   worker processes, and statements and round trips per submission (MariaDB's global
   counters: other clients of the same MariaDB count too, so run it on a quiet machine).
+- ``workers`` (needs ``orbit``; beside the peer when ``peer`` runs too): a concurrency sweep
+  (``--sweep``, default 1, 4, 16, 64) of both workers with each side's CPU per task (Orbit: server +
+  worker; the peer: worker + PostgreSQL), Orbit's HTTP requests and round trips per task, and two
+  Orbit worker processes against one (:mod:`bench.compare_workers`).
 - ``claim``: the relay's claim with 1,000 vs 1,000,000 terminal (``DELIVERED``) rows in the
   outbox, and its ``EXPLAIN`` (loading a million rows takes a while: ``--skip-claim``).
 
@@ -63,7 +67,7 @@ from orbit_client import OrbitClient, RetryPolicy
 from outbox_adapter import Backoff, Outbox, OutboxTables, Relay, enqueue
 
 POSTGRES_CONNINFO = os.environ.get("BENCH_POSTGRES_CONNINFO", "host=127.0.0.1 user=postgres")
-SECTIONS = ("peer", "orbit", "claim")
+SECTIONS = ("peer", "orbit", "workers", "claim")
 NS, QUEUE, HANDLER = "bench", "q", "bench.echo"
 
 
@@ -640,7 +644,7 @@ def relay_rss(business: sa.Engine, business_url: str, base: str, key: str, n: in
 
 def run_orbit(
     report: Report, n: int, concurrency: int, serve_args: list[str], driver: str, *,
-    worker_rounds_: int = 3, peer: str | None = None,
+    worker_rounds_: int = 3, peer: str | None = None, sweep: tuple[int, ...] | None = None,
 ) -> None:  # fmt: skip
     with mysql_databases("server", "business") as urls:
         server_url = urls["server"]
@@ -704,6 +708,11 @@ def run_orbit(
 
                 worker_rounds(report, server_db, base, keys, n, concurrency, server_pid=server.proc.pid,
                               rounds=worker_rounds_, peer=peer)  # fmt: skip
+                if sweep:  # the workers section (bench.compare_workers)
+                    from bench.compare_workers import run_workers
+
+                    run_workers(report, server_db, base, keys, n, concurrency, server_pid=server.proc.pid,
+                                peer=peer, sweep=sweep)  # fmt: skip
                 end_to_end(report, business, urls["business"], server_db, base, keys, n, concurrency)
                 rate, rss = relay_rss(business, urls["business"], base, keys["submit"], n)
                 report.add(
@@ -831,11 +840,17 @@ def judge(report: Report) -> None:
     r.target("relay batching gain (batch 100 / batch 1)", "≥ 10×", lambda f: (f.value or 0) >= 10)
     r.target("direct batch submissions", "≥ 4,000 tasks/s", lambda f: (f.value or 0) >= 4000)
     if r.value("orbit worker / peer worker, paired") is not None:  # the ratio that both drains' load shares
-        r.target("orbit worker / peer worker, paired", "≥ 1.0×", lambda f: (f.value or 0) >= 1.0)
+        r.target("orbit worker / peer worker, paired", "≥ 1.5×", lambda f: (f.value or 0) >= 1.5)
     else:
         r.target(
-            "orbit: worker processed", "≥ 1.0× peer", lambda f: None if f.ratio is None else f.ratio >= 1.0
+            "orbit: worker processed", "≥ 1.5× peer", lambda f: None if f.ratio is None else f.ratio >= 1.5
         )
+    r.target("orbit / peer, concurrency 4", "≥ 1.5×", lambda f: (f.value or 0) >= 1.5)
+    r.target("orbit best / peer best", "≥ 1.5×", lambda f: (f.value or 0) >= 1.5)
+    r.target("orbit HTTP requests per task, concurrency 4", "≤ 0.3", lambda f: (f.value or 99) <= 0.3)
+    r.target("orbit DB round trips per task, concurrency 4", "≤ 3", lambda f: (f.value or 99) <= 3)
+    r.target("orbit: 2 worker processes / 1", "≥ 1.7×", lambda f: (f.value or 0) >= 1.7)
+    r.target("enqueue cost with ordering key (time / without)", "≤ 1.6×", lambda f: (f.value or 99) <= 1.6)
     r.target("orbit: end to end", "≥ 1.0× peer", lambda f: None if f.ratio is None else f.ratio >= 1.0)
     r.target("enqueue cost (time with / without)", "≤ 1.3×", lambda f: (f.value or 99) <= 1.3)
     r.target(
@@ -879,6 +894,8 @@ def main() -> None:
     parser.add_argument("--worker-rounds", type=int, default=3,
                         help="worker drains of --n tasks, each beside one of the peer's when the peer runs too (default 3)")  # fmt: skip
     parser.add_argument("--skip-claim", action="store_true", help="skip the 1M-row claim section")
+    parser.add_argument("--sweep", default="1,4,16,64",
+                        help="worker concurrencies of the workers section (default 1,4,16,64)")  # fmt: skip
     parser.add_argument(
         "--only", default=",".join(SECTIONS), help=f"sections to run, of {','.join(SECTIONS)}"
     )
@@ -911,8 +928,9 @@ def main() -> None:
         if peer is not None:
             run_peer(report, args.n, args.concurrency, peer)
         if "orbit" in sections:
+            sweep = tuple(int(c) for c in args.sweep.split(",") if c) if "workers" in sections else None
             run_orbit(report, args.n, args.concurrency, args.serve_args.split(), args.server_driver,
-                      worker_rounds_=args.worker_rounds, peer=peer)  # fmt: skip
+                      worker_rounds_=args.worker_rounds, peer=peer, sweep=sweep)  # fmt: skip
     if "claim" in sections:
         run_claim(report)
     judge(report)

@@ -20,6 +20,7 @@ from orbit_client._attempt_models import (
     AttemptError,
     AttemptItemResult,
     AttemptState,
+    BatchLease,
     CompleteBatch,
     CompleteItem,
     CompleteRequest,
@@ -66,8 +67,9 @@ FailItems = Sequence[FailItem | Mapping[str, Any]]
 
 
 def _lease_tasks(
-    namespace: str, queue: str, worker_id: str, max_tasks: int, lease_seconds: float, wait_seconds: float
-) -> _Call[list[LeaseGrant]]:
+    namespace: str, queue: str, worker_id: str, max_tasks: int, lease_seconds: float, wait_seconds: float,
+    start: bool = False,
+) -> _Call[list[LeaseGrant]]:  # fmt: skip
     """``POST .../queues/{queue}/leases``: not retried; the timeout grows by the long poll."""
     path = _path("/v1/namespaces/{}/queues/{}/leases", namespace, queue)
     body = _body(
@@ -77,7 +79,10 @@ def _lease_tasks(
         max_tasks=max_tasks,
         lease_seconds=lease_seconds,
         wait_seconds=wait_seconds,
+        start=start,
     )
+    if not start:  # no "start" key at all: a server that predates lease-and-start accepts the body
+        body.pop("start", None)
     return _Call("POST", path, _many(LeaseGrant), json=body, retry=False, extra_timeout=wait_seconds)
 
 
@@ -125,6 +130,16 @@ def _attempt_batch(
     Raises :class:`OrbitUsageError` for a bad item (naming its index and field, never its
     values), no item, or more than :data:`MAX_ATTEMPT_BATCH_ITEMS`.
     """
+    call = _attempt_batch_answer(namespace, action, items, None)
+    parse = call.parse
+    return _Call("POST", call.path, lambda response: parse(response).items, json=call.json)
+
+
+def _attempt_batch_answer(
+    namespace: str, action: str, items: Sequence[BaseModel | Mapping[str, Any]],
+    lease: BatchLease | Mapping[str, Any] | None,
+) -> _Call[AttemptBatchResponse]:  # fmt: skip
+    """A batch, optionally carrying a lease request (report-and-lease): the whole answer."""
     batch_model, item_model = _ATTEMPT_BATCHES[action]
     if isinstance(items, Mapping | str | bytes) or not isinstance(items, Sequence):
         raise OrbitUsageError(f"items is a sequence of {item_model.__name__} or mappings; nothing was sent")
@@ -134,19 +149,24 @@ def _attempt_batch(
         )
     path = _path("/v1/namespaces/{}/attempts/" + action, namespace)
     listed = [item.model_dump(mode="json") if isinstance(item, item_model) else item for item in items]
-    body = _body(batch_model, f"{action} batch", items=listed)
+    if lease is None:  # no "lease" key at all: a server that predates report-and-lease accepts the body
+        body = _body(batch_model, f"{action} batch", items=listed)
+        body.pop("lease", None)
+    else:
+        lease = lease.model_dump(mode="json") if isinstance(lease, BatchLease) else lease
+        body = _body(batch_model, f"{action} batch", items=listed, lease=lease)
     sent = len(items)
 
-    def parse(response: httpx.Response) -> list[AttemptItemResult]:
-        """The item results of a 200 batch answer; one per item sent, else :class:`OrbitAPIError`."""
-        results = _parse_model(AttemptBatchResponse, response).items
-        if len(results) != sent:
+    def parse(response: httpx.Response) -> AttemptBatchResponse:
+        """A 200 batch answer with one item result per item sent, else :class:`OrbitAPIError`."""
+        answer = _parse_model(AttemptBatchResponse, response)
+        if len(answer.items) != sent:
             raise _invalid_response(
                 response,
-                f"the server answered {len(results)} results for {sent} items; the items may have been "
+                f"the server answered {len(answer.items)} results for {sent} items; the items may have been "
                 "performed; check that the client and server versions match",
             )
-        return results
+        return answer
 
     return _Call("POST", path, parse, json=body)
 
@@ -163,6 +183,7 @@ class AttemptCallsMixin(_Sends):
         max_tasks: int = 1,
         lease_seconds: float = 30.0,
         wait_seconds: float = 0.0,
+        start: bool = False,
     ) -> list[LeaseGrant]:
         """Lease up to ``max_tasks`` due tasks (``POST /v1/namespaces/{ns}/queues/{queue}/leases``).
 
@@ -178,6 +199,10 @@ class AttemptCallsMixin(_Sends):
                 :meth:`start_attempt` and :meth:`heartbeat`. Default 30.
             wait_seconds: long-poll up to this many seconds (0-60) when nothing is due; the
                 request's timeout is extended by as much. Default 0: answer at once.
+            start: *lease-and-start*: the grants come back already ``RUNNING`` (no
+                :meth:`start_attempt`); the attempt's first heartbeat or ``complete`` confirms it, and
+                one never confirmed lapses as never started (README "Workers"). Needs a server whose
+                :meth:`get_settings` says ``lease_and_start``. Default ``False``.
 
         Returns:
             The grants, oldest task first; empty when nothing is due.
@@ -187,7 +212,9 @@ class AttemptCallsMixin(_Sends):
             NotFoundError: no such queue or namespace.
             OrbitError: as for every call.
         """
-        return self._send(_lease_tasks(namespace, queue, worker_id, max_tasks, lease_seconds, wait_seconds))
+        return self._send(
+            _lease_tasks(namespace, queue, worker_id, max_tasks, lease_seconds, wait_seconds, start)
+        )
 
     def start_attempt(self, namespace: str, attempt_id: str, lease_token: str) -> AttemptState:
         """Confirm that the handler starts: task ``LEASED → RUNNING``, lease renewed.
@@ -299,6 +326,32 @@ class AttemptCallsMixin(_Sends):
         """
         return self._send(_attempt_batch(namespace, "fail", items))
 
+    def complete_attempts_and_lease(
+        self, namespace: str, items: CompleteItems, *, lease: BatchLease | Mapping[str, Any]
+    ) -> AttemptBatchResponse:
+        """:meth:`complete_attempts` carrying the next lease request (*report-and-lease*, README "Workers").
+
+        The server commits the reports first, then grants (``lease``: a :class:`BatchLease`, its
+        queue in this namespace, no long-poll); a grant that fails never undoes a report. Needs a
+        server whose :meth:`get_settings` says ``report_and_lease``.
+
+        Returns:
+            ``items``: one result per report, as :meth:`complete_attempts` returns them;
+            ``grants``: the new grants (empty when nothing was due); ``lease_error``: the problem
+            the lease part was refused with (e.g. 404 ``queue_not_found``), else ``None``.
+
+        Raises:
+            As :meth:`complete_attempts`, and retried alike: a repeated report answers alike, and
+            the grants of an answer lost on the way lapse unused, as a lost :meth:`lease_tasks` answer's.
+        """
+        return self._send(_attempt_batch_answer(namespace, "complete", items, lease))
+
+    def fail_attempts_and_lease(
+        self, namespace: str, items: FailItems, *, lease: BatchLease | Mapping[str, Any]
+    ) -> AttemptBatchResponse:
+        """:meth:`fail_attempts` carrying the next lease request; as :meth:`complete_attempts_and_lease`."""
+        return self._send(_attempt_batch_answer(namespace, "fail", items, lease))
+
 
 class AsyncAttemptCallsMixin(_SendsAsync):
     """The execution calls of :class:`~orbit_client.AsyncOrbitClient` (async twins)."""
@@ -312,10 +365,11 @@ class AsyncAttemptCallsMixin(_SendsAsync):
         max_tasks: int = 1,
         lease_seconds: float = 30.0,
         wait_seconds: float = 0.0,
+        start: bool = False,
     ) -> list[LeaseGrant]:
         """Async twin of :meth:`OrbitClient.lease_tasks`."""
         return await self._send(
-            _lease_tasks(namespace, queue, worker_id, max_tasks, lease_seconds, wait_seconds)
+            _lease_tasks(namespace, queue, worker_id, max_tasks, lease_seconds, wait_seconds, start)
         )
 
     async def start_attempt(self, namespace: str, attempt_id: str, lease_token: str) -> AttemptState:
@@ -355,3 +409,15 @@ class AsyncAttemptCallsMixin(_SendsAsync):
     async def fail_attempts(self, namespace: str, items: FailItems) -> list[AttemptItemResult]:
         """Async twin of :meth:`OrbitClient.fail_attempts`."""
         return await self._send(_attempt_batch(namespace, "fail", items))
+
+    async def complete_attempts_and_lease(
+        self, namespace: str, items: CompleteItems, *, lease: BatchLease | Mapping[str, Any]
+    ) -> AttemptBatchResponse:
+        """Async twin of :meth:`OrbitClient.complete_attempts_and_lease`."""
+        return await self._send(_attempt_batch_answer(namespace, "complete", items, lease))
+
+    async def fail_attempts_and_lease(
+        self, namespace: str, items: FailItems, *, lease: BatchLease | Mapping[str, Any]
+    ) -> AttemptBatchResponse:
+        """Async twin of :meth:`OrbitClient.fail_attempts_and_lease`."""
+        return await self._send(_attempt_batch_answer(namespace, "fail", items, lease))

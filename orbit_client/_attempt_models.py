@@ -21,7 +21,7 @@ from pydantic import (
 )
 
 from orbit_client._exceptions import _api_error
-from orbit_client._models import JsonData, LeaseSeconds, UTCDateTime, _Wire
+from orbit_client._models import NAME_PATTERN, JsonData, LeaseSeconds, UTCDateTime, _Wire
 from orbit_client._problem import Problem
 from orbit_client._task_models import Task, TaskStatus
 
@@ -35,6 +35,7 @@ __all__ = [
     "AttemptLease",
     "AttemptState",
     "AttemptStatus",
+    "BatchLease",
     "CompleteBatch",
     "CompleteItem",
     "CompleteRequest",
@@ -87,12 +88,40 @@ class LeaseRequest(_Wire):
             judged by the database clock. Default 30.
         wait_seconds: long-poll: when nothing is due, wait up to this many seconds for a
             task before answering with an empty list; 0 (the default) answers at once.
+        start: *lease-and-start* (README "Workers"): grant the tasks declared ``retry_safe``
+            already ``RUNNING`` (the others ``LEASED``, to be started explicitly), for a
+            worker that starts their handlers at once, so no ``start`` call is needed. Such an
+            attempt is unconfirmed until its first heartbeat or ``complete``; one whose lease
+            lapses unconfirmed (its answer was lost) is settled as a never-started one: the task
+            waits again, or fails when its attempts are spent, never ``NEEDS_REVIEW``. Default
+            ``False``: grants are ``LEASED`` and each start is confirmed by its own call.
     """
 
     worker_id: str = Field(min_length=1, max_length=255)
     max_tasks: StrictInt = Field(default=1, ge=1, le=100)
     lease_seconds: LeaseSeconds = 30.0
     wait_seconds: StrictFloat = Field(default=0.0, ge=0, le=60)
+    start: StrictBool = False
+
+
+class BatchLease(_Wire):
+    """The lease request a ``complete``/``fail`` batch may carry (*report-and-lease*, README "Workers").
+
+    Answered in the same response as the reports (``AttemptBatchResponse.grants``): the reports
+    are committed first, in their own transaction, and the grants made after, so a grant that
+    fails (``AttemptBatchResponse.lease_error``) never undoes a report. No long-poll: a report's
+    answer never waits for tasks to come due.
+
+    Attributes:
+        queue: the queue to lease from (in the batch's namespace).
+        worker_id, max_tasks, lease_seconds, start: as in :class:`LeaseRequest`.
+    """
+
+    queue: str = Field(pattern=NAME_PATTERN)
+    worker_id: str = Field(min_length=1, max_length=255)
+    max_tasks: StrictInt = Field(default=1, ge=1, le=100)
+    lease_seconds: LeaseSeconds = 30.0
+    start: StrictBool = False
 
 
 class AttemptLease(_Wire):
@@ -280,15 +309,19 @@ class HeartbeatBatch(_Wire):
 
 
 class CompleteBatch(_Wire):
-    """Body of ``POST /v1/namespaces/{ns}/attempts/complete``: 1 to :data:`MAX_ATTEMPT_BATCH_ITEMS` items."""
+    """Body of ``POST /v1/namespaces/{ns}/attempts/complete``: 1 to :data:`MAX_ATTEMPT_BATCH_ITEMS`
+    items, and optionally the worker's next lease request (:class:`BatchLease`)."""
 
     items: list[CompleteItem] = Field(min_length=1, max_length=MAX_ATTEMPT_BATCH_ITEMS)
+    lease: BatchLease | None = None
 
 
 class FailBatch(_Wire):
-    """Body of ``POST /v1/namespaces/{ns}/attempts/fail``: 1 to :data:`MAX_ATTEMPT_BATCH_ITEMS` items."""
+    """Body of ``POST /v1/namespaces/{ns}/attempts/fail``: 1 to :data:`MAX_ATTEMPT_BATCH_ITEMS`
+    items, and optionally the worker's next lease request (:class:`BatchLease`)."""
 
     items: list[FailItem] = Field(min_length=1, max_length=MAX_ATTEMPT_BATCH_ITEMS)
+    lease: BatchLease | None = None
 
 
 class AttemptItemResult(BaseModel):
@@ -336,11 +369,21 @@ class AttemptItemResult(BaseModel):
 
 
 class AttemptBatchResponse(BaseModel):
-    """The answer (200) to a batched attempt call: one :class:`AttemptItemResult` per item, in order."""
+    """The answer (200) to a batched attempt call: one :class:`AttemptItemResult` per item, in order.
+
+    Attributes:
+        items: the item results.
+        grants: when the batch carried a lease request (:class:`BatchLease`), its grants (empty
+            when nothing was due); absent otherwise.
+        lease_error: when that lease request failed after the reports were committed, why (the
+            problem a lease call would have answered, e.g. 404 ``queue_not_found``); else absent.
+    """
 
     model_config = ConfigDict(extra="ignore", frozen=True)
 
     items: list[AttemptItemResult]
+    grants: list[LeaseGrant] = Field(default_factory=list)
+    lease_error: Problem | None = None
 
 
 class Attempt(_Wire):

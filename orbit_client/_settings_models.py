@@ -19,6 +19,10 @@ class ServerInfo(BaseModel):
             settling it by its key.
         max_batch_items: most items one ``POST .../tasks/batch`` takes.
         max_body_bytes: largest request body accepted, in bytes.
+        lease_and_start: whether a lease request may ask for its grants already ``RUNNING``
+            (``LeaseRequest.start``, README "Workers"); ``False`` from a server that predates it.
+        report_and_lease: whether a ``complete``/``fail`` batch may carry a lease request
+            (``CompleteBatch.lease``); ``False`` from a server that predates it.
     """
 
     model_config = ConfigDict(extra="ignore", frozen=True)
@@ -26,3 +30,5 @@ class ServerInfo(BaseModel):
     submission_key_ttl_seconds: int = Field(ge=1)
     max_batch_items: int = Field(ge=1)
     max_body_bytes: int = Field(ge=1)
+    lease_and_start: bool = False
+    report_and_lease: bool = False

@@ -1,12 +1,19 @@
-"""The thread worker: :class:`Worker` runs sync handlers in a thread pool, with a heartbeat thread.
+"""The thread worker: :class:`Worker`, pipelined (DESIGN §4 "Pipelined worker"; :mod:`._pipeline`).
 
-Its rules are shared with :class:`AsyncWorker` in :mod:`._worker`; this module holds its threads,
-locks and waits.
+Threads: the caller's (``run()``) keeps the next lease request outstanding; ``concurrency`` slot
+threads each take the next grant in hand, confirm its start when the server did not grant it
+``RUNNING``, run its handler, and hand the outcome to a reporter thread before taking the next
+grant, so a slot never waits for a report; the reporter threads coalesce the reports
+(:class:`~orbit_client._reports.Reports`), and a ``complete``/``fail`` batch carries the next
+lease request when one is wanted and none is outstanding (report-and-lease); one heartbeat thread
+renews the running attempts (and those whose report is on its way), and the grants waiting past
+a quarter of their lease. Its rules are shared with :class:`AsyncWorker` in :mod:`._worker`.
 """
 
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import inspect
 import signal
 import threading
@@ -17,14 +24,16 @@ from types import FrameType
 from typing import Any
 
 from orbit_client import _tracing
-from orbit_client._attempt_models import AttemptState, LeaseGrant
+from orbit_client._attempt_models import AttemptState, BatchLease, LeaseGrant
 from orbit_client._client import OrbitClient
-from orbit_client._exceptions import OrbitError, OrbitUsageError
+from orbit_client._exceptions import LeaseLostError, NotFoundError, OrbitError, OrbitUsageError
+from orbit_client._pipeline import START_WITHIN, Held, Pipeline
 from orbit_client._reports import Reports
 from orbit_client._worker import (
     _DOC_ARGS,
     DEFAULT_THREAD_REPORT_LINGER,
     TaskContext,
+    _Active,
     _Config,
     _WorkerCore,
     logger,
@@ -36,18 +45,26 @@ __all__ = ["Worker"]
 class Worker(_WorkerCore):
     """Run handlers for a queue's tasks in a thread pool, until :meth:`stop` (or SIGTERM).
 
-    Each task: lease → ``start`` → ``handler(ctx)`` in a pool thread, with heartbeats every
-    third of the lease from a separate thread → ``complete`` with the returned JSON value, or
+    Each task: ``handler(ctx)`` in one of ``concurrency`` slot threads, with heartbeats every third
+    of the lease from a separate thread, then ``complete`` with the returned JSON value, or
     ``fail`` when the handler raised (``retryable`` per :class:`RetryableError`; type
     ``"cancelled"`` per :class:`TaskCancelled`). Reports are retried by the client: the server
     answers a repeated report with the same body alike.
 
-    One lease call asks for as many tasks as there are free slots. The ``start``, ``complete``
-    and ``fail`` reports made within ``report_linger`` of each other travel as one batched call
-    per kind, and the heartbeats due together as one (README "Workers", "Batched attempt calls"); each
-    report still gets its own outcome, so a ``lease_lost`` reaches its own task only. The start
-    is always confirmed by its own report after the lease: a lease whose answer is lost leaves
-    its tasks ``LEASED`` until their leases lapse, never ``RUNNING``.
+    Pipelined (README "Workers"): the next lease request is outstanding while handlers run, so a
+    slot freed by a handler takes the next grant in hand at once; the worker holds at most as many
+    grants as it can start within a quarter of their lease (a waiting grant past that is
+    heartbeated, never left to expire, and one whose lease may have lapsed is never started).
+    Against a server that offers them (``GET /v1/settings``), grants come back already ``RUNNING``
+    (*lease-and-start*: confirmed by the attempt's first heartbeat or report; an answer lost on
+    the way is safe, its attempts lapse as never started), and a ``complete``/``fail`` batch
+    carries the lease request for the slots it frees (*report-and-lease*). Otherwise each start is
+    confirmed by its own (batched) report after the lease, as before.
+
+    The ``start``, ``complete`` and ``fail`` reports made within ``report_linger`` of each other
+    travel as one batched call per kind, split below the server's body limit, and the heartbeats
+    due together as one; each report still gets its own outcome, so a ``lease_lost`` reaches its
+    own task only.
     """
 
     __doc__ = (__doc__ or "") + _DOC_ARGS
@@ -69,41 +86,39 @@ class Worker(_WorkerCore):
         report_linger: float | None = DEFAULT_THREAD_REPORT_LINGER,
         metrics_port: int | None = None,
         metrics_host: str = "127.0.0.1",
+        prefetch: int | None = None,
+        lease_and_start: bool = True,
     ) -> None:
         for name, fn in handlers.items():
             if inspect.iscoroutinefunction(fn):
                 raise OrbitUsageError(f"handler {name!r} is a coroutine function; use AsyncWorker for it")
         config = _Config(
-            namespace,
-            queue,
-            handlers,
-            concurrency=concurrency,
-            lease_seconds=lease_seconds,
-            poll_wait_seconds=poll_wait_seconds,
-            shutdown_timeout=shutdown_timeout,
-            worker_id=worker_id,
-            error_backoff_cap=error_backoff_cap,
-            report_linger=report_linger,
-            metrics_port=metrics_port,
-            metrics_host=metrics_host,
-        )
+            namespace, queue, handlers, concurrency=concurrency, lease_seconds=lease_seconds,
+            poll_wait_seconds=poll_wait_seconds, shutdown_timeout=shutdown_timeout, worker_id=worker_id,
+            error_backoff_cap=error_backoff_cap, report_linger=report_linger, metrics_port=metrics_port,
+            metrics_host=metrics_host, prefetch=prefetch, lease_and_start=lease_and_start,
+        )  # fmt: skip
         super().__init__(config, install_signal_handlers=install_signal_handlers)
         self._client = client
         self._stopping = threading.Event()
         self._lock = threading.Condition()
-        #: Tasks leased and not yet done (their reports included); ``_running``: handler slots taken.
-        self._in_flight = 0
-        self._running = 0
-        self._reports = Reports(
-            client,
-            namespace,
-            linger=report_linger,
-            in_flight=lambda: self._in_flight,
-            starting=lambda: self._starting,
-        )
+        self._pipe = Pipeline(config.concurrency, config.lease_seconds, config.prefetch_cap)
+        #: Set by :meth:`run` from the server's settings: grants come back RUNNING / reports carry leases.
+        self._start_on_lease = False
+        self._riding = False
+        #: Running mean of report batches' round trips, in seconds (``None``: none answered yet).
+        self._report_rtt: float | None = None
+        self._reports = self._new_reports(body_limit=None)
+
+    def _new_reports(self, body_limit: int | None) -> Reports:
+        return Reports(
+            self._client, self._config.namespace, linger=self._config.report_linger,
+            in_flight=lambda: self._pipe.running + self._pipe.reporting, starting=self._may_start,
+            rider=self if self._riding else None, body_limit=body_limit, busy=self._pipe.may_report,
+        )  # fmt: skip
 
     def stop(self) -> None:
-        """Ask :meth:`run` to stop: no new leases; running handlers finish (thread-safe, idempotent)."""
+        """Ask :meth:`run` to stop: no new leases; running handlers and grants in hand finish (thread-safe, idempotent)."""
         if not self._stopping.is_set():
             logger.info("worker %s stopping", self._config.worker_id)
         self._stopping.set()
@@ -121,23 +136,34 @@ class Worker(_WorkerCore):
         config = self._config
         self._stopping.clear()
         beat_stop = threading.Event()
-        beater = threading.Thread(
-            target=self._heartbeat_loop, args=(beat_stop,), name="orbit-heartbeat", daemon=True
+        beater = threading.Thread(target=self._heartbeat_loop, args=(beat_stop,), name="orbit-heartbeat",
+                                  daemon=True)  # fmt: skip
+        # One reporter thread per grant the worker may hold: a report never waits for a thread.
+        reporters = ThreadPoolExecutor(
+            max_workers=config.concurrency + config.prefetch_cap + 1, thread_name_prefix="orbit-report"
         )
-        beater.start()
-        # A task frees its slot when its handler returns, before its report is answered, so the next
-        # task can be leased meanwhile: up to twice as many threads as slots, half of them reporting.
-        pool = ThreadPoolExecutor(max_workers=2 * config.concurrency, thread_name_prefix="orbit-handler")
+        slots = [
+            threading.Thread(target=self._slot, args=(reporters,), name=f"orbit-handler-{n}", daemon=True)
+            for n in range(config.concurrency)
+        ]
         logger.info("worker %s serving %s/%s", config.worker_id, config.namespace, config.queue)
         try:
             self._metrics_bound = config.serve_metrics()
             with self._signals():
-                self._lease_loop(pool)
+                if self._learn_server():
+                    beater.start()
+                    for slot in slots:
+                        slot.start()
+                    self._lease_loop()
         finally:
-            pool.shutdown(wait=False)
-            self._drain()
+            self._stopping.set()
+            with self._lock:
+                self._lock.notify_all()
+            self._drain(slots)
+            reporters.shutdown(wait=False)
             beat_stop.set()
-            beater.join(timeout=5)
+            if beater.is_alive():
+                beater.join(timeout=5)
             self._release_metrics()
             logger.info("worker %s stopped", config.worker_id)
 
@@ -160,112 +186,252 @@ class Worker(_WorkerCore):
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
 
-    def _lease_loop(self, pool: ThreadPoolExecutor) -> None:
+    def _learn_server(self) -> bool:
+        """Read what the server offers (``GET /v1/settings``), retrying like a lease; ``False`` if stopped."""
+        failures = 0
+        while not self._stopping.is_set():
+            try:
+                features = self._client.get_settings()
+            except NotFoundError:
+                features = None  # a server without /v1/settings: none of the newer calls either
+            except OrbitError as exc:
+                if not exc.retryable:
+                    raise
+                failures += 1
+                delay = self._config.backoff(failures)
+                logger.warning("could not read the server's settings (%s); retrying in %.2f s", exc, delay)
+                self._stopping.wait(delay)
+                continue
+            config = self._config
+            self._start_on_lease = bool(features and features.lease_and_start and config.lease_and_start)
+            self._riding = bool(features and features.report_and_lease and config.report_linger is not None)
+            self._reports = self._new_reports(features.max_body_bytes if features else None)
+            return True
+        return False
+
+    # report-and-lease: the LeaseRider protocol of orbit_client._reports
+
+    def ask(self, reports: int) -> BatchLease | None:
+        """A lease request for a ``complete``/``fail`` batch of ``reports`` to carry, or ``None``."""
+        config, pipe = self._config, self._pipe
+        with self._lock:
+            if pipe.asking or self._stopping.is_set() or not self._quick_reports():
+                return None
+            want = pipe.want(freeing=reports)
+            if want <= 0:
+                return None
+            pipe.asking, pipe.asked = True, want
+        return BatchLease(queue=config.queue, worker_id=config.worker_id, max_tasks=want,
+                          lease_seconds=config.lease_seconds, start=self._start_on_lease)  # fmt: skip
+
+    def _first_beat(self, held: Held) -> float:
+        """When a starting grant's first heartbeat is due: a third of its lease after the lease
+        began as this worker sees it (the request's send time), not after the handler's start:
+        a lease-and-start grant had no start call to renew it."""
         config = self._config
+        return min(time.monotonic() + config.heartbeat_interval, held.expires - 2 * config.heartbeat_interval)
+
+    def timed(self, seconds: float) -> None:
+        """A report batch took ``seconds`` (the running mean decides whether reports carry leases)."""
+        self._report_rtt = seconds if self._report_rtt is None else 0.7 * self._report_rtt + 0.3 * seconds
+
+    def _quick_reports(self) -> bool:
+        """Whether report answers come back fast enough to carry grants: within a quarter lease
+        (a grant travelling back longer would be a grant waiting longer; module docstring of
+        :mod:`orbit_client._pipeline`). Unknown until one report batch was answered: no ride."""
+        rtt = self._report_rtt
+        return rtt is not None and rtt <= START_WITHIN * self._config.lease_seconds
+
+    def got(self, ask: BatchLease, sent_at: float, grants: list[LeaseGrant] | None, error: object) -> None:
+        """The grants of a riding lease request (``None``: none, ``error`` says why)."""
+        if error is not None and not isinstance(error, OrbitError | BaseException):
+            logger.warning("the lease carried by a report batch was refused: %s", error)
+        self._took(grants or [], sent_at)
+
+    def _took(self, grants: list[LeaseGrant], sent_at: float) -> None:
+        config = self._config
+        if self._metrics is not None and grants:
+            self._metrics.leased(len(grants))
+        with self._lock:
+            self._pipe.asking, self._pipe.asked = False, 0
+            self._pipe.hold(grants, sent_at)
+            self._starting += sum(
+                grant.task.status != "RUNNING" and grant.task.handler in config.handlers for grant in grants
+            )
+            self._lock.notify_all()
+
+    def _lease_loop(self) -> None:
+        config, pipe = self._config, self._pipe
         failures = 0
         while not self._stopping.is_set():
             with self._lock:
-                while self._running >= config.concurrency and not self._stopping.is_set():
+                # Reports on their way carry the next lease request (report-and-lease): wait for them.
+                while not self._stopping.is_set() and (
+                    pipe.asking
+                    or pipe.want() <= 0
+                    or (self._riding and self._quick_reports() and pipe.reporting > 0)
+                ):
                     self._lock.wait()
-                # Handlers that finish together free their slots one after the other: lease them together.
-                linger = config.report_linger or 0.0
-                until = time.monotonic() + linger
-                while 0 < self._running < config.concurrency and not self._stopping.is_set():
-                    left = until - time.monotonic()
-                    if left <= 0 or not self._lock.wait(left):
-                        break
-                free = config.concurrency - self._running
-            if self._stopping.is_set():
-                return
+                if self._stopping.is_set():
+                    return
+                want = pipe.want()
+                pipe.asking, pipe.asked = True, want
+            sent_at = time.monotonic()
             try:
                 grants = self._client.lease_tasks(
-                    config.namespace, config.queue, **self._lease_arguments(free)
-                )
+                    config.namespace, config.queue, worker_id=config.worker_id, max_tasks=want,
+                    lease_seconds=config.lease_seconds, wait_seconds=config.poll_wait_seconds,
+                    **({"start": True} if self._start_on_lease else {}),
+                )  # fmt: skip
             except OrbitError as exc:
+                self._took([], sent_at)
                 failures += 1
                 self._stopping.wait(self._lease_failed(exc, failures))
                 continue
             failures = 0
-            starting = self._leased(grants)
-            with self._lock:  # all at once: a report waits for the others of its batch (Reports)
-                self._in_flight += len(grants)
-                self._running += len(grants)
-                self._starting += starting
-            for grant in grants:
-                pool.submit(self._execute, grant)
+            self._took(grants, sent_at)
 
-    def _drain(self) -> None:
+    def _drain(self, slots: list[threading.Thread]) -> None:
         timeout = self._config.shutdown_timeout
         deadline = None if timeout is None else time.monotonic() + timeout
+        pipe = self._pipe
         with self._lock:
-            while self._in_flight:
+            while pipe.held or pipe.asking:
                 remaining = None if deadline is None else deadline - time.monotonic()
                 if remaining is not None and remaining <= 0:
                     logger.warning(
-                        "shutdown_timeout passed with %d handlers still running; their leases will lapse",
-                        self._in_flight,
+                        "shutdown_timeout passed with %d tasks still held; their leases will lapse", pipe.held
                     )
                     return
-                self._lock.wait(remaining)
+                if not any(slot.is_alive() for slot in slots) and not pipe.running and pipe.waiting:
+                    pipe.waiting.clear()  # never started (the slots did not start): they lapse unstarted
+                    continue
+                self._lock.wait(remaining if remaining is not None else 0.5)
 
-    def _execute(self, grant: LeaseGrant) -> None:
-        held = True
-
-        def free_slot() -> None:
-            nonlocal held
-            if held:
-                held = False
+    def _slot(self, reporters: ThreadPoolExecutor) -> None:
+        pipe = self._pipe
+        while True:
+            with self._lock:
+                while not pipe.waiting and not (self._stopping.is_set() and not pipe.asking):
+                    self._lock.wait()
+                held, lapsed = pipe.next()
+                if held is not None:
+                    pipe.running += 1
+                for gone in lapsed:
+                    self._starting -= not gone.started and gone.grant.task.handler in self._config.handlers
+                self._lock.notify_all()
+            for gone in lapsed:
+                logger.warning(
+                    "task %s attempt %d waited past its lease for a slot; not started (it lapses unstarted)",
+                    gone.grant.task.id, gone.grant.attempt.generation,
+                )  # fmt: skip
+            if held is None:
+                if lapsed:
+                    continue
+                return
+            try:
+                self._execute(held, reporters)
+            finally:
                 with self._lock:
-                    self._running -= 1
-                    self._lock.notify_all()
+                    self._free(held)
 
+    def _execute(self, held: Held, reporters: ThreadPoolExecutor) -> None:
+        grant = held.grant
         try:
             if _tracing.AVAILABLE:
                 with _tracing.use_span(_tracing.run_span(grant, self._config.worker_id)):
-                    self._run_one(grant, free_slot)
+                    self._run_one(held, reporters)
             else:
-                self._run_one(grant, free_slot)
-        except Exception:  # never let one task kill the pool thread silently
+                self._run_one(held, reporters)
+        except Exception:  # never let one task kill the slot thread silently
             logger.exception("unexpected error while running task %s", grant.task.id)
-        finally:
-            free_slot()
             with self._lock:
                 self._active.pop(grant.attempt.id, None)
-                self._in_flight -= 1
-                self._lock.notify_all()
 
-    def _run_one(self, grant: LeaseGrant, free_slot: Callable[[], None]) -> None:
+    def _hand_off(self, reporters: ThreadPoolExecutor, grant: LeaseGrant, send: Callable[[], None]) -> None:
+        """Count the report as on its way and send it from a reporter thread (the slot moves on)."""
+        with self._lock:
+            self._pipe.reporting += 1
+            self._pipe.handing += 1
+
+        def report() -> None:
+            with self._lock:
+                self._pipe.handing -= 1  # joins its batch now (Pipeline.may_report)
+            try:
+                send()
+            except Exception:
+                logger.exception("unexpected error while reporting task %s", grant.task.id)
+            finally:
+                with self._lock:
+                    self._active.pop(grant.attempt.id, None)
+                    self._pipe.reporting -= 1
+                    self._lock.notify_all()
+
+        # In this slot thread's context: the report's trace span is a child of the task's run span.
+        reporters.submit(contextvars.copy_context().run, report)
+
+    def _run_one(self, held: Held, reporters: ThreadPoolExecutor) -> None:
         config, reports = self._config, self._reports
+        grant = held.grant
         task, attempt = grant.task, grant.attempt
         handler = config.handlers.get(task.handler)
         if handler is None:
             error = self._unknown_handler_error(grant)
-            free_slot()
-            self._report(grant, lambda: reports.fail(attempt, error))
+            self._hand_off(
+                reporters, grant, lambda: self._report(grant, lambda: reports.fail(attempt, error))
+            )
             return
-        try:
-            reports.start(attempt)
-        except OrbitError as exc:
-            logger.warning("could not start task %s attempt %d: %s", task.id, attempt.generation, exc)
-            return
-        finally:
+        if not held.started:
             with self._lock:
-                self._starting -= 1
-        active = self._running_attempt(grant)
+                self._in_start += 1
+            try:
+                reports.start(attempt)
+            except OrbitError as exc:
+                logger.warning("could not start task %s attempt %d: %s", task.id, attempt.generation, exc)
+                return
+            finally:
+                with self._lock:
+                    self._starting -= 1
+                    self._in_start -= 1
+        ctx = config.context(grant)
         with self._lock:
-            self._active[attempt.id] = active
+            self._active[attempt.id] = _Active(grant, ctx, self._first_beat(held))
         logger.debug("running task %s (%s) attempt %d", task.id, task.handler, attempt.generation)
         began = time.monotonic()
         try:
-            result = handler(active.ctx)
+            result = handler(ctx)
         except Exception as exc:
-            self._handler_ran(task.handler, began)
-            free_slot()
+            self._ran(held, began)
             error = self._handler_failed(grant, exc)
-            self._report(grant, lambda: reports.fail(attempt, error))
+            self._hand_off(
+                reporters, grant, lambda: self._report(grant, lambda: reports.fail(attempt, error))
+            )
             return
-        self._handler_ran(task.handler, began)
-        free_slot()
+        self._ran(held, began)
+        self._hand_off(reporters, grant, lambda: self._complete(grant, result))
+
+    def _ran(self, held: Held, began: float) -> None:
+        """The handler returned: its slot is free; its heartbeats go on until its report is answered,
+        and a lease_lost they meet from now on is no loss (:class:`_Active`)."""
+        seconds = time.monotonic() - began
+        with self._lock:
+            active = self._active.get(held.grant.attempt.id)
+            if active is not None:
+                active.done = True
+            self._free(held)
+            self._pipe.observe(seconds)
+        if self._metrics is not None:
+            self._metrics.handler_ran(held.grant.task.handler, seconds)
+
+    def _free(self, held: Held) -> None:
+        """Give ``held``'s slot back (once; under the lock)."""
+        if not held.freed:
+            held.freed = True
+            self._pipe.running -= 1
+            self._lock.notify_all()
+
+    def _complete(self, grant: LeaseGrant, result: Any) -> None:
+        reports, attempt = self._reports, grant.attempt
         try:
             self._report(grant, lambda: reports.complete(attempt, result))
         except OrbitUsageError as exc:  # the result is not JSON
@@ -292,13 +458,28 @@ class Worker(_WorkerCore):
                 return
 
     def _heartbeat_loop(self, stop: threading.Event) -> None:
+        config = self._config
         while not stop.wait(self._heartbeat_tick):
+            now = time.monotonic()
             with self._lock:
-                due = self._due_heartbeats()
-            if not due:
+                due = [a for a in self._active.values() if a.next_beat <= now]
+                overdue = self._pipe.overdue(now)
+            if not due and not overdue:
                 continue
-            outcomes = self._reports.heartbeats([active.grant.attempt for active in due])
-            for active, outcome in zip(due, outcomes, strict=True):
+            sent_at = time.monotonic()
+            outcomes = self._reports.heartbeats(
+                [active.grant.attempt for active in due] + [held.grant.attempt for held in overdue]
+            )
+            for held, outcome in zip(overdue, outcomes[len(due) :], strict=True):
+                with self._lock:
+                    if isinstance(outcome, LeaseLostError):
+                        with contextlib.suppress(ValueError):
+                            self._pipe.waiting.remove(held)
+                            self._starting -= not held.started and held.grant.task.handler in config.handlers
+                    elif not isinstance(outcome, OrbitError):
+                        held.renewed(sent_at, config.lease_seconds)
+                        held.started = held.started or outcome.status == "RUNNING"
+            for active, outcome in zip(due, outcomes[: len(due)], strict=True):
                 self._heartbeat_answered(active, outcome, self._forget)
 
     def _forget(self, attempt_id: str) -> bool:

@@ -13,8 +13,9 @@ Results come back the other way through the inbox: :class:`ResultConsumer` appli
 result event of a subscription once, in the transaction that records it in ``orbit_inbox``
 (``orbit-outbox consume --subscription NAME --handler module:function``).
 
-Everything public is re-exported here; the ``_modules`` behind it are private. The
-package never imports ``orbit_server``. Its folder, by idea (imports run one way, no circles):
+Everything public is re-exported here; the ``_modules`` behind it are private. A name is imported
+from its module on first use (PEP 562), so ``import outbox_adapter`` and ``orbit-outbox --help``
+import neither SQLAlchemy nor the client. The package never imports ``orbit_server``. Its folder, by idea (imports run one way, no circles):
 
 - ``cli/``: the ``orbit-outbox`` commands, one module per group (``_run``, ``_rows``,
   ``_repair``) over shared options and output (``_options``, ``_common``); imports the rest.
@@ -26,13 +27,14 @@ package never imports ``orbit_server``. Its folder, by idea (imports run one way
   statement, over ``_tables``, ``_db`` and ``_migrate``.
 """
 
+import importlib as _importlib
+import sys as _sys
 import typing as _typing
 
 #: Top-level modules of the ``outbox`` extra's dependencies (pyproject.toml).
 _OUTBOX_DEPENDENCIES = frozenset({"sqlalchemy", "alembic", "click", "pydantic_settings", "rich"})
-_missing: ModuleNotFoundError | None = None
 
-try:
+if _typing.TYPE_CHECKING:  # what the type checkers see; at run time ``__getattr__`` imports each on first use
     from outbox_adapter._consumer import DEFAULT_MAX_DELIVERIES, ResultConsumer
     from outbox_adapter._db import is_transient_db_error
     from outbox_adapter._enqueue import (
@@ -70,10 +72,6 @@ try:
     from outbox_adapter._relay import DEFAULT_MAX_ATTEMPTS, Relay
     from outbox_adapter._settings import OutboxSettings
     from outbox_adapter._tables import DEFAULT_TABLE_NAME, InboxOutcome, OutboxState, OutboxTables, RowKind
-except ModuleNotFoundError as exc:  # a client-only install: say which extra, on first use
-    if (exc.name or "").split(".")[0] not in _OUTBOX_DEPENDENCIES:
-        raise
-    _missing = exc
 
 __all__ = [
     "DEFAULT_KEY_WINDOW_SECONDS",
@@ -117,47 +115,76 @@ __all__ = [
     "is_transient_db_error",
 ]
 
+#: The private module that defines each public name (the imports above, for the interpreter).
+_HOMES = {
+    name: module
+    for module, names in {
+        "_consumer": ("DEFAULT_MAX_DELIVERIES", "ResultConsumer"),
+        "_db": ("is_transient_db_error",),
+        "_enqueue": ("DEFAULT_MAX_PARAMS_BYTES", "enqueue", "enqueue_async", "enqueue_flow", "enqueue_flow_async"),
+        "_exceptions": (
+            "InvalidStateError", "OutboxDatabaseError", "OutboxError", "OutboxRowError", "OutboxSchemaError",
+            "OutboxUsageError", "ParamsTooLargeError", "RowNotFoundError",
+        ),
+        "_manager": ("DEFAULT_KEY_WINDOW_SECONDS", "Outbox"),
+        "_metrics": ("ConsumerMetrics", "RelayMetrics"),
+        "_migrate": ("head_revision",),
+        "_models": (
+            "ConsumerStats", "DeliveredRow", "InboxRow", "OutboxEntry", "OutboxEvent", "OutboxRow", "OutboxStatus",
+            "ReconcileDecision", "RelayStats",
+        ),
+        "_outcomes": ("Backoff",),
+        "_relay": ("DEFAULT_MAX_ATTEMPTS", "Relay"),
+        "_settings": ("OutboxSettings",),
+        "_tables": ("DEFAULT_TABLE_NAME", "InboxOutcome", "OutboxState", "OutboxTables", "RowKind"),
+    }.items()
+    for name in names
+}  # fmt: skip
 
-if not _typing.TYPE_CHECKING:  # for type checkers the module has exactly the names above
+#: Errors and classes show as ``outbox_adapter.X`` in tracebacks and reprs, as in httpx.
+_SHOWN_AS_PACKAGE = (
+    "Backoff", "ConsumerStats", "DeliveredRow", "InboxOutcome", "InboxRow", "InvalidStateError", "Outbox",
+    "OutboxDatabaseError", "OutboxEntry", "OutboxError", "OutboxEvent", "OutboxRow", "OutboxRowError",
+    "OutboxSchemaError", "OutboxState", "OutboxStatus", "OutboxTables", "OutboxUsageError", "ParamsTooLargeError",
+    "ReconcileDecision", "Relay", "RelayStats", "ResultConsumer", "RowKind", "RowNotFoundError",
+)  # fmt: skip
 
-    def __getattr__(name: str) -> _typing.Any:
-        if _missing is not None and name in __all__:
-            raise ModuleNotFoundError(
-                f"outbox_adapter needs the outbox extra ({_missing.name!r} is not installed); "
-                "install it with: pip install 'orbit-tasks[outbox]' (add ',mysql' for MariaDB/MySQL)",
-                name=_missing.name,
-            ) from _missing
+
+def _load(name: str) -> _typing.Any:
+    """The public ``name``, imported from its module (and kept here: the next lookup is a plain one).
+
+    Raises:
+        AttributeError: not a public name.
+        ModuleNotFoundError: an outbox dependency is missing (a client-only install); the message says which
+            extra to install.
+    """
+    home = _HOMES.get(name)
+    if home is None:
         raise AttributeError(f"module 'outbox_adapter' has no attribute {name!r}")
+    try:
+        module = _importlib.import_module(f"outbox_adapter.{home}")
+    except ModuleNotFoundError as exc:  # a client-only install: say which extra
+        if (exc.name or "").split(".")[0] not in _OUTBOX_DEPENDENCIES:
+            raise
+        raise ModuleNotFoundError(
+            f"outbox_adapter needs the outbox extra ({exc.name!r} is not installed); "
+            "install it with: pip install 'orbit-tasks[outbox]' (add ',mysql' for MariaDB/MySQL)",
+            name=exc.name,
+        ) from exc
+    # Every public class of the modules loaded so far (this one and what it imported) shows the package.
+    for public in _SHOWN_AS_PACKAGE:
+        defined_in = _sys.modules.get(f"outbox_adapter.{_HOMES[public]}")
+        cls = getattr(defined_in, public, None)
+        if cls is not None:
+            cls.__module__ = "outbox_adapter"
+    value = getattr(module, name)
+    globals()[name] = value
+    return value
 
 
-if _missing is None:
-    # Errors and classes show as ``outbox_adapter.X`` in tracebacks and reprs, as in httpx.
-    for _public in (
-        Backoff,
-        ConsumerStats,
-        DeliveredRow,
-        InboxOutcome,
-        InboxRow,
-        InvalidStateError,
-        Outbox,
-        OutboxDatabaseError,
-        OutboxEntry,
-        OutboxError,
-        OutboxEvent,
-        OutboxRow,
-        OutboxRowError,
-        OutboxSchemaError,
-        OutboxState,
-        OutboxStatus,
-        OutboxTables,
-        OutboxUsageError,
-        ParamsTooLargeError,
-        ReconcileDecision,
-        Relay,
-        RelayStats,
-        ResultConsumer,
-        RowKind,
-        RowNotFoundError,
-    ):
-        _public.__module__ = "outbox_adapter"
-    del _public
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})
+
+
+if not _typing.TYPE_CHECKING:  # for type checkers the module has exactly the names above, no ``__getattr__``
+    __getattr__ = _load

@@ -14,6 +14,8 @@ def main() -> None:
     """Run ``orbit-outbox``; exit 2 with the install command when an outbox dependency is missing."""
     try:
         from outbox_adapter.cli import main as cli_main
+
+        cli_main()  # a command imports what it needs (SQLAlchemy, rich, ...) when it runs
     except ModuleNotFoundError as exc:
         missing = (exc.name or "").split(".")[0]
         if missing not in _OUTBOX_DEPENDENCIES:
@@ -24,4 +26,3 @@ def main() -> None:
             "',postgres' for PostgreSQL)\n"
         )
         sys.exit(2)
-    cli_main()

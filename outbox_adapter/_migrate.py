@@ -7,6 +7,7 @@ history and the server's without touching them.
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
 
 import sqlalchemy as sa
@@ -64,11 +65,33 @@ def upgrade(engine: Engine, *, tables: OutboxTables | None = None, revision: str
     cfg = _config(tables)
     try:
         with engine.begin() as conn:
+            galera = _wait_for_the_cluster(conn)
             cfg.attributes["connection"] = conn
-            command.upgrade(cfg, revision)
+            try:
+                command.upgrade(cfg, revision)
+            finally:
+                if galera:  # the pooled connection must not keep waiting on every read
+                    with contextlib.suppress(sa.exc.DBAPIError):
+                        conn.exec_driver_sql("SET SESSION wsrep_sync_wait = 0")
         return current_revision(engine, tables=tables)
     except sa.exc.SQLAlchemyError as exc:
         raise translate_db_error(exc, "migrate the outbox tables") from exc
+
+
+def _wait_for_the_cluster(conn: sa.Connection) -> bool:
+    """On a MariaDB Galera node, make the migration's reads wait until the node has applied what the
+    cluster committed before them (``wsrep_sync_wait``): a node a moment behind another that just
+    migrated would find no table and create it again (1050). Whether it is one."""
+    if conn.dialect.name != "mysql":
+        return False
+    try:
+        on = conn.exec_driver_sql("SELECT @@wsrep_on").scalar()
+    except sa.exc.DBAPIError:  # MySQL: no such variable (1193); the transaction goes on
+        return False
+    if str(on).upper() not in ("1", "ON"):
+        return False
+    conn.exec_driver_sql("SET SESSION wsrep_sync_wait = 15")
+    return True
 
 
 def head_revision() -> str | None:

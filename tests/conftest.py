@@ -161,3 +161,34 @@ def make_database(
     yield make
     for gen in cleanups:
         next(gen, None)
+
+
+#: Acceptance modules that run many processes against deadlines (chaos, demos, crash loops, load): under
+#: ``make test`` they run one after another on one xdist worker, so that two of them never share the cores
+#: (each was seen to miss its deadline beside another at load 7).
+_HEAVY = frozenset(
+    f"acceptance/{name}.py"
+    for name in (
+        "test_chaos", "test_claims_without_locks", "test_flow_cli", "test_flow_crashes", "test_flow_load",
+        "test_order_service_demo", "test_readme_walkthrough", "test_worker_processes",
+    )
+)  # fmt: skip
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Under ``pytest -n N --dist loadgroup`` (``make test``), each test module runs whole on one
+    worker (its module-scoped servers and databases are made once), every cluster test on the
+    same one (they share the session's Galera cluster: one cluster, not one per worker), and the
+    heavy acceptance modules (:data:`_HEAVY`) one after another. Without xdist the mark is inert."""
+    root = Path(__file__).parent
+    for item in items:
+        path = Path(str(item.fspath))
+        module = path.relative_to(root).as_posix()
+        if root / "cluster" in path.parents:
+            group = "galera"
+        elif module in _HEAVY:
+            group = "heavy"
+        else:
+            group = module
+        item.add_marker(pytest.mark.xdist_group(group))

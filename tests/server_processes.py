@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -13,15 +12,10 @@ from pathlib import Path
 import httpx
 from sqlalchemy.engine import URL
 
+from bench.chaos.mariadb import free_port
 from orbit_server.db import migrate as _migrate
 from orbit_server.db.engine import create_engine
 from orbit_server.tasks import store
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def prepare(url: URL, namespace: str, queues: tuple[str, ...]) -> dict[str, str]:

@@ -9,6 +9,7 @@ import argparse
 import json
 import os
 import random
+import re
 import shutil
 import signal
 import subprocess
@@ -41,7 +42,7 @@ from .galera import NODE_FAULTS, ClusterDatabases, cluster_schedule
 from .mariadb import MariaDB, free_port
 from .procs import Service
 
-__all__ = ["main"]
+__all__ = ["Options", "evidence", "main", "run"]
 
 NAMESPACE, QUEUE, SUBSCRIPTION = "shop", "fulfilment", "order-results"
 console = Console(stderr=True)
@@ -63,6 +64,10 @@ STALL_SECONDS = 300
 #: The faults are paced over this share of the orders; the rest is the traffic that retries of a hooked
 #: fault not reached at first need (faults armed after the last order were never reached).
 FAULT_SHARE = 0.8
+#: This share of the orders is held back while faults are left to inject, and let out a few at a time
+#: whenever a hooked fault was not reached: a fast run cannot finish every order before a hooked
+#: fault's point (a charge, a send, a commit) came round again.
+RESERVE_SHARE = 0.15
 
 
 def schedule(rng: random.Random, faults: int, crashes_per_db: int) -> list[str]:
@@ -91,6 +96,8 @@ class Options:
     root: Path
     #: ``"galera"``: both databases on one 3-node Galera cluster (:mod:`bench.chaos.galera`).
     cluster: str | None = None
+    #: With ``cluster``: the node fault kinds to draw from (empty: all of ``NODE_FAULTS``).
+    node_kinds: tuple[str, ...] = ()
 
 
 @dataclass
@@ -109,6 +116,8 @@ class Stats:
     faults_done: int = 0
     placement_done: bool = False
     last_fault_at: float = 0.0
+    #: Orders that may be placed so far (all of them once the faults are done; see RESERVE_SHARE).
+    released: int = 0
 
 
 class Placer:
@@ -126,6 +135,9 @@ class Placer:
         self.placed = Placed()
         self._lock = threading.Lock()
         self._local = threading.local()
+        #: Every placing thread's client, closed when placement ends (not left to the garbage
+        #: collector, whose ResourceWarning would surface in whatever test runs next).
+        self._clients: list[httpx.Client] = []
         #: Set when the run is abandoned: every placing thread stops at once.
         self.abandoned = threading.Event()
         self.unanswered: list[str] = []
@@ -162,6 +174,8 @@ class Placer:
         http = getattr(self._local, "http", None)
         if http is None:  # one client per placing thread (building one costs an SSL context)
             http = self._local.http = httpx.Client(base_url=self.api_url, timeout=10)
+            with self._lock:
+                self._clients.append(http)
         began = time.monotonic()
         response = self._post(http, key, body)
         self.latencies.append(time.monotonic() - began)
@@ -192,8 +206,14 @@ class Placer:
 
     def run(self) -> None:
         began = time.monotonic()
-        with ThreadPoolExecutor(max_workers=8) as pool:
-            list(pool.map(self.place, range(self.opts.orders)))
+        try:
+            with ThreadPoolExecutor(max_workers=8) as pool:
+                list(pool.map(self.place, range(self.opts.orders)))
+        finally:
+            with self._lock:
+                clients, self._clients = self._clients, []
+            for client in clients:
+                client.close()
         self.stats.placement_done = True
         self.seconds = time.monotonic() - began
         console.log(f"{self.opts.orders} orders placed in {self.seconds:.1f} s")
@@ -205,6 +225,9 @@ class Chaos:
         self.opts = opts
         self.rng = random.Random(opts.seed)
         self.stats = Stats()
+        #: Per hooked fault kind, the index of the process that did not reach its point last time:
+        #: the next try arms the next process of that kind (a worker without tasks never charges).
+        self.missed_target: dict[str, int] = {}
         self.logs = opts.root / "logs"
         self.arms = opts.root / "arms"
         self.logs.mkdir(parents=True)
@@ -287,7 +310,7 @@ class Chaos:
             self.services.append(Service(
                 f"server-{i}", "server",
                 [py, "-m", "orbit_server", "--log-level", "warning", "serve", "--database-url",
-                 self.orbit_db_url_for(i), "--port", str(port)],
+                 self.orbit_db_url_for(i), "--port", str(port), "--wait-for-database", "300"],
                 {"ORBIT_SWEEP_INTERVAL_SECONDS": "0.5", "ORBIT_SERVER_FAULT": f"pause-before-commit@{arm}", **locks},
                 self.logs, marker="paused-before-commit", arm_file=arm,
             ))  # fmt: skip
@@ -357,13 +380,17 @@ class Chaos:
 
     def hooked(self, kind: str) -> bool:
         process_kind, _ = HOOKED[kind]
-        target = self.rng.choice(self.of_kind(process_kind))
+        targets = self.of_kind(process_kind)
+        missed = self.missed_target.pop(kind, None)
+        index = self.rng.randrange(len(targets)) if missed is None else (missed + 1) % len(targets)
+        target = targets[index]
         assert target.arm_file is not None
         target.paused.clear()
         target.arm_file.touch()
         if not target.paused.wait(10):
             try:
                 target.arm_file.unlink()
+                self.missed_target[kind] = index
                 return False  # nothing reached the point in time (e.g. no traffic of that kind yet)
             except FileNotFoundError:  # the hook took the arming just now
                 if not target.paused.wait(10):
@@ -428,6 +455,10 @@ class Chaos:
                 self.stats.faults[kind] += 1
             else:
                 self.stats.missed[kind] += 1
+                # New traffic for the next try: a few orders of the reserve.
+                self.stats.released = min(
+                    self.opts.orders, self.stats.released + max(2, self.opts.orders // 30)
+                )
                 in_flight = not self.stats.placement_done or self.stats.terminal < self.opts.orders
                 if in_flight:
                     queue.insert(min(len(queue), n + 3), (kind, slot, tries + 1))
@@ -571,7 +602,7 @@ def run(opts: Options, cluster: GaleraCluster | None = None) -> tuple[dict[str, 
             f"{opts.orders} orders, {opts.faults} faults (seed {opts.seed})"
         )
         if chaos.galera is not None:
-            plan = cluster_schedule(chaos.rng, opts.faults, [*HOOKED, *KILLS])
+            plan = cluster_schedule(chaos.rng, opts.faults, [*HOOKED, *KILLS], list(opts.node_kinds) or None)
         else:
             plan = schedule(chaos.rng, opts.faults, opts.crashes_per_db)
         kinds = KINDS if chaos.galera is None else [*HOOKED, *KILLS, *NODE_FAULTS]
@@ -580,9 +611,10 @@ def run(opts: Options, cluster: GaleraCluster | None = None) -> tuple[dict[str, 
         # Orders in flight at most: a steady load the pipeline keeps up with, so that faults land on
         # every stage all along the run (not on a backlog that drains long after the last fault).
         window = max(50, opts.orders // 50)
+        stats.released = opts.orders - int(RESERVE_SHARE * opts.orders)
 
         def may_place(j: int) -> bool:
-            return j < stats.terminal + window
+            return j < stats.terminal + window and j < stats.released
 
         def may_fault(i: int) -> bool:
             return stats.terminal >= min(opts.orders, (i + 1) * per_fault)
@@ -608,6 +640,7 @@ def run(opts: Options, cluster: GaleraCluster | None = None) -> tuple[dict[str, 
             return may_fault(i)
 
         chaos.run_faults(plan, may_fault_logged)
+        stats.released = opts.orders
         faults_seconds = time.monotonic() - faults_started
         console.log(f"faults done in {faults_seconds:.0f} s; draining")
         drained, drain_seconds = chaos.drain(placer_thread)
@@ -638,6 +671,8 @@ def run(opts: Options, cluster: GaleraCluster | None = None) -> tuple[dict[str, 
             "cluster": opts.cluster,
             "faults": {k: chaos.stats.faults.get(k, 0) for k in kinds},
             "node_faults": sum(chaos.stats.faults.get(k, 0) for k in NODE_FAULTS),
+            "nodes_restarted_after_pause": chaos.galera.restarted_after_pause if chaos.galera else 0,
+            "operator_recoveries": chaos.galera.operator_recoveries if chaos.galera else 0,
             "cluster_counters": counters,
             "cert_failures_per_1000_tasks": round(
                 1000 * counters.get("wsrep_local_cert_failures", 0) / max(1, f["tasks"]), 2
@@ -696,6 +731,28 @@ def run(opts: Options, cluster: GaleraCluster | None = None) -> tuple[dict[str, 
         raise
 
 
+def evidence(root: Path, violations: list[str], *, per_id: int = 12) -> str:
+    """What a failed run's logs say about its violations, for a test's failure message: the fault
+    log, and the log lines that name each id (an order, a task, an event) a violation names, at most
+    ``per_id`` lines per id. The run directory ``root`` may be gone with its temp folder by the time
+    someone reads a CI log: this is what is left of it."""
+    logs = root / "logs"
+    parts = [f"run directory {root}"]
+    faults = logs / "faults.log"
+    if faults.is_file():
+        parts.append("--- faults.log\n" + faults.read_text(errors="replace"))
+    ids = dict.fromkeys(
+        re.findall(
+            r"\b(?:ord_[0-9a-f]{8,}|[0-9a-f]{8}(?:-[0-9a-f]{4}){3}-[0-9a-f]{12})", " ".join(violations)
+        )
+    )
+    texts = {path.name: path.read_text(errors="replace").splitlines() for path in sorted(logs.glob("*.log"))}
+    for found in list(ids)[:6]:
+        lines = [f"{name}: {line}" for name, text in texts.items() for line in text if found in line]
+        parts.append(f"--- {found}: {len(lines)} log lines\n" + "\n".join(lines[:per_id]))
+    return "\n".join(parts)
+
+
 def _percentiles(values: list[float]) -> list[float]:
     if not values:
         return [0.0, 0.0]
@@ -724,6 +781,10 @@ def show(s: dict[str, Any]) -> None:
         )
     if s["cluster"]:
         table.add_row("node faults", str(s["node_faults"]))
+        table.add_row(
+            "paused nodes restarted (group communication closed)", str(s["nodes_restarted_after_pause"])
+        )
+        table.add_row("faults recovered by an operator's procedure", str(s["operator_recoveries"]))
         table.add_row("certification failures / brute-force aborts per 1,000 tasks",
                       f"{s['cert_failures_per_1000_tasks']} / {s['bf_aborts_per_1000_tasks']}")  # fmt: skip
     else:
@@ -795,6 +856,8 @@ def main(argv: list[str] | None = None) -> int:
     opts = Options(args.orders, args.faults, args.seed, crashes if args.faults else 0, args.relays, args.workers,
                    servers, args.no_skip_locked, args.drain_timeout, args.keep, root, args.cluster)  # fmt: skip
     summary, _ = run(opts)
+    if summary["violations"]:
+        console.print(evidence(root, summary["violations"]), markup=False, highlight=False)
     if summary["violations"] or opts.keep:
         console.log(f"logs and datadirs kept under {root}")
     else:

@@ -1,6 +1,6 @@
 """Orbit on one Galera node vs spread over three, on one private 3-node cluster (README "Scaling out").
 
-    python -m bench.cluster.bench [--tasks 600] [--clients 12] [--json]
+    python -m bench.cluster.bench [--tasks 600] [--clients 12] [--rounds 3] [--json]
 
 Two topologies on the same cluster, so that replication costs the same in both and only where the
 writes land differs: **one node** (three ``orbit-server serve`` processes, all on node 0, the
@@ -15,16 +15,22 @@ single-primary way) and **three nodes** (one server per node, multi-primary). Fo
 - the cluster's ``wsrep_local_cert_failures`` and ``wsrep_local_bf_aborts`` over the whole round,
   per 1,000 tasks.
 
-Every figure is printed with its ratio to the one-node round. This machine has two cores shared by
-the three nodes, the servers, the clients and the workers: the ratio says what multi-primary costs
-or saves here, never what more machines would give.
+The two topologies alternate for ``--rounds`` pairs (one node, then three nodes, then again), and
+every figure is printed as each topology's median and the median of the pairs' ratios (three nodes
+/ one node), with each pair's ratio and the load average: on a shared machine a pair run minutes
+apart meets the same load, a single pair does not (two single pairs once gave 0.44 and 2.19 for the
+same figure). This machine has two cores shared by the three nodes, the servers, the clients and
+the workers: the ratio says what multi-primary costs or saves here, never what more machines would
+give.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
+import statistics
 import tempfile
 import threading
 import time
@@ -146,30 +152,48 @@ def main(argv: list[str] | None = None) -> int:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
     parser.add_argument("--tasks", type=int, default=600, help="tasks per measurement (default 600)")
     parser.add_argument("--clients", type=int, default=12, help="client threads for acceptance (default 12)")
+    parser.add_argument(
+        "--rounds", type=int, default=3, help="pairs of rounds, one node then three (default 3)"
+    )
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     args = parser.parse_args(argv)
     root = Path(tempfile.mkdtemp(prefix="orbit-galera-bench-"))
     cluster = GaleraCluster(root, 3)
+    pairs: list[tuple[dict[str, Any], dict[str, Any]]] = []
     try:
         cluster.start()
-        rounds = [
-            topology(cluster, "1 node (3 servers on node 0)", [0, 0, 0], args.tasks, args.clients),
-            topology(cluster, "3 nodes (1 server per node)", [0, 1, 2], args.tasks, args.clients),
-        ]
+        for _ in range(max(1, args.rounds)):
+            one = topology(cluster, "1 node (3 servers on node 0)", [0, 0, 0], args.tasks, args.clients)
+            one["loadavg_1m"] = round(os.getloadavg()[0], 2)
+            three = topology(cluster, "3 nodes (1 server per node)", [0, 1, 2], args.tasks, args.clients)
+            three["loadavg_1m"] = round(os.getloadavg()[0], 2)
+            pairs.append((one, three))
     finally:
         cluster.stop()
         shutil.rmtree(root, ignore_errors=True)
+    measures = [k for k, v in pairs[0][0].items() if isinstance(v, int | float) and k != "loadavg_1m"]
+    summary: dict[str, Any] = {}
+    for key in measures:
+        ratios = [three[key] / one[key] if one[key] else None for one, three in pairs]
+        known = [r for r in ratios if r is not None]
+        summary[key] = {
+            "one_node": statistics.median(one[key] for one, _ in pairs),
+            "three_nodes": statistics.median(three[key] for _, three in pairs),
+            "ratio_median": round(statistics.median(known), 2) if known else None,
+            "ratios": [round(r, 2) if r is not None else None for r in ratios],
+        }
+    loads = [p[i]["loadavg_1m"] for p in pairs for i in (0, 1)]
     if args.json:
-        print(json.dumps(rounds, indent=2))
+        print(json.dumps({"summary": summary, "rounds": pairs, "loadavg_1m": loads}, indent=2))
         return 0
-    base = rounds[0]
-    print(f"{'measure':<34}{base['topology'][:22]:>24}{rounds[1]['topology'][:22]:>24}{'ratio':>8}")
-    for key, value in base.items():
-        if key in ("topology", "server_nodes"):
-            continue
-        other = rounds[1][key]
-        ratio = f"{other / value:.2f}" if isinstance(value, int | float) and value else "-"
-        print(f"{key:<34}{value!s:>24}{other!s:>24}{ratio:>8}")
+    print(
+        f"{args.rounds} pairs of rounds, {args.tasks} tasks per measurement; load average {min(loads)}-{max(loads)}"
+    )
+    print(f"{'measure':<34}{'1 node':>10}{'3 nodes':>10}{'ratio':>8}  pairs")
+    for key, row in summary.items():
+        ratio = "-" if row["ratio_median"] is None else f"{row['ratio_median']:.2f}"
+        pairs_text = ", ".join("-" if r is None else f"{r:.2f}" for r in row["ratios"])
+        print(f"{key:<34}{row['one_node']!s:>10}{row['three_nodes']!s:>10}{ratio:>8}  {pairs_text}")
     return 0
 
 

@@ -36,6 +36,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import pymysql
 import sqlalchemy as sa
 
 from bench.chaos.mariadb import free_port
@@ -47,10 +48,17 @@ GALERA_LIBRARY = "/usr/lib/galera/libgalera_smm.so"
 RUN_AS = "mysql"
 #: Seconds without a message after which the others suspect a node (``evs.suspect_timeout``).
 EVS_SUSPECT_SECONDS = 3
-#: Group-communication timeouts, short so that a node SIGSTOPped for a few seconds is suspected,
-#: evicted from the primary component, and merges back after SIGCONT within a test's patience.
-#: (Galera's defaults are 5 s / 15 s / 7.5 s / 1 s; the README "Scaling out" gives production values.)
-EVS = "evs.suspect_timeout=PT3S;evs.inactive_timeout=PT6S;evs.install_timeout=PT4S;evs.keepalive_period=PT0.5S;evs.inactive_check_period=PT0.5S"
+#: Group-communication timeouts. The suspect timeout is short, so that a node SIGSTOPped for a few
+#: seconds is suspected by both others and dropped at once (a node all others suspect is dropped
+#: before ``evs.inactive_timeout``) and a test need not wait long. The inactive and install
+#: timeouts keep Galera's defaults: with an install timeout of 4 s, a view change on a loaded
+#: 2-core machine (load 7, a node joining by IST) once timed out on every node, each declared the
+#: others inactive and no primary component was left. (Defaults: 5 s / 15 s / 7.5 s / 1 s.)
+EVS = "evs.suspect_timeout=PT3S;evs.inactive_timeout=PT15S;evs.install_timeout=PT7.5S;evs.keepalive_period=PT0.5S;evs.inactive_check_period=PT0.5S"
+
+
+#: Seconds with every node answering and none in a primary component after which a wait gives up.
+QUORUM_LOST_SECONDS = 15.0
 
 
 class ClusterError(RuntimeError):
@@ -68,6 +76,8 @@ class GaleraNode:
         self.datadir = self.root / "data"
         self.tmpdir = self.root / "tmp"
         self.port = free_port()
+        #: Whether it was ever synced (its port may have been handed out in URLs since).
+        self.synced_once = False
         #: The loopback address of this node's group communication (in and out).
         self.gcomm_host = f"127.0.0.{11 + index}"
         self.gcomm_port = free_port()
@@ -160,21 +170,63 @@ class GaleraNode:
         """Start the node and wait until it is synced with a primary component (IST or SST on rejoin).
 
         A node SIGKILLed and started again at once is sometimes refused by the others ("A node with
-        the same UUID already exists in the cluster", fatal, before they have evicted its previous
-        incarnation): it is started again, as Galera's message says, up to 3 times."""
-        for tries in range(4):
+        the same UUID already exists in the cluster", fatal): they still hold its previous
+        incarnation at the same address. It is then started again, as Galera's message says, once
+        the others have evicted that incarnation (their primary component no longer counts it:
+        ``evs.inactive_timeout`` and a view change later), up to 5 times. (Retrying after fixed
+        pauses of 1-3 s was refused four times in a row in a 2,000-order chaos run.)"""
+        for tries in range(6):
             mark = self.error_log.stat().st_size if self.error_log.exists() else 0
             self.launch(bootstrap=bootstrap)
             try:
                 self.wait_synced(timeout)
+                self.synced_once = True
                 return
             except ClusterError:
                 with self.error_log.open("rb") as log:
                     log.seek(mark)
-                    refused = b"same UUID already exists" in log.read()
-                if not refused or tries == 3 or self.running:
+                    said = log.read()
+                if (
+                    not self.synced_once
+                    and not self.running
+                    and tries < 5
+                    and b"Address already in use" in said
+                ):
+                    # Its port, free when drawn, was taken since (another test's process): no URL of
+                    # this node was handed out yet, so draw another one.
+                    self.port = free_port()
+                    continue
+                refused = b"same UUID already exists" in said
+                if not refused or tries == 5 or self.running:
                     raise
+                self.wait_forgotten(timeout=60.0)
                 time.sleep(1.0 + tries)
+
+    def wait_forgotten(self, timeout: float = 60.0) -> None:
+        """Wait until every other running node is synced in a primary component that does not count
+        this (stopped) node; return quietly after ``timeout`` (the caller's next start says more).
+
+        Raises:
+            ClusterError: every other node answers and none is in a primary component (quorum
+                lost: no eviction will come; see :meth:`GaleraCluster.bootstrap_primary`).
+        """
+        others = [n for n in self.cluster.nodes if n is not self and n.running]
+        deadline = time.monotonic() + timeout
+        non_primary_since: float | None = None
+        while time.monotonic() < deadline:
+            states = [n.try_status() for n in others]
+            if all(
+                s.get("wsrep_cluster_size") == str(len(others)) and s.get("wsrep_cluster_status") == "Primary"
+                for s in states
+            ):
+                return
+            if states and all(s and s.get("wsrep_cluster_status") != "Primary" for s in states):
+                non_primary_since = non_primary_since or time.monotonic()
+                if time.monotonic() - non_primary_since > 10:
+                    raise ClusterError(f"{self.name} cannot join: no other node is in a primary component")
+            else:
+                non_primary_since = None
+            time.sleep(0.2)
 
     def wait_synced(self, timeout: float = 120.0) -> None:
         """Wait for ``wsrep_ready=ON`` and ``wsrep_local_state_comment=Synced`` on this node."""
@@ -184,27 +236,46 @@ class GaleraNode:
             if status.get("wsrep_ready") == "ON" and status.get("wsrep_local_state_comment") == "Synced":
                 return
             if self.proc is not None and self.proc.poll() is not None:
-                raise ClusterError(f"{self.name} exited ({self.proc.returncode}); see {self.error_log}")
+                raise ClusterError(
+                    f"{self.name} exited ({self.proc.returncode}); see {self.error_log}:\n{self.log_tail()}"
+                )
             if time.monotonic() > deadline:
                 raise ClusterError(
                     f"{self.name} not synced within {timeout:.0f} s ({status}); see {self.error_log}"
                 )
             time.sleep(0.1)
 
-    def status(self) -> dict[str, str]:
-        """``SHOW GLOBAL STATUS LIKE 'wsrep%'`` as a dict (raises when the node does not answer)."""
-        engine = sa.create_engine(self.url(), poolclass=sa.pool.NullPool, connect_args={"connect_timeout": 2})
+    def log_tail(self, lines: int = 25) -> str:
+        """The last ``lines`` lines of the node's error log (``""`` when there is none), for an error
+        message that outlives the run's temporary directory."""
         try:
-            with engine.connect() as conn:
-                rows = conn.exec_driver_sql("SHOW GLOBAL STATUS LIKE 'wsrep%%'").all()
+            text = self.error_log.read_text(errors="replace")
+        except OSError:
+            return ""
+        return "\n".join(text.splitlines()[-lines:])
+
+    def admin_statement(self, sql: str) -> list[tuple[object, ...]]:
+        """Run one ``SHOW`` or ``SET`` statement through a bare PyMySQL connection: a node outside the
+        primary component refuses every other statement with 1047, and SQLAlchemy's first connect
+        runs some (``SELECT``), so an engine cannot even open a connection there."""
+        conn = pymysql.connect(host="127.0.0.1", port=self.port, user="root", connect_timeout=2,
+                               read_timeout=10, write_timeout=10)  # fmt: skip
+        try:
+            with conn.cursor() as cur:
+                cur.execute(sql)
+                return list(cur.fetchall())
         finally:
-            engine.dispose()
-        return {str(k): str(v) for k, v in rows}
+            conn.close()
+
+    def status(self) -> dict[str, str]:
+        """``SHOW GLOBAL STATUS LIKE 'wsrep%'`` as a dict, on a non-primary node too (raises
+        ``pymysql.err.MySQLError`` when the node does not answer)."""
+        return {str(k): str(v) for k, v in self.admin_statement("SHOW GLOBAL STATUS LIKE 'wsrep%'")}
 
     def try_status(self) -> dict[str, str]:
         try:
             return self.status()
-        except sa.exc.DBAPIError:
+        except pymysql.err.MySQLError:
             return {}
 
     @property
@@ -228,6 +299,35 @@ class GaleraNode:
     def cont(self) -> None:
         if self.proc is not None and self.proc.poll() is None:
             self.proc.send_signal(signal.SIGCONT)
+
+    def closed_for_good(self) -> bool:
+        """``True`` when ``mariadbd`` runs but its group communication has closed for good
+        (``wsrep_connected=OFF``): Galera logged "backend must be restarted" (seen after a SIGCONT
+        that came while the others were still installing the view without it). Only a restart
+        brings such a node back, as an operator would do (README "Scaling out")."""
+        return self.running and self.try_status().get("wsrep_connected") == "OFF"
+
+    def closes_within(self, seconds: float) -> bool:
+        """``True`` when the node's group communication closes for good (:meth:`closed_for_good`)
+        within ``seconds``; watched after a SIGCONT, where Galera decides it within a second."""
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            if self.closed_for_good():
+                return True
+            time.sleep(0.25)
+        return False
+
+    def restart_if_closed(self, timeout: float = 180.0, grace: float = 20.0) -> bool:
+        """Restart the node when its group communication stays closed for ``grace`` seconds
+        (:meth:`closed_for_good`); ``True`` when it was restarted."""
+        deadline = time.monotonic() + grace
+        while self.closed_for_good():
+            if time.monotonic() > deadline:
+                self.shutdown()
+                self.start(timeout)
+                return True
+            time.sleep(0.5)
+        return False
 
     def partition(self) -> None:
         """Cut this node off from the others, both ways (see the module's docstring)."""
@@ -371,8 +471,15 @@ class GaleraCluster:
                 other.proxy.send_signal(signal.SIGUSR2)
 
     def wait_size(self, size: int, timeout: float = 60.0, nodes: list[GaleraNode] | None = None) -> None:
-        """Wait until every node of ``nodes`` (default: all running) is synced in a primary component of ``size``."""
+        """Wait until every node of ``nodes`` (default: all running) is synced in a primary component of ``size``.
+
+        Raises:
+            ClusterError: not within ``timeout``; or, sooner, every running node has answered for
+                :data:`QUORUM_LOST_SECONDS` without one in a primary component (quorum lost: only
+                :meth:`bootstrap_primary` ends that).
+        """
         deadline = time.monotonic() + timeout
+        no_primary_since: float | None = None
         while True:
             members = nodes if nodes is not None else [n for n in self.nodes if n.running]
             states = {n.name: n.try_status() for n in members}
@@ -382,6 +489,16 @@ class GaleraCluster:
                 for s in states.values()
             ):  # fmt: skip
                 return
+            everyone = [n.try_status() for n in self.nodes if n.running]
+            if everyone and all(s and s.get("wsrep_cluster_status") != "Primary" for s in everyone):
+                no_primary_since = no_primary_since or time.monotonic()
+                if time.monotonic() - no_primary_since > QUORUM_LOST_SECONDS:
+                    raise ClusterError(
+                        f"no node in a primary component for {QUORUM_LOST_SECONDS:.0f} s (quorum lost); "
+                        f"logs under {self.root}"
+                    )
+            else:
+                no_primary_since = None
             if time.monotonic() > deadline:
                 brief = {k: (v.get("wsrep_cluster_size"), v.get("wsrep_cluster_status"), v.get("wsrep_ready"),
                              v.get("wsrep_local_state_comment")) for k, v in states.items()}  # fmt: skip
@@ -389,6 +506,27 @@ class GaleraCluster:
                     f"cluster not at size {size} within {timeout:.0f} s: {brief}; logs under {self.root}"
                 )
             time.sleep(0.1)
+
+    def bootstrap_primary(self) -> GaleraNode | None:
+        """When every running node answers but none is in a primary component (quorum lost), do
+        what the README "Scaling out" tells an operator: ``pc.bootstrap=YES`` on the most advanced
+        one (highest ``wsrep_last_committed``); the others join it. Returns that node, or ``None``
+        when a primary component exists or a node does not answer."""
+        states = {node: node.try_status() for node in self.nodes if node.running}
+        if not states or any(not s or s.get("wsrep_cluster_status") == "Primary" for s in states.values()):
+            return None
+        failure: pymysql.err.MySQLError | None = None
+        committed = {node: int(status.get("wsrep_last_committed") or -1) for node, status in states.items()}
+        best = max(committed.values())
+        # Only a most advanced node: bootstrapped from a node behind another, the cluster goes on
+        # without the other's last writes, and that node rejoins by a full SST that drops them.
+        for node in [n for n, seqno in committed.items() if seqno == best]:
+            try:  # a node in the middle of a view change refuses it (1210): the caller tries again
+                node.admin_statement("SET GLOBAL wsrep_provider_options='pc.bootstrap=1'")
+                return node
+            except pymysql.err.MySQLError as exc:
+                failure = exc
+        raise ClusterError(f"pc.bootstrap refused on the most advanced node(s) (seqno {best}): {failure}")
 
     def wait_non_primary(self, node: GaleraNode, timeout: float = 30.0) -> None:
         deadline = time.monotonic() + timeout

@@ -139,7 +139,10 @@ def _stop_hook(fault: str | None) -> Callable[[], None] | None:
         if not once.is_set():
             once.set()
             print(f"{FAULT_ENV} stopped-after-reserve", file=sys.stderr, flush=True)
-            os.kill(os.getpid(), signal.SIGSTOP)  # the whole process, until SIGCONT
+            # The whole process, until SIGCONT. Sent to this thread (not the process): a process-wide
+            # SIGSTOP is taken by whichever thread the kernel picks, and until that one is scheduled this
+            # thread ran on; under load it journaled the step it was meant to stop before.
+            signal.pthread_kill(threading.get_ident(), signal.SIGSTOP)
 
     return stop
 

@@ -11,6 +11,7 @@ plain ``def`` functions: FastAPI runs them in its thread pool, and each opens on
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Any
 
 from fastapi import FastAPI
@@ -73,6 +74,8 @@ def create_app(settings: ServerSettings | None = None, *, engine: Engine | None 
         submission_key_ttl_seconds=settings.submission_key_ttl_seconds,
         max_batch_items=settings.max_batch_items,
         max_body_bytes=settings.max_body_bytes,
+        lease_and_start=True,
+        report_and_lease=True,
     )
     install_problem_handlers(app)
 
@@ -80,7 +83,7 @@ def create_app(settings: ServerSettings | None = None, *, engine: Engine | None 
     app.include_router(tasks.router)
     app.include_router(queues.router)
     app.include_router(attempts.router)
-    app.include_router(attempt_batch_router(the_engine))
+    app.include_router(attempt_batch_router(the_engine, partial(attempts.record_grants, metrics, the_engine)))
     app.include_router(deliveries.router)
     app.include_router(
         batch_router(engine=the_engine, settings=settings, metrics=metrics, on_created=wakeup.notify)

@@ -20,11 +20,19 @@ call). A deadlock or lock wait timeout runs the whole request again. Running ite
 safe because every item is idempotent for its token and body, and nothing of a rolled-back
 try is left. Only authentication, the role, the body size and a malformed body (including
 more than :data:`orbit_client.MAX_ATTEMPT_BATCH_ITEMS` items) fail the whole request.
+
+*Report-and-lease* (DESIGN §4, README "Workers"): a ``complete`` or ``fail`` batch may carry a
+lease request (``lease``). Its reports are committed first, in their own transaction, exactly as
+without it; then :func:`~orbit_server.tasks.leases.lease_tasks` runs in a second transaction (no
+long-poll), and the answer carries its grants. A grant that fails (an unknown queue, a database
+error) never undoes a report: the answer is still 200 with every item's result, and the lease
+part's problem in ``lease_error``.
 """
 
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable, Sequence
 from functools import partial
 from typing import Annotated, Any
@@ -37,12 +45,14 @@ from orbit_client import (
     AttemptBatchResponse,
     AttemptItemResult,
     AttemptState,
+    BatchLease,
     CompleteBatch,
     CompleteItem,
     FailBatch,
     FailItem,
     HeartbeatBatch,
     HeartbeatItem,
+    LeaseGrant,
     Problem,
     StartBatch,
     StartItem,
@@ -50,7 +60,7 @@ from orbit_client import (
 from orbit_server import errors
 from orbit_server.api.auth import Caller, authorize
 from orbit_server.db.transact import transact
-from orbit_server.tasks import attempt_sets
+from orbit_server.tasks import attempt_sets, leases
 from orbit_server.tasks import attempts as attempt_reports
 
 __all__ = ["Redo", "attempt_batch_router", "run_items"]
@@ -149,8 +159,18 @@ def _fail(namespace_id: int, item: FailItem, conn: Connection) -> AttemptState:
     return attempt_reports.fail_attempt(conn, namespace_id, item.attempt_id, item.lease_token, item.error)
 
 
+def _problem(error: errors.OrbitServerError, request_id: str | None) -> Problem:
+    return Problem(
+        title=error.title, status=error.status, detail=error.detail, code=error.code, request_id=request_id,
+        **error.extra,
+    )  # fmt: skip
+
+
 def _answer(
-    outcomes: Sequence[AttemptState | errors.OrbitServerError], request: Request
+    outcomes: Sequence[AttemptState | errors.OrbitServerError],
+    request: Request,
+    grants: list[LeaseGrant] | None = None,
+    lease_error: errors.OrbitServerError | None = None,
 ) -> AttemptBatchResponse:
     request_id = getattr(request.state, "request_id", None)
     results = []
@@ -158,20 +178,40 @@ def _answer(
         if isinstance(outcome, AttemptState):
             results.append(AttemptItemResult(status=200, attempt=outcome))
             continue
-        problem = Problem(
-            title=outcome.title,
-            status=outcome.status,
-            detail=outcome.detail,
-            code=outcome.code,
-            request_id=request_id,
-            **outcome.extra,
-        )
-        results.append(AttemptItemResult(status=outcome.status, error=problem))
-    return AttemptBatchResponse(items=results)
+        results.append(AttemptItemResult(status=outcome.status, error=_problem(outcome, request_id)))
+    return AttemptBatchResponse(
+        items=results,
+        grants=grants or [],
+        lease_error=_problem(lease_error, request_id) if lease_error is not None else None,
+    )
 
 
-def attempt_batch_router(engine: Engine) -> APIRouter:
-    """The four batched attempt routes, on ``engine`` (included by :func:`orbit_server.create_app`)."""
+def _lease_after(
+    engine: Engine, namespace_id: int, lease: BatchLease
+) -> tuple[list[LeaseGrant], errors.OrbitServerError | None]:
+    """The lease a report batch carried, in its own transaction after the reports' (module docstring)."""
+    try:
+        grants = transact(
+            engine, leases.lease_tasks, namespace_id, lease.queue, worker_id=lease.worker_id,
+            max_tasks=lease.max_tasks, lease_seconds=lease.lease_seconds, start=lease.start,
+        )  # fmt: skip
+    except errors.OrbitServerError as exc:
+        return [], exc
+    except Exception:  # the reports are committed: answer them, and say the grants failed
+        log.exception("the lease carried by a report batch failed; its reports are committed")
+        return [], errors.OrbitServerError("the lease failed after the reports were committed; lease again")
+    return grants, None
+
+
+#: Told of every lease a report batch carried, after it ran: ``(namespace, namespace_id, lease, grants,
+#: started_ns)``, ``started_ns`` the lease's start (``time.time_ns()``, for its trace spans).
+Granted = Callable[[str, int, BatchLease, list[LeaseGrant], int], None]
+
+
+def attempt_batch_router(engine: Engine, granted: Granted | None = None) -> APIRouter:
+    """The four batched attempt routes, on ``engine`` (included by :func:`orbit_server.create_app`);
+    ``granted`` is told of each lease a report batch carried (its grants may be none), for the
+    lease metrics and the worker's liveness sighting, as a standalone lease call records them."""
     router = APIRouter(tags=["execution"])
     path = "/v1/namespaces/{namespace}/attempts"
     problems: dict[int | str, dict[str, Any]] = {
@@ -179,14 +219,28 @@ def attempt_batch_router(engine: Engine) -> APIRouter:
         for status in (401, 403, 404, 413, 422)
     }
 
-    def run(request: Request, items: list[Item], all_at_once: AllAtOnce | None = None) -> Response:
+    def run(
+        request: Request, items: list[Item], all_at_once: AllAtOnce | None = None, *,
+        lease: BatchLease | None = None, namespace: str = "", namespace_id: int = 0,
+    ) -> Response:  # fmt: skip
         try:
             outcomes = transact(engine, _set_based_or_items, all_at_once, items)
         except Redo:
             outcomes = transact(engine, run_items, items, savepoints=True)
-        # Serialised here, once: FastAPI would validate the answer against response_model again
-        # first (the model stays declared, so the OpenAPI document is unchanged).
-        return Response(_answer(outcomes, request).model_dump_json(), media_type="application/json")
+        if lease is None:
+            # Serialised here, once: FastAPI would validate the answer against response_model again
+            # first (the model stays declared). Without a lease request, the answer is as it always was.
+            body = _answer(outcomes, request).model_dump_json(exclude={"grants", "lease_error"})
+            return Response(body, media_type="application/json")
+        started_ns = time.time_ns()
+        grants, lease_error = _lease_after(engine, namespace_id, lease)
+        if granted is not None and lease_error is None:
+            try:
+                granted(namespace, namespace_id, lease, grants, started_ns)
+            except Exception:  # metrics and liveness are advisory: the grants are made, answer them
+                log.exception("recording the grants of a report batch's lease failed")
+        answer = _answer(outcomes, request, grants, lease_error)
+        return Response(answer.model_dump_json(exclude_none=False), media_type="application/json")
 
     @router.post(f"{path}/start", response_model=AttemptBatchResponse, responses=problems)
     def start_attempts(
@@ -223,12 +277,14 @@ def attempt_batch_router(engine: Engine) -> APIRouter:
 
         Each success writes its task's result event in this request's transaction. A refused
         item with the right token keeps its result on the attempt as evidence
-        (``error.evidence_recorded``). Requires ``work``.
+        (``error.evidence_recorded``). With ``lease`` (report-and-lease), the answer also carries
+        the grants made after the reports were committed, or ``lease_error``. Requires ``work``.
         """
         authorize(caller, namespace, "work")
         ns = caller.namespace_id
         items: list[Item] = [partial(_complete, ns, item) for item in body.items]
-        return run(request, items, partial(attempt_sets.complete_all, namespace_id=ns, items=body.items))
+        all_at_once = partial(attempt_sets.complete_all, namespace_id=ns, items=body.items)
+        return run(request, items, all_at_once, lease=body.lease, namespace=namespace, namespace_id=ns)
 
     @router.post(f"{path}/fail", response_model=AttemptBatchResponse, responses=problems)
     def fail_attempts(
@@ -236,10 +292,11 @@ def attempt_batch_router(engine: Engine) -> APIRouter:
     ) -> Response:
         """Report many failures; one result per item, in order (each as ``.../{attempt_id}/fail``).
 
-        Requires ``work``.
+        With ``lease``, grants after the reports, as for ``complete``. Requires ``work``.
         """
         authorize(caller, namespace, "work")
         ns = caller.namespace_id
-        return run(request, [partial(_fail, ns, item) for item in body.items])
+        items: list[Item] = [partial(_fail, ns, item) for item in body.items]
+        return run(request, items, lease=body.lease, namespace=namespace, namespace_id=ns)
 
     return router

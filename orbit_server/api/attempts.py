@@ -11,10 +11,12 @@ from typing import Any
 
 from fastapi import APIRouter, Request, Response
 from pydantic import TypeAdapter
+from sqlalchemy.engine import Engine
 from starlette.concurrency import run_in_threadpool
 
 from orbit_client import (
     AttemptState,
+    BatchLease,
     CompleteRequest,
     FailRequest,
     HeartbeatRequest,
@@ -35,18 +37,37 @@ from orbit_server.api.deps import (
     SettingsDep,
     WakeupDep,
 )
+from orbit_server.api.metrics import Metrics
 from orbit_server.db.transact import transact
 from orbit_server.tasks import attempts as attempt_reports
 from orbit_server.tasks import leases as leasing
 from orbit_server.tasks.worker_sightings import sightings_for
 
-__all__ = ["router"]
+__all__ = ["record_grants", "router"]
 
 log = logging.getLogger("orbit_server.app")
 #: The lease answer's body, serialised without a second validation (``lease_tasks``).
 _LEASE_GRANTS = TypeAdapter(list[LeaseGrant])
 
 router = APIRouter()
+
+
+def record_grants(
+    metrics: Metrics, engine: Engine, namespace: str, namespace_id: int, lease: BatchLease,
+    grants: list[LeaseGrant], started_ns: int,
+) -> None:  # fmt: skip
+    """What a standalone lease call records, for a lease a report batch carried (report-and-lease):
+    the grants counted in ``orbit_lease_grants``, an ``orbit.lease`` span per traced grant (from
+    ``started_ns``), and the worker's liveness sighting on the queue."""
+    if grants:
+        metrics.lease_grants.labels(namespace, lease.queue).inc(len(grants))
+        if _tracing.AVAILABLE:
+            server_tracing.lease_granted(started_ns, grants, lease.worker_id)
+    sightings = sightings_for(engine)
+    if sightings.due(namespace_id, lease.queue, lease.worker_id):
+        sightings.write(namespace_id, lease.queue, lease.worker_id)
+
+
 attempt_path = "/v1/namespaces/{namespace}/attempts/{attempt_id}"
 
 
@@ -92,6 +113,7 @@ async def lease_tasks(
             worker_id=body.worker_id,
             max_tasks=body.max_tasks,
             lease_seconds=body.lease_seconds,
+            start=body.start,
         )
         if not sighted:  # the queue exists (no 404): this worker is alive, task or not (console liveness)
             sighted = True

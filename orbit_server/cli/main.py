@@ -15,6 +15,7 @@ import logging
 import os
 import socket
 import sys
+import time
 from typing import Any
 
 import click
@@ -39,8 +40,9 @@ _GROUPS = {
         "orbit_server.cli.retention",
         "purge",
         "Delete terminal tasks finished before a cut-off with their attempts, events and fully acked result "
-        'events, and with --keys expired submission keys; in batches, audited (README "Retention and the key '
-        'window").',
+        "events, finished flow instances with everything they own (their start keys kept as tombstones), and "
+        'with --keys expired submission keys and tombstones; in batches, audited (README "Retention and the '
+        'key window").',
     ),
     "queue": ("orbit_server.cli.queues", "queue", "Manage queues."),
     "retention": (
@@ -122,7 +124,22 @@ def main(log_level: str, log_format: str) -> None:
         "within ORBIT_LEASE_POLL_INTERVAL_SECONDS (default 0.5 s)."
     ),
 )
-def serve(database_url: str, host: str, port: int, max_body_bytes: int, workers: int) -> None:
+@click.option(
+    "--wait-for-database",
+    "database_wait",
+    envvar="ORBIT_DATABASE_WAIT_SECONDS",
+    show_envvar=True,
+    default=0.0,
+    show_default=True,
+    type=click.FloatRange(min=0),
+    help=(
+        "Seconds to keep trying a database that cannot be used at start (a restarting node, a cluster "
+        "node out of its primary component) before exiting 3; 0 exits at once."
+    ),
+)
+def serve(
+    database_url: str, host: str, port: int, max_body_bytes: int, workers: int, database_wait: float
+) -> None:
     """Serve the HTTP API. A SQLite database is migrated at start; others need `migrate`."""
     import uvicorn
 
@@ -130,8 +147,7 @@ def serve(database_url: str, host: str, port: int, max_body_bytes: int, workers:
     from orbit_server.api.app import create_app
 
     settings = ServerSettings(database_url=database_url, host=host, port=port, max_body_bytes=max_body_bytes)
-    with _engine(database_url):
-        pass
+    _wait_for_database(database_url, database_wait)
     try:  # say plainly when the port is taken (uvicorn would exit 3, our "database unreachable")
         with socket.create_server((host, port)):
             pass
@@ -158,6 +174,26 @@ def serve(database_url: str, host: str, port: int, max_body_bytes: int, workers:
     uvicorn.run("orbit_server.api.app:create_app", factory=True, workers=workers, host=host, port=port,
                 log_level=log_level, http="orbit_server.api._http:HeaderTimeoutProtocol",
                 access_log=False, log_config=log_config)  # fmt: skip
+
+
+def _wait_for_database(database_url: str, seconds: float) -> None:
+    """Check the database (and its schema) as every command does, trying again every second for up to
+    ``seconds`` while it cannot be used; then exit 3 as :func:`_engine` does."""
+    import sqlalchemy as sa
+
+    deadline = time.monotonic() + seconds
+    while True:
+        try:
+            with _engine(database_url, raise_unreachable=time.monotonic() < deadline):
+                return
+        except sa.exc.OperationalError as exc:
+            logging.getLogger("orbit_server").warning(
+                "cannot use the database yet (%s); trying again for %.0f s more",
+                exc.orig,
+                max(0.0, deadline - time.monotonic()),
+                extra={"event": "database_wait"},
+            )
+            time.sleep(1.0)
 
 
 def _uvicorn_log_config(log_level: str, log_format: str) -> dict[str, Any]:

@@ -42,12 +42,14 @@ def _database_url_option(func: F) -> F:
 
 
 @contextmanager
-def _engine(url: str, *, ensure_schema: bool = True) -> Iterator[Engine]:
+def _engine(url: str, *, ensure_schema: bool = True, raise_unreachable: bool = False) -> Iterator[Engine]:
     """An engine for one command.
 
     With ``ensure_schema``, SQLite is migrated first (so a fresh file just works) and any
     other database must already be at the newest revision, or the command stops with
-    exit code 1 and says to run ``orbit-server migrate``.
+    exit code 1 and says to run ``orbit-server migrate``. A database that cannot be used
+    (``sqlalchemy.exc.OperationalError``: unreachable, refusing statements) stops the command
+    with exit code 3, or, with ``raise_unreachable``, raises that error to the caller.
     """
     import sqlalchemy as sa
 
@@ -75,6 +77,8 @@ def _engine(url: str, *, ensure_schema: bool = True) -> Iterator[Engine]:
         click.echo(f"error: {exc}", err=True)
         sys.exit(1)
     except sa.exc.OperationalError as exc:
+        if raise_unreachable:
+            raise
         click.echo(
             f"error: cannot use the database at {sa.make_url(url).render_as_string()}: {exc.orig}", err=True
         )

@@ -15,7 +15,7 @@ import contextlib
 import sqlite3
 import time
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, TypeVar
 
 import sqlalchemy as sa
 from sqlalchemy import event
@@ -27,6 +27,7 @@ from orbit_server.db.cluster import reset_on_return
 __all__ = [
     "BIGINT_MAX",
     "as_db_time",
+    "by_primary_key",
     "create_engine",
     "db_now",
     "db_now_expression",
@@ -51,6 +52,31 @@ _MYSQL_RETRYABLE = {1205, 1213}
 #: prepared node for application use", on any statement that touches a table). A connection lost
 #: mid-way (2006, 2013) is not among them: its COMMIT may have happened.
 _MYSQL_UNAVAILABLE = {1047, 2002, 2003}
+
+
+_S = TypeVar("_S", sa.Update, sa.Select[Any])
+
+
+def by_primary_key(statement: _S, table: sa.Table | None = None) -> _S:
+    """``statement`` made to find its rows of ``table`` through the primary key on MySQL/MariaDB
+    (``FORCE INDEX (PRIMARY)``): an ``UPDATE`` of many rows chosen by key (``(id, fence) IN (...)``),
+    or a ``SELECT ... FOR UPDATE`` of ``table``'s rows by key (``table`` names it in a join or a
+    subquery).
+
+    Such a statement also tests a status or namespace column, and where few rows have that value
+    the optimizer reads them through that column's index instead: it then locks every row with
+    that value, not only the batch's, and two batches of different workers deadlock (seen: one in
+    thirteen complete batches of four worker processes met a deadlock, and some answered 409 after
+    five). Other databases are left to their planner (PostgreSQL and SQLite lock only the rows they
+    return or update)."""
+    hint = "FORCE INDEX (PRIMARY)"
+    for dialect in ("mysql", "mariadb"):
+        if isinstance(statement, sa.Update):
+            statement = statement.with_hint(hint, dialect_name=dialect)
+        else:
+            assert table is not None, "a SELECT names the table whose primary key it reads"
+            statement = statement.with_hint(table, hint, dialect_name=dialect)
+    return statement
 
 
 def is_sqlite(url: str | URL) -> bool:

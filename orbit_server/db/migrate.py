@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
 
+import sqlalchemy as sa
 from alembic import command
 from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
 from sqlalchemy.engine import Engine
+
+from orbit_server.db.cluster import is_galera
 
 __all__ = ["current_revision", "head_revision", "migrations_dir", "upgrade"]
 
@@ -31,11 +35,24 @@ def _config() -> Config:
 
 
 def upgrade(engine: Engine, revision: str = "head") -> None:
-    """Upgrade the database behind ``engine`` to ``revision`` (default: the newest)."""
+    """Upgrade the database behind ``engine`` to ``revision`` (default: the newest).
+
+    On a Galera node every read of the migration (the version table, "does this table exist?")
+    first waits until the node has applied what the cluster committed before it
+    (``wsrep_sync_wait``): a node a moment behind another that just migrated would otherwise find
+    no table and create it again (1050 "already exists"; README "Scaling out")."""
     cfg = _config()
     with engine.begin() as conn:
+        galera = is_galera(conn)
+        if galera:  # not causal_reads (1: a transaction's first read only): every statement kind, each time
+            conn.exec_driver_sql("SET SESSION wsrep_sync_wait = 15")
         cfg.attributes["connection"] = conn
-        command.upgrade(cfg, revision)
+        try:
+            command.upgrade(cfg, revision)
+        finally:
+            if galera:  # the pooled connection must not keep waiting on every read
+                with contextlib.suppress(sa.exc.DBAPIError):
+                    conn.exec_driver_sql("SET SESSION wsrep_sync_wait = 0")
 
 
 def head_revision() -> str | None:

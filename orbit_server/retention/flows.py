@@ -70,8 +70,10 @@ class Conflict(Exception):
     """A batch met a concurrent change: roll it back and do it again."""
 
 
-def _busy(instance_id: sa.ColumnElement[Any]) -> sa.ColumnElement[bool]:
-    """The instance still has a step task that is not terminal, or an internal event not consumed."""
+def _idle(instance_id: sa.ColumnElement[Any]) -> sa.ColumnElement[bool]:
+    """The instance has no step task that is not terminal and no internal event not consumed: two
+    ``NOT EXISTS``, never ``NOT (A OR B)``, which MariaDB cannot turn into anti-joins
+    (``orbit_server.retention.purge._nothing_owed``)."""
     # Aliases: counting an owned table (flow_steps, flow_events) must not correlate these with it.
     steps, events = flow_steps.alias("busy_steps"), flow_events.alias("busy_events")
     running_step = (
@@ -85,12 +87,12 @@ def _busy(instance_id: sa.ColumnElement[Any]) -> sa.ColumnElement[bool]:
         .where(events.c.instance_id == instance_id, events.c.consumed_at.is_(None))
         .exists()
     )
-    return sa.or_(running_step, pending_event)
+    return sa.and_(~running_step, ~pending_event)
 
 
 #: Finished before the cut-off: what a purge at ``cutoff`` considers.
 _OLD = sa.and_(flow_instances.c.status.in_(FINISHED), flow_instances.c.finished_at < _cutoff)
-_ELIGIBLE = sa.and_(_OLD, ~_busy(flow_instances.c.id))
+_ELIGIBLE = sa.and_(_OLD, _idle(flow_instances.c.id))
 
 #: What an instance owns, deleted before it (child tables first: tokens, steps, timers and signals
 #: have foreign keys to the instance).
@@ -109,7 +111,7 @@ def walk(limit: int, *, first: bool) -> sa.Select[Any]:
     the start (``first``) or after ``(:after_f, :after_id)``."""
     i = flow_instances
     query = sa.select(i.c.id, i.c.finished_at).where(
-        i.c.status == sa.bindparam("status", type_=i.c.status.type), i.c.finished_at < _cutoff, ~_busy(i.c.id)
+        i.c.status == sa.bindparam("status", type_=i.c.status.type), i.c.finished_at < _cutoff, _idle(i.c.id)
     )
     if not first:
         after_f = sa.bindparam("after_f", type_=i.c.finished_at.type)

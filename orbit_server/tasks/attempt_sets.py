@@ -5,9 +5,11 @@ right, it holds a live lease, it is ``LEASED`` for a start or ``RUNNING`` for a 
 is at the matching status with this attempt current, and no attempt appears twice) is written
 with one statement per table instead of one per item:
 
-1. lock the batch's tasks: ``SELECT ... FROM tasks WHERE id IN (SELECT task_id FROM task_attempts
-   WHERE id IN (...)) AND namespace_id = :ns FOR UPDATE`` (the attempt rows are read by the
-   subquery without a lock: lock order stays task first), with the database clock;
+1. read the batch's task ids from its attempts, without a lock (lock order stays task first), and
+   lock those tasks by primary key: ``SELECT ... FROM tasks FORCE INDEX (PRIMARY) WHERE id IN
+   (...) AND namespace_id = :ns FOR UPDATE``, with the database clock. (Not one statement with an
+   ``IN (SELECT ...)``: MariaDB then scans and locks the whole table; and every by-key statement
+   here is pinned to the primary key, :func:`orbit_server.db.engine.by_primary_key`);
 2. read the attempts, now that their tasks are locked (every change to an attempt is made under
    its task's lock, and the server reads at ``READ COMMITTED``, so these rows are current);
 3. one conditional ``UPDATE`` of the attempts fenced on ``(id, lease_token_hash)``, status and an
@@ -36,11 +38,12 @@ from datetime import datetime, timedelta
 from typing import Any
 
 import sqlalchemy as sa
-from sqlalchemy.engine import Connection
+from sqlalchemy.engine import Connection, RowMapping
 
 from orbit_client import AttemptState, AttemptStatus, CompleteItem, StartItem, TaskStatus
 from orbit_server import _ids, errors
 from orbit_server.db import flow_hooks
+from orbit_server.db.engine import by_primary_key
 from orbit_server.db.schema import task_attempts, task_events, tasks
 from orbit_server.tasks import permits, result_events, transitions
 
@@ -59,6 +62,8 @@ _ATTEMPT_COLUMNS = (
 )
 _IDS = sa.bindparam("attempt_ids", expanding=True, type_=task_attempts.c.id.type)
 _READ_ATTEMPTS = sa.select(*_ATTEMPT_COLUMNS).where(task_attempts.c.id.in_(_IDS))
+#: The batch's task ids, read without a lock (step 1 of the module docstring).
+_TASK_IDS = sa.select(task_attempts.c.task_id).where(task_attempts.c.id.in_(_IDS))
 #: :func:`_lock_tasks`'s statement, built once per dialect.
 _LOCK_TASKS: dict[str, sa.Executable] = {}
 
@@ -67,15 +72,27 @@ def _lock_tasks_statement(conn: Connection) -> sa.Executable:
     name = conn.dialect.name
     statement = _LOCK_TASKS.get(name)
     if statement is None:
-        statement = _LOCK_TASKS[name] = (
+        statement = _LOCK_TASKS[name] = by_primary_key(
             sa.select(*_TASK_COLUMNS, transitions._clock(conn).label("db_now"), transitions.gate_paused())
             .where(
-                tasks.c.id.in_(sa.select(task_attempts.c.task_id).where(task_attempts.c.id.in_(_IDS))),
+                tasks.c.id.in_(sa.bindparam("task_ids", expanding=True, type_=tasks.c.id.type)),
                 tasks.c.namespace_id == sa.bindparam("namespace_id"),
             )
-            .with_for_update()
+            .with_for_update(),
+            tasks,
         )
     return statement
+
+
+def _lock_tasks(conn: Connection, namespace_id: int, attempt_ids: list[str]) -> Sequence[RowMapping]:
+    """Lock the tasks of the attempts ``attempt_ids`` in ``namespace_id`` (step 1 of the module
+    docstring) and read them, with the database clock and their queue's pause; none when no
+    attempt exists."""
+    task_ids = list(conn.execute(_TASK_IDS, {"attempt_ids": attempt_ids}).scalars())
+    if not task_ids:
+        return []
+    params = {"task_ids": task_ids, "namespace_id": namespace_id}
+    return conn.execute(_lock_tasks_statement(conn), params).mappings().all()
 
 
 def _read(
@@ -85,9 +102,7 @@ def _read(
     """Lock and read the batch; ``(task, attempt)`` per item and the clock, or ``None`` to decline."""
     if len(set(attempt_ids)) != len(attempt_ids) or not all(map(_ids.can_exist, attempt_ids)):
         return None  # item by item: a repeated id sees the first item's effect; a bad id is a 404
-    locked = conn.execute(
-        _lock_tasks_statement(conn), {"attempt_ids": attempt_ids, "namespace_id": namespace_id}
-    ).mappings().all()  # fmt: skip
+    locked = _lock_tasks(conn, namespace_id, attempt_ids)
     if not locked:
         return None
     now = transitions._naive(locked[0]["db_now"])
@@ -120,7 +135,7 @@ def _update_attempts(
     conn: Connection, pairs: Sequence[tuple[dict[str, Any], dict[str, Any]]], now: datetime, **values: Any
 ) -> None:
     done = conn.execute(
-        task_attempts.update()
+        by_primary_key(task_attempts.update())
         .where(
             sa.tuple_(task_attempts.c.id, task_attempts.c.lease_token_hash).in_(
                 [(attempt["id"], attempt["lease_token_hash"]) for _, attempt in pairs]
@@ -145,7 +160,7 @@ def _update_tasks(
     if to.is_terminal:
         changes["finished_at"] = now
     done = conn.execute(
-        tasks.update()
+        by_primary_key(tasks.update())
         .where(
             sa.tuple_(tasks.c.id, tasks.c.state_version).in_(
                 [(task["id"], task["state_version"]) for task, _ in pairs]
@@ -220,8 +235,16 @@ def complete_all(
         },
         value=tasks.c.id,
     )
+    # A lease-and-start attempt's report confirms it: started_at = the grant's time (execution._confirmed).
+    started = sa.func.coalesce(task_attempts.c.started_at, task_attempts.c.leased_at)
     _update_attempts(
-        conn, pairs, now, status=AttemptStatus.SUCCEEDED.value, result=by_attempt, finished_at=now
+        conn,
+        pairs,
+        now,
+        status=AttemptStatus.SUCCEEDED.value,
+        result=by_attempt,
+        finished_at=now,
+        started_at=started,
     )
     holders = [attempt["id"] for task, attempt in pairs if task["holds_permit"]]
     if holders:  # the attempts end here: so do their concurrency permits (orbit_server.tasks.permits)

@@ -23,6 +23,7 @@ from orbit_server.db.schema import (
 )
 from orbit_server.tasks.transitions import (
     _check_token,
+    _confirmed,
     _deadline_error,
     _expire_attempt,
     _lapsed,
@@ -122,7 +123,15 @@ def heartbeat(
         raise _lost(attempt, lapsed)
     seconds = float(attempt["lease_seconds"] if lease_seconds is None else lease_seconds)
     expires = now + timedelta(seconds=seconds)
-    _update_attempt(conn, attempt, now, heartbeat_at=now, lease_seconds=seconds, lease_expires_at=expires)
+    _update_attempt(
+        conn,
+        attempt,
+        now,
+        heartbeat_at=now,
+        lease_seconds=seconds,
+        lease_expires_at=expires,
+        **_confirmed(attempt),
+    )
     return _state(task, attempt, lease_expires_at=expires)
 
 
@@ -173,7 +182,10 @@ def complete_attempt(
         raise errors.InvalidTransition(
             "start the attempt before completing it (LEASED cannot become SUCCEEDED)"
         )
-    _update_attempt(conn, attempt, now, status=AttemptStatus.SUCCEEDED.value, result=result, finished_at=now)
+    _update_attempt(
+        conn, attempt, now, status=AttemptStatus.SUCCEEDED.value, result=result, finished_at=now,
+        **_confirmed(attempt),
+    )  # fmt: skip
     task = apply_transition(
         conn,
         task,

@@ -21,7 +21,7 @@ from orbit_client import (
 )
 from orbit_server import errors
 from orbit_server.db import faults as _faults
-from orbit_server.db.engine import db_now
+from orbit_server.db.engine import by_primary_key, db_now
 from orbit_server.db.schema import (
     concurrency_permits,
     namespaces,
@@ -62,6 +62,7 @@ def lease_tasks(
     worker_id: str,
     max_tasks: int,
     lease_seconds: float,
+    start: bool = False,
 ) -> list[LeaseGrant]:
     """Grant up to ``max_tasks`` due tasks of a queue to one worker (the "领取" transaction of §5).
 
@@ -75,8 +76,15 @@ def lease_tasks(
     ``concurrency_key`` (and the queue) have room, and each grant takes a permit in this
     transaction (:mod:`orbit_server.tasks.permits`); a queue without one takes the plain path.
 
+    With ``start`` (*lease-and-start*, README "Workers") each grant is made ``RUNNING`` in the same
+    statements (``WAITING → LEASED → RUNNING``, both events written): its attempt is ``RUNNING``
+    with ``started_at`` empty, *unconfirmed* until the worker's first heartbeat or ``complete``
+    sets it to the grant's time. An unconfirmed attempt whose lease lapses is settled exactly as a
+    ``LEASED`` one (``transitions._expire_attempt``): nothing is known to have started.
+
     Args:
         lease_seconds: the lease duration, in seconds.
+        start: grant the tasks ``RUNNING`` (above). Default ``False``.
 
     Returns:
         The grants, oldest task first; empty when nothing is due (or the queue is paused). The lease tokens appear
@@ -135,8 +143,16 @@ def lease_tasks(
     # multi-row INSERT of their events and one of their attempts (WAITING → LEASED, §2).
     expires = now + timedelta(seconds=lease_seconds)
     attempt_ids = {row["id"]: str(uuid.uuid4()) for row in due}
+    # Lease-and-start starts only tasks declared retry-safe: a worker killed after its handler began
+    # but before confirming would otherwise have its task run again as never started. Others are
+    # granted LEASED, and their worker confirms each start before running it (README "Workers").
+    running_status: Any = (
+        sa.case((tasks.c.retry_safe, TaskStatus.RUNNING.value), else_=TaskStatus.LEASED.value)
+        if start else TaskStatus.LEASED.value
+    )  # fmt: skip
+    steps: Any = sa.case((tasks.c.retry_safe, 2), else_=1) if start else 1  # versions: leased (and started)
     claimed = conn.execute(
-        tasks.update()
+        by_primary_key(tasks.update())
         .where(
             sa.tuple_(tasks.c.id, tasks.c.state_version).in_(
                 [(row["id"], row["state_version"]) for row in due]
@@ -144,8 +160,8 @@ def lease_tasks(
             tasks.c.status == TaskStatus.WAITING.value,
         )
         .values(
-            status=TaskStatus.LEASED.value,
-            state_version=tasks.c.state_version + 1,
+            status=running_status,
+            state_version=tasks.c.state_version + steps,
             attempt_count=tasks.c.attempt_count + 1,
             current_attempt_id=sa.case(attempt_ids, value=tasks.c.id),
             updated_at=now,
@@ -171,17 +187,29 @@ def lease_tasks(
                 "created_at": now,
             }
         )  # fmt: skip
+        started = start and bool(row["retry_safe"])
+        granted = TaskStatus.RUNNING if started else TaskStatus.LEASED
+        if started:
+            version += 1
+            events.append(
+                {
+                    "task_id": row["id"], "state_version": version, "event": "started",
+                    "from_status": TaskStatus.LEASED.value, "to_status": TaskStatus.RUNNING.value,
+                    "actor": actor, "reason": "lease-and-start", "data": {"attempt_id": attempt_id},
+                    "created_at": now,
+                }
+            )  # fmt: skip
         attempts.append(
             {
                 "id": attempt_id, "task_id": row["id"], "generation": generation,
                 "lease_token_hash": _hash_token(token), "worker_id": worker_id,
-                "status": AttemptStatus.LEASED.value, "lease_seconds": lease_seconds, "leased_at": now,
-                "lease_expires_at": expires,
+                "status": (AttemptStatus.RUNNING if started else AttemptStatus.LEASED).value,
+                "lease_seconds": lease_seconds, "leased_at": now, "lease_expires_at": expires,
             }
         )  # fmt: skip
         task = store.task_from_row(
             {
-                **row, "status": TaskStatus.LEASED.value, "state_version": version,
+                **row, "status": granted.value, "state_version": version,
                 "attempt_count": generation, "current_attempt_id": attempt_id, "updated_at": now,
                 "namespace_name": namespace_name, "queue_name": queue,
             }  # type: ignore[arg-type]

@@ -343,7 +343,11 @@ def _expire_attempt(
         "generation": attempt["generation"],
         "worker_id": attempt["worker_id"],
     }
-    if was is AttemptStatus.LEASED:
+    # A lease-and-start attempt never confirmed (no heartbeat, no complete: started_at is empty) was
+    # never known to be in its worker's hands: settled as a never-started one (DESIGN §4).
+    if was is AttemptStatus.LEASED or attempt["started_at"] is None:
+        if was is AttemptStatus.RUNNING and reason is None:
+            reason = "lease-and-start grant never confirmed by its worker (no heartbeat, no report)"
         if budget_left and not _past_deadline(task, now):
             apply_transition(
                 conn,
@@ -437,6 +441,8 @@ _ATTEMPT_COLUMNS = (
     task_attempts.c.lease_expires_at,
     task_attempts.c.result,
     task_attempts.c.error,
+    task_attempts.c.leased_at,
+    task_attempts.c.started_at,
 )
 #: :func:`_locked_attempt`'s statement, built once per dialect.
 _LOCKED_ATTEMPT: dict[str, sa.Executable] = {}
@@ -568,6 +574,16 @@ def _lost(attempt: Mapping[Any, Any], status: AttemptStatus, *, kept: bool | Non
             "kept as evidence" if kept else "not kept: evidence was already recorded"
         )
     return errors.LeaseLost(detail, evidence_recorded=bool(kept))
+
+
+def _confirmed(attempt: Mapping[Any, Any]) -> dict[str, Any]:
+    """The value that confirms an unconfirmed lease-and-start attempt (its first heartbeat, or its
+    ``complete``): ``started_at`` = the grant's time; nothing for any other attempt. A ``fail``
+    ends the attempt without it: the server cannot tell whether a handler began (a worker without
+    the handler fails the task at once), so ``started_at`` stays empty."""
+    if attempt["status"] == AttemptStatus.RUNNING.value and attempt["started_at"] is None:
+        return {"started_at": attempt["leased_at"]}
+    return {}
 
 
 def _update_attempt(conn: Connection, attempt: Mapping[Any, Any], now: datetime, **values: Any) -> None:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any, NoReturn
 
@@ -69,15 +69,62 @@ def _print_json(data: Any) -> None:
     click.echo(json.dumps(data, indent=2, ensure_ascii=False, default=str))
 
 
-def _cells(*values: str) -> list[str]:
-    """Table cells with their ``[`` escaped: user text is never read as rich markup."""
-    return [escape(v) for v in values]
-
-
 def _short(text: str | None, width: int = 60) -> str:
     if not text:
         return ""
     return text if len(text) <= width else text[: width - 1] + "…"
+
+
+def _piped() -> bool:
+    """stdout is not a terminal (a pipe, a file, click's CliRunner): tables print as tab-separated lines."""
+    return not sys.stdout.isatty()
+
+
+def _gap() -> None:
+    """Piped, a blank line between two blocks of a command's output (a terminal has the tables' borders)."""
+    if _piped():
+        click.echo("")
+
+
+#: Piped, a cell's tabs and line breaks become spaces: one row a line, one cell a column.
+_ONE_LINE = str.maketrans({"\t": " ", "\n": " ", "\r": " "})
+
+
+def _print_table(
+    columns: Sequence[str],
+    rows: Iterable[Sequence[str]],
+    *,
+    title: str | None = None,
+    short: Mapping[str, int] | None = None,
+    right: Collection[str] = (),
+    header: bool = True,
+) -> None:
+    """Rows as a rich table on a terminal; piped, tab-separated lines under one header line (whole values,
+    one row a line, no title), as the server's listings are. Every listing of ``orbit-outbox`` prints here.
+
+    On a terminal only: ``title`` above the table, the columns of ``short`` cut to that many characters,
+    those of ``right`` right-justified, and with ``header=False`` a key/value table (no header, keys bold).
+    Cells are text, never rich markup.
+    """
+    if _piped():
+        click.echo("\t".join(columns))
+        for row in rows:
+            click.echo("\t".join(c.translate(_ONE_LINE) for c in row))
+        return
+    cut = short or {}
+    table = Table(title=escape(title) if title else None, title_justify="left", show_header=header)
+    for i, column in enumerate(columns):
+        table.add_column(
+            column,
+            overflow="fold",
+            justify="right" if column in right else "left",
+            style="bold" if not header and i == 0 else None,
+        )
+    for row in rows:
+        table.add_row(
+            *(escape(_short(c, cut[col]) if col in cut else c) for col, c in zip(columns, row, strict=True))
+        )
+    out.print(table)
 
 
 _ROW_COLUMNS = (
@@ -93,7 +140,7 @@ _ROW_COLUMNS = (
 )
 
 
-def _row_cells(row: OutboxRow, *, whole: bool) -> list[str]:
+def _row_cells(row: OutboxRow) -> list[str]:
     """A row's cells; ``available at`` only for a PENDING row (the next send's due time: for any other state
     it is the backoff of a send that has since been answered, a time that means nothing)."""
     return [
@@ -105,28 +152,13 @@ def _row_cells(row: OutboxRow, *, whole: bool) -> list[str]:
         f"{row.attempts}/{row.max_attempts or '-'}",
         row.available_at.strftime("%Y-%m-%d %H:%M:%S") if row.state == "PENDING" else "",
         row.orbit_task_id or "",
-        (row.last_error or "") if whole else _short(row.last_error),
+        row.last_error or "",
     ]
 
 
-def _rows_table(rows: list[OutboxRow], title: str) -> Table:
-    table = Table(title=title, title_justify="left")
-    for column in _ROW_COLUMNS:
-        table.add_column(column, overflow="fold")
-    for row in rows:
-        table.add_row(*_cells(*_row_cells(row, whole=False)))
-    return table
-
-
 def _print_rows(rows: list[OutboxRow], title: str) -> None:
-    """Rows as a table on a terminal; piped, tab-separated lines under a header line (whole values, one row
-    a line), as the server's listings are."""
-    if sys.stdout.isatty():
-        out.print(_rows_table(rows, title))
-        return
-    click.echo("\t".join(_ROW_COLUMNS))
-    for row in rows:
-        click.echo("\t".join(c.replace("\t", " ").replace("\n", " ") for c in _row_cells(row, whole=True)))
+    """Outbox rows as a table (the last error cut to 60 characters on a terminal, whole when piped)."""
+    _print_table(_ROW_COLUMNS, [_row_cells(row) for row in rows], title=title, short={"last error": 60})
 
 
 def _row_dict(row: OutboxRow, *, with_params: bool) -> dict[str, Any]:

@@ -8,7 +8,6 @@ import sys
 
 import click
 from rich.markup import escape
-from rich.table import Table
 
 from orbit_client import OrbitClient, RetryPolicy
 from outbox_adapter._models import ReconcileDecision
@@ -16,10 +15,11 @@ from outbox_adapter._tables import OutboxState
 from outbox_adapter.cli._common import (
     EXIT_ORBIT,
     EXIT_REFUSED,
-    _cells,
     _errors,
     _outbox,
+    _piped,
     _print_json,
+    _print_table,
     _progress,
     _row_dict,
     err,
@@ -116,21 +116,18 @@ def reconcile(
     if as_json:
         _print_json([d.to_dict() for d in decisions])
     else:
-        grid = Table(title=_reconcile_summary(decisions, dry_run=dry_run), title_justify="left")
-        for column in ("id", "key", "decision", "applied", "task", "detail"):
-            grid.add_column(column, overflow="fold")
-        for d in decisions:
-            grid.add_row(
-                *_cells(
-                    str(d.row_id),
-                    d.idempotency_key,
-                    d.decision,
-                    "yes" if d.applied else "no",
-                    d.orbit_task_id or "",
-                    d.detail,
-                )
-            )
-        out.print(grid)
+        summary = _reconcile_summary(decisions, dry_run=dry_run)
+        _print_table(
+            ("id", "key", "decision", "applied", "task", "detail"),
+            [
+                [str(d.row_id), d.idempotency_key, d.decision, "yes" if d.applied else "no", d.orbit_task_id or "",
+                 d.detail]
+                for d in decisions
+            ],
+            title=summary,
+        )  # fmt: skip
+        if _piped():  # stdout is the header and the rows alone: the summary goes with the hints, on stderr
+            err.print(summary, highlight=False, markup=False)
     kinds = {d.decision for d in decisions}
     if kinds & {"mismatch", "too_old"} and not as_json:
         err.print(
@@ -157,7 +154,7 @@ def _reconcile_summary(decisions: list[ReconcileDecision], *, dry_run: bool) -> 
         head = f"{len(decisions)} row(s) looked up: {decided} decided"
         if decidable > decided:
             head += f", {decidable - decided} decided first by another process"
-    return escape(f"{head}, {left} left for a person, {failed} lookup(s) failed")
+    return f"{head}, {left} left for a person, {failed} lookup(s) failed"
 
 
 @click.command()

@@ -8,17 +8,16 @@ import json
 
 import click
 from rich.markup import escape
-from rich.table import Table
 
 from outbox_adapter._ordering import BlockedKey
 from outbox_adapter._tables import OutboxState
 from outbox_adapter.cli._common import (
-    _cells,
+    _gap,
     _outbox,
     _print_json,
     _print_rows,
+    _print_table,
     _row_dict,
-    _short,
     out,
 )
 from outbox_adapter.cli._options import (
@@ -26,7 +25,7 @@ from outbox_adapter.cli._options import (
     _json_option,
 )
 
-__all__ = ["blocked_keys_table", "list_command", "show", "status", "way_out"]
+__all__ = ["list_command", "print_blocked_keys", "show", "status", "way_out"]
 
 
 @click.command()
@@ -41,19 +40,24 @@ def status(database_url: str, table: str, as_json: bool) -> None:
     if as_json:
         _print_json({**summary.to_dict(), "blocked_keys": [key.to_dict() for key in blocked]})
         return
-    grid = Table(title=escape(f"outbox {table}"), title_justify="left", show_header=True)
-    grid.add_column("state")
-    grid.add_column("rows", justify="right")
-    for state, count in summary.counts.items():
-        grid.add_row(state, str(count))
-    grid.add_row("(leased now)", str(summary.leased))
-    out.print(grid)
+    _print_table(
+        ("state", "rows"),
+        [
+            *([state, str(count)] for state, count in summary.counts.items()),
+            ["(leased now)", str(summary.leased)],
+        ],
+        title=f"outbox {table}",
+        right=("rows",),
+    )
+    _gap()
     age = summary.oldest_pending_age_seconds
     out.print(f"oldest pending: {f'{age:.1f} s' if age is not None else '-'}", highlight=False)
     due = summary.next_due_at
     out.print(f"next due: {due.isoformat().replace('+00:00', 'Z') if due else '-'}", highlight=False)
+    _gap()
     if blocked:
-        out.print(blocked_keys_table(blocked))
+        print_blocked_keys(blocked)
+        _gap()
         for key in blocked:
             out.print(escape(way_out(key)), highlight=False)
     else:
@@ -98,48 +102,38 @@ def show(database_url: str, table: str, row_id: int, with_params: bool, as_json:
     if as_json:
         _print_json({"row": _row_dict(row, with_params=with_params), "events": [e.to_dict() for e in events]})
         return
-    details = Table(title=f"row {row_id}", title_justify="left", show_header=False)
-    details.add_column("field", style="bold")
-    details.add_column("value", overflow="fold")
-    for key, value in _row_dict(row, with_params=with_params).items():
-        details.add_row(
-            *_cells(
-                key,
-                "" if value is None else json.dumps(value) if key in ("params", "options") else str(value),
-            )
-        )
-    out.print(details)
-    trail = Table(title="events", title_justify="left")
-    for column in ("at (UTC)", "from", "to", "actor", "task", "reason"):
-        trail.add_column(column, overflow="fold")
-    for e in events:
-        trail.add_row(
-            *_cells(
-                e.at.strftime("%Y-%m-%d %H:%M:%S"),
-                e.from_state or "",
-                e.to_state,
-                e.actor,
-                e.orbit_task_id or "",
-                e.reason,
-            )
-        )
-    out.print(trail)
+    _print_table(
+        ("field", "value"),
+        [
+            [key, "" if value is None else json.dumps(value) if key in ("params", "options") else str(value)]
+            for key, value in _row_dict(row, with_params=with_params).items()
+        ],
+        title=f"row {row_id}",
+        header=False,
+    )
+    _gap()
+    _print_table(
+        ("at (UTC)", "from", "to", "actor", "task", "reason"),
+        [
+            [e.at.strftime("%Y-%m-%d %H:%M:%S"), e.from_state or "", e.to_state, e.actor, e.orbit_task_id or "",
+             e.reason]
+            for e in events
+        ],
+        title="events",
+    )  # fmt: skip
 
 
-def blocked_keys_table(keys: list[BlockedKey]) -> Table:
+def print_blocked_keys(keys: list[BlockedKey]) -> None:
     """The keys held back by a row that needs a person: key, row, its state, rows waiting behind it."""
-    table = Table(title="blocked ordering keys", title_justify="left")
-    for column in ("ordering key", "blocked by row", "state", "waiting", "last error"):
-        table.add_column(column, overflow="fold")
-    for key in keys:
-        table.add_row(
-            escape(key.ordering_key),
-            str(key.row_id),
-            key.state,
-            str(key.waiting),
-            escape(_short(key.last_error, 40)),
-        )
-    return table
+    _print_table(
+        ("ordering key", "blocked by row", "state", "waiting", "last error"),
+        [
+            [key.ordering_key, str(key.row_id), key.state, str(key.waiting), key.last_error or ""]
+            for key in keys
+        ],
+        title="blocked ordering keys",
+        short={"last error": 40},
+    )
 
 
 def way_out(key: BlockedKey) -> str:

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -33,6 +32,7 @@ from orbit_server.tasks import store
 from outbox_adapter import Outbox, enqueue
 from tests.conftest import DatabaseFactory
 from tests.execution_support import check_attempt_history
+from tests.server_processes import free_port
 
 pytestmark = pytest.mark.mariadb
 
@@ -40,12 +40,6 @@ REPO = Path(__file__).resolve().parents[2]
 ROWS = int(os.environ.get("ORBIT_TEST_NO_LOCK_ROWS", "1000"))
 NO_LOCKS = {"ORBIT_TEST_CLAIMS_WITHOUT_LOCKS": "1"}
 WARNING = "ORBIT_TEST_CLAIMS_WITHOUT_LOCKS is set: claims take no FOR UPDATE SKIP LOCKED"
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def _start(
@@ -75,7 +69,7 @@ def test_four_relays_and_four_workers_keep_every_invariant_without_skip_locked(
             enqueue(conn, namespace=namespace, queue="default", handler="echo", params={"n": n},
                     options={"retry_safe": True})  # fmt: skip
 
-    port = _free_port()
+    port = free_port()
     server_log = tmp_path / "server.log"
     server = _start(
         ["-m", "orbit_server", "--log-level", "warning", "serve", "--database-url",

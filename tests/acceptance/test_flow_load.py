@@ -131,7 +131,8 @@ def test_concurrent_fork_join_instances_on_two_server_processes(
             thread.start()
         try:
             crashed = False
-            deadline = time.monotonic() + 60 + count * 0.3
+            # A correctness test, not a speed one: 40 s on a quiet 2-core machine, 150 s beside other tests.
+            deadline = time.monotonic() + 120 + count * 1.0
             while completed() < count:
                 if not crashed and handled[0] >= count * 4 // 3:  # at random under load: SIGKILL one server
                     servers[0].kill()

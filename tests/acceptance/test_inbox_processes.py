@@ -42,11 +42,11 @@ class Setup:
     keys: dict[str, str]
     orbit: RunningServer
 
-    def consume(self, *extra: str, **env: str) -> Process:
+    def consume(self, *extra: str, lease_seconds: float = 1.0, **env: str) -> Process:
         args = [
             sys.executable, "-m", "outbox_adapter.cli", "--log-format", "json", "consume",
             "--database-url", self.url.render_as_string(hide_password=False), "--table", self.tables.name,
-            "--subscription", "results", "--handler", HANDLER, "--lease-seconds", "1", "--poll-interval", "0.1",
+            "--subscription", "results", "--handler", HANDLER, "--lease-seconds", str(lease_seconds), "--poll-interval", "0.1",
             *extra,
         ]  # fmt: skip
         return Process(
@@ -115,8 +115,10 @@ def test_a_consumer_killed_between_commit_and_ack_applies_the_event_once(setup: 
     assert crashing.finish()[0] == -signal.SIGKILL
     assert setup.applied() == [("CANCELLED", 1), ("PENDING", 0), ("PENDING", 0)]  # committed, never acked
 
-    time.sleep(1.2)  # the killed consumer's lease lapses: the server delivers that event again
-    code, stats = setup.consume("--once", "--json").finish()
+    time.sleep(1.2)  # the killed consumer's 1 s lease lapses: the server delivers that event again
+    # A lease long enough for all three on a loaded machine (with 1 s, a slow first apply leaves the
+    # other two to their lease, and a --once run then ends on the empty lease that follows).
+    code, stats = setup.consume("--once", "--json", lease_seconds=30).finish()
     assert code == 0
     assert {k: stats[k] for k in ("applied", "duplicates", "acked", "failed")} == {
         "applied": 2,

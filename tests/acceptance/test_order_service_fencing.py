@@ -58,6 +58,29 @@ def test_a_worker_stopped_past_its_lease_does_not_charge_after_the_newer_attempt
         logs.append((tmp_path / f"{name}.log").open("wb"))
         return subprocess.Popen(args, cwd=REPO, env=env, stderr=logs[-1])
 
+    def wait_stopped(name: str, proc: subprocess.Popen[bytes]) -> None:
+        """Until ``proc`` has stopped itself after its reserve; a failure shows both workers' logs
+        and the task's attempts (the process may have exited, or never got the task)."""
+
+        try:
+            until(lambda: proc.poll() is not None or _stopped(proc), timeout=120, interval=0.05,
+                  what=f"worker {name} to stop after its reserve")  # fmt: skip
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}\n{diagnosis()}") from None
+        assert proc.returncode is None, f"worker {name} exited ({proc.returncode})\n{diagnosis()}"
+
+    def diagnosis() -> str:
+        for log in logs:
+            log.flush()
+        parts = [
+            f"--- {path.name}\n{path.read_text(errors='replace')[-4000:]}"
+            for path in sorted(tmp_path.glob("*.log"))
+        ]
+        with OrbitClient(server.base_url, api_key=keys["admin"]) as admin:
+            parts.append(f"--- task\n{admin.get_task('shop', task.id)!r}")
+            parts += [f"--- attempt {a!r}" for a in admin.list_attempts("shop", task.id)]
+        return "\n".join(parts)
+
     order_id = f"ord_{uuid.uuid4().hex[:10]}"
     with OrbitClient(server.base_url, api_key=keys["submit"]) as client:
         task = client.submit_task("shop", "fulfilment", "orders.fulfil",
@@ -67,13 +90,9 @@ def test_a_worker_stopped_past_its_lease_does_not_charge_after_the_newer_attempt
     a = worker("a")
     b: subprocess.Popen[bytes] | None = None
     try:
-        until(lambda: _stopped(a), timeout=60, what="worker A to stop after its reserve")
-
-        def generation_2_stopped() -> bool:
-            return b is not None and _stopped(b)
-
+        wait_stopped("A", a)
         b = worker("b")  # A's lease lapses while it is stopped; B gets generation 2
-        until(generation_2_stopped, timeout=60, what="worker B (generation 2) to stop after its reserve")
+        wait_stopped("B (generation 2)", b)
         a.send_signal(signal.SIGCONT)  # A resumes with generation 1, its lease long gone
 
         def a_refused() -> list[tuple[str, int, str]]:

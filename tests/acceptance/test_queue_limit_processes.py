@@ -11,7 +11,6 @@ from __future__ import annotations
 import itertools
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -28,6 +27,7 @@ from orbit_server.cli import main
 from orbit_server.db.engine import create_engine
 from orbit_server.db.schema import queue_events, task_attempts, tasks
 from tests.conftest import DatabaseFactory
+from tests.server_processes import free_port
 
 REPO = Path(__file__).resolve().parents[2]
 KEYS = [f"customer-{n}" for n in range(4)]
@@ -38,12 +38,6 @@ def _run(*args: str) -> str:
     result = CliRunner().invoke(main, list(args))
     assert result.exit_code == 0, result.output
     return result.stdout
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def _serve(url: str, port: int, log: Path) -> subprocess.Popen[str]:
@@ -78,7 +72,7 @@ def test_limit_one_per_key_is_never_exceeded_by_racing_servers_and_workers(
     _run("namespace", "create", "shop", "--database-url", url)
     _run("queue", "create", "shop", "fulfil", "--max-concurrency-per-key", "1", "--database-url", url)
     key = _run("api-key", "create", "shop", "--role", "admin", "--database-url", url).strip().splitlines()[-1]
-    ports = [_free_port(), _free_port()]
+    ports = [free_port(), free_port()]
     servers = [_serve(url, port, tmp_path / f"server-{port}.log") for port in ports]
     workers: list[subprocess.Popen[str]] = []
     engine = create_engine(url, pool_size=2)

@@ -19,7 +19,6 @@ import queue
 import re
 import shlex
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -34,6 +33,8 @@ import httpx
 import pytest
 import sqlalchemy as sa
 from sqlalchemy.engine import URL
+
+from tests.server_processes import free_port
 
 REPO = Path(__file__).resolve().parents[2]
 README = (REPO / "README.md").read_text(encoding="utf-8")
@@ -57,12 +58,6 @@ def _blocks() -> list[Block]:
         Block(m["marker"] or "", m["lang"], m["body"], README.count("\n", 0, m.start()) + 1)
         for m in _BLOCK.finditer(README)
     ]
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def _checked_pip(body: str) -> str:
@@ -234,7 +229,7 @@ def test_the_readme_runs_top_to_bottom(tmp_path: Path, database: tuple[str, dict
     if kind == "mariadb":
         assert all(old in chosen[0].body for old in substitutions), chosen[0].body
     (tmp_path / "examples").symlink_to(REPO / "examples")  # the examples by the paths the README gives
-    port = str(_free_port())
+    port = str(free_port())
     walk = Walkthrough(tmp_path, {**substitutions, README_PORT: port})
     try:
         for block in blocks:

@@ -6,7 +6,6 @@ from __future__ import annotations
 import itertools
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -22,18 +21,13 @@ from orbit_server.cli import main
 from orbit_server.db.engine import create_engine
 from orbit_server.db.schema import schedule_occurrences, schedules, submission_keys, tasks
 from tests.conftest import DatabaseFactory
+from tests.server_processes import free_port
 
 
 def _run(*args: str) -> str:
     result = CliRunner().invoke(main, list(args))
     assert result.exit_code == 0, result.output
     return result.stdout
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 @pytest.mark.mariadb
@@ -45,7 +39,7 @@ def test_two_server_processes_give_one_task_per_fire_time(make_database: Databas
     key = _run("api-key", "create", "shop", "--role", "admin", "--database-url", url).strip().splitlines()[-1]
     # Scheduler passes every 20 ms in each process: they meet on the same due schedules all the time.
     env = os.environ | {"ORBIT_SCHEDULER_INTERVAL_SECONDS": "0.02"}
-    ports = [_free_port(), _free_port()]
+    ports = [free_port(), free_port()]
     procs = [
         subprocess.Popen(
             [sys.executable, "-m", "orbit_server", "serve", "--database-url", url, "--port", str(port)],

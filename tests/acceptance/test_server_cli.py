@@ -17,6 +17,7 @@ from click.testing import CliRunner
 
 from orbit_server.cli import main
 from tests.conftest import DatabaseFactory
+from tests.server_processes import free_port
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -79,15 +80,9 @@ def test_unreachable_database_is_exit_3() -> None:
     assert code == 3 and "cannot use the database" in err
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 def test_serve_migrates_sqlite_and_stops_on_sigterm(tmp_path: Path) -> None:
     url = f"sqlite:///{tmp_path / 'orbit.db'}"
-    port = _free_port()
+    port = free_port()
     proc = subprocess.Popen(
         [sys.executable, "-m", "orbit_server", "serve", "--database-url", url, "--port", str(port)],
         stdout=subprocess.PIPE,
@@ -119,12 +114,66 @@ def test_serve_migrates_sqlite_and_stops_on_sigterm(tmp_path: Path) -> None:
 def test_serve_refuses_an_unmigrated_mysql_database(make_database: DatabaseFactory) -> None:
     url = make_database("mariadb").render_as_string(hide_password=False)
     result = subprocess.run(
-        [sys.executable, "-m", "orbit_server", "serve", "--database-url", url, "--port", str(_free_port())],
+        [sys.executable, "-m", "orbit_server", "serve", "--database-url", url, "--port", str(free_port())],
         capture_output=True,
         text=True,
         timeout=60,
     )
     assert result.returncode == 1 and "orbit-server migrate" in result.stderr
+
+
+@pytest.mark.mariadb
+def test_serve_waits_for_a_database_that_comes_up_within_wait_for_database(
+    make_database: DatabaseFactory,
+) -> None:
+    """Regression (Galera chaos run): a server restarted while its cluster node was down exited 3 at
+    once. With --wait-for-database it keeps trying, then serves once the database answers."""
+    url = make_database("mariadb")
+    assert _run("migrate", "--database-url", url.render_as_string(hide_password=False))[0] == 0
+    db_port, port = free_port(), free_port()  # nothing listens on db_port until the proxy starts
+    behind = url.set(port=db_port).render_as_string(hide_password=False)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "orbit_server", "serve", "--database-url", behind, "--port", str(port),
+         "--wait-for-database", "120"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    proxy: subprocess.Popen[str] | None = None
+    try:
+        assert proc.stderr is not None
+        first = proc.stderr.readline()
+        assert "cannot use the database yet" in first and proc.poll() is None, first
+        proxy = subprocess.Popen(
+            [sys.executable, "-m", "bench.chaos.proxy", "--port", str(db_port),
+             "--target-port", str(url.port or 3306)],
+            cwd=REPO,
+        )  # fmt: skip
+        deadline = time.monotonic() + 60
+        while True:  # the server retries once a second: poll readiness with a deadline
+            try:
+                ready = httpx.get(f"http://127.0.0.1:{port}/readyz", timeout=1)
+                break
+            except httpx.TransportError:
+                assert proc.poll() is None, f"serve exited {proc.returncode}"
+                assert time.monotonic() < deadline, "server did not start"
+                time.sleep(0.1)
+        assert ready.status_code == 200
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.communicate(timeout=30)
+        if proxy is not None:
+            proxy.terminate()
+            proxy.wait(timeout=10)
+
+
+def test_serve_exits_3_when_the_database_stays_unusable_past_the_wait() -> None:
+    began = time.monotonic()
+    result = subprocess.run(
+        [sys.executable, "-m", "orbit_server", "serve", "--database-url", "mysql+pymysql://root@127.0.0.1:1/none",
+         "--port", str(free_port()), "--wait-for-database", "1.5"],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert result.returncode == 3 and "cannot use the database at" in result.stderr
+    assert "trying again" in result.stderr and time.monotonic() - began >= 1.5
 
 
 def test_quick_start_demo_shows_a_replay(tmp_path: Path) -> None:
@@ -173,7 +222,7 @@ def test_serve_with_two_worker_processes_answers_accepts_and_wakes_long_polls(
         .splitlines()[-1]
         for role in ("submit", "work")
     }
-    port = _free_port()
+    port = free_port()
     base = f"http://127.0.0.1:{port}"
     proc = subprocess.Popen(
         [

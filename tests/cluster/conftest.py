@@ -75,6 +75,8 @@ def cluster(galera: GaleraCluster) -> GaleraCluster:
     for node in galera.nodes:
         if not node.running:
             node.start()
+        else:
+            node.restart_if_closed(grace=5.0)
     galera.wait_size(galera.size, timeout=120)
     return galera
 

@@ -393,11 +393,8 @@ def test_the_set_based_path_locks_the_tasks_and_not_the_attempts(api: Api) -> No
     with engine.connect() as holder, engine.connect() as probe:
         held = holder.begin()
         ns_id = holder.scalar(sa.select(tasks.c.namespace_id).where(tasks.c.id == grants[0]["task"]["id"]))
-        locked = holder.execute(
-            attempt_sets._lock_tasks_statement(holder),
-            {"attempt_ids": [g["attempt"]["id"] for g in grants], "namespace_id": ns_id},
-        ).all()
-        assert sorted(row.id for row in locked) == sorted(g["task"]["id"] for g in grants)
+        locked = attempt_sets._lock_tasks(holder, ns_id, [g["attempt"]["id"] for g in grants])
+        assert sorted(row["id"] for row in locked) == sorted(g["task"]["id"] for g in grants)
         for grant in grants:
             with probe.begin():
                 probe.execute(

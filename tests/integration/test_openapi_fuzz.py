@@ -164,4 +164,8 @@ def test_every_operation_answers_within_its_schema(server: RunningServer) -> Non
 
 
 # schemathesis draws from `random` inside its strategies; Hypothesis warns about it (not our code).
-pytestmark = pytest.mark.filterwarnings("ignore::hypothesis.errors.HypothesisDeprecationWarning")
+pytestmark = [
+    pytest.mark.filterwarnings("ignore::hypothesis.errors.HypothesisDeprecationWarning"),
+    # 90 s per database: part of `make test`, not of `make test-quick`.
+    pytest.mark.slow,
+]

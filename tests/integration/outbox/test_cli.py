@@ -198,7 +198,9 @@ def test_resolve_settles_rows_reconcile_leaves_for_a_person(
 
     left = _run("reconcile", *db, env=env)
     assert left.exit_code == 1
-    assert "2 row(s) looked up: 0 decided, 2 left for a person, 0 lookup(s) failed" in left.stdout
+    # Piped, stdout is the decisions' lines alone: the summary goes to stderr with the hint.
+    assert "2 row(s) looked up: 0 decided, 2 left for a person, 0 lookup(s) failed" in left.stderr
+    assert [line.split("\t")[2] for line in left.stdout.splitlines()] == ["decision", "mismatch", "mismatch"]
     assert "orbit-outbox resolve ID --delivered-as" in left.stderr
     decided = json.loads(_run("reconcile", *db, "--json", env=env).stdout)
     assert [(d["decision"], d["applied"]) for d in decided] == [("mismatch", False)] * 2

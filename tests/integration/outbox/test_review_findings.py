@@ -251,7 +251,9 @@ def test_a_dead_head_row_is_named_by_status_and_abandon_releases_its_key(
         2,
     )
     table = _cli("status", *db)
-    assert "blocked ordering keys" in table.stdout and f"orbit-outbox abandon {dead}" in table.stdout
+    # Piped: the blocked keys are tab-separated lines under their header line (no title), then the ways out.
+    assert f"ordering key\tblocked by row\tstate\twaiting\tlast error\nc1\t{dead}\tDEAD\t2\t" in table.stdout
+    assert f"orbit-outbox abandon {dead}" in table.stdout
 
     abandoned = _cli("abandon", *db, str(dead), "--reason", "queue retired", "--actor", "ops:eve", "--json")
     assert abandoned.exit_code == 0, abandoned.output

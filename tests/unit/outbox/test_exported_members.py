@@ -46,3 +46,48 @@ def test_the_adapter_never_imports_the_server() -> None:
         """
     )
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_names_load_on_first_use_and_every_name_has_its_module() -> None:
+    """`import outbox_adapter` imports no module of the adapter, SQLAlchemy nor the client (`orbit-outbox --help`
+    stays fast); a name imports its own module on first use, and the classes it brings show the package."""
+    assert sorted(outbox_adapter._HOMES) == sorted(outbox_adapter.__all__)
+    code = textwrap.dedent(
+        """
+        import sys
+        import outbox_adapter
+        loaded = sorted(m for m in sys.modules if m.split(".")[0] in ("sqlalchemy", "alembic", "orbit_client",
+                        "pydantic", "rich", "click") or m.startswith("outbox_adapter."))
+        assert not loaded, loaded
+        from outbox_adapter import enqueue
+        from outbox_adapter._exceptions import OutboxUsageError
+        assert OutboxUsageError.__module__ == "outbox_adapter", OutboxUsageError.__module__
+        assert "outbox_adapter._relay" not in sys.modules
+        assert "Relay" in dir(outbox_adapter) and enqueue is outbox_adapter.enqueue
+        """
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_a_missing_outbox_dependency_names_the_extra_on_first_use() -> None:
+    """A client-only install (no SQLAlchemy): importing the package works, using it says which extra."""
+    code = textwrap.dedent(
+        """
+        import sys
+        sys.modules["sqlalchemy"] = None  # as if it were not installed
+        import outbox_adapter
+        try:
+            outbox_adapter.enqueue
+        except ModuleNotFoundError as exc:
+            assert exc.name == "sqlalchemy" and "pip install 'orbit-tasks[outbox]'" in str(exc), exc
+        else:
+            raise AssertionError("no error")
+        try:
+            from outbox_adapter import Relay
+        except ModuleNotFoundError as exc:
+            assert "pip install 'orbit-tasks[outbox]'" in str(exc), exc
+        else:
+            raise AssertionError("no error")
+        """
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)

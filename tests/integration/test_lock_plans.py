@@ -1,0 +1,95 @@
+"""The batch statements of the task path lock only their own rows on MariaDB (regression test).
+
+A set-based ``UPDATE ... WHERE (id, fence) IN (...) AND status = ...`` and the ``SELECT ... FOR UPDATE``
+that locks a report batch's tasks choose rows by primary key, but they also test a status or a
+namespace column. On a table with few rows at that status the optimizer read them through the
+status index instead, locking every ``RUNNING`` task and attempt, not only the batch's: batches of
+four worker processes deadlocked (one in thirteen ``complete`` batches met a deadlock; some
+answered 409 after five). Each such statement, captured from a real lease, start batch, complete
+batch and report-and-lease, must read ``tasks`` and ``task_attempts`` through ``PRIMARY``
+(``orbit_server.db.engine.by_primary_key``).
+"""
+
+from __future__ import annotations
+
+import re
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import sqlalchemy as sa
+
+from tests.conftest import DatabaseFactory
+from tests.integration.test_execution_api import Api
+from tests.servers import run_server
+
+pytestmark = pytest.mark.mariadb
+
+#: A statement that locks rows it picks by id: an UPDATE/SELECT FOR UPDATE whose WHERE names the id.
+_BY_ID = re.compile(r"WHERE \(?(tasks|task_attempts)\.id(,| IN)")
+
+
+@pytest.fixture(scope="module")
+def api(make_database: DatabaseFactory) -> Iterator[Api]:
+    with run_server(make_database("mariadb"), sweep_interval_seconds=0) as server:
+        name = f"ns-{uuid.uuid4().hex[:8]}"
+        helper = Api(server, name, server.add_namespace(name))
+        yield helper
+        helper.close()
+
+
+def _locking_by_id(statement: str) -> bool:
+    head = statement.lstrip().upper()
+    locking = head.startswith("UPDATE") or (head.startswith("SELECT") and "FOR UPDATE" in head)
+    return locking and "SKIP LOCKED" not in head and bool(_BY_ID.search(statement))
+
+
+def test_batch_statements_lock_tasks_and_attempts_through_the_primary_key(api: Api) -> None:
+    engine = api.server.engine
+    captured: list[tuple[str, Any]] = []
+
+    def capture(conn: Any, cursor: Any, statement: str, parameters: Any, context: Any, many: bool) -> None:
+        if not many and _locking_by_id(statement):
+            captured.append((statement, parameters))
+
+    queue = api.queue()
+    for n in range(6):
+        api.submit(queue, params={"n": n}, retry_safe=n % 2 == 0)
+    sa.event.listen(engine, "before_cursor_execute", capture)
+    try:
+        grants = api.lease(queue, 4)
+        r = api.http["work"].post(
+            f"/v1/namespaces/{api.ns}/attempts/start",
+            json={"items": [{"attempt_id": g["attempt"]["id"], "lease_token": g["attempt"]["lease_token"]}
+                            for g in grants]},
+        )  # fmt: skip
+        assert r.status_code == 200, r.text
+        r = api.http["work"].post(
+            f"/v1/namespaces/{api.ns}/attempts/complete",
+            json={
+                "items": [
+                    {"attempt_id": g["attempt"]["id"], "lease_token": g["attempt"]["lease_token"], "result": 1}
+                    for g in grants
+                ],
+                "lease": {"queue": queue, "worker_id": "w-plans", "max_tasks": 2, "lease_seconds": 30,
+                          "start": True},
+            },
+        )  # fmt: skip
+        assert r.status_code == 200, r.text
+        assert len(r.json()["grants"]) == 2
+    finally:
+        sa.event.remove(engine, "before_cursor_execute", capture)
+
+    statements = {statement for statement, _ in captured}
+    assert any(s.lstrip().startswith("UPDATE tasks") for s in statements), statements
+    assert any(s.lstrip().startswith("UPDATE task_attempts") for s in statements), statements
+    assert any("FOR UPDATE" in s for s in statements), statements
+    with engine.connect() as conn:
+        for statement, parameters in captured:
+            plan = conn.exec_driver_sql(f"EXPLAIN {statement}", parameters).mappings().all()
+            for row in plan:  # the rows it locks (a subquery's rows are read without locks)
+                if row["table"] in ("tasks", "task_attempts") and row["select_type"] in ("SIMPLE", "PRIMARY"):
+                    assert row["key"] == "PRIMARY", (
+                        f"{statement[:60]}...{statement[-300:]}\n{[dict(r) for r in plan]}"
+                    )
