@@ -68,6 +68,8 @@ FAULT_SHARE = 0.8
 #: whenever a hooked fault was not reached: a fast run cannot finish every order before a hooked
 #: fault's point (a charge, a send, a commit) came round again.
 RESERVE_SHARE = 0.15
+#: While a hooked fault is armed and not reached, a few orders of the reserve are let out this often.
+RELEASE_EVERY_SECONDS = 5.0
 
 
 def schedule(rng: random.Random, faults: int, crashes_per_db: int) -> list[str]:
@@ -225,9 +227,6 @@ class Chaos:
         self.opts = opts
         self.rng = random.Random(opts.seed)
         self.stats = Stats()
-        #: Per hooked fault kind, the index of the process that did not reach its point last time:
-        #: the next try arms the next process of that kind (a worker without tasks never charges).
-        self.missed_target: dict[str, int] = {}
         self.logs = opts.root / "logs"
         self.arms = opts.root / "arms"
         self.logs.mkdir(parents=True)
@@ -306,7 +305,7 @@ class Chaos:
         self.server_urls = []
         for i in range(self.opts.servers):
             port = free_port()
-            arm = self.arms / f"server-{i}"
+            arm = self.arms / "server"
             self.services.append(Service(
                 f"server-{i}", "server",
                 [py, "-m", "orbit_server", "--log-level", "warning", "serve", "--database-url",
@@ -323,7 +322,7 @@ class Chaos:
         self.services.append(api)
         server = self._server_for
         for i in range(self.opts.relays):
-            arm = self.arms / f"relay-{i}"
+            arm = self.arms / "relay"
             self.services.append(Service(
                 f"relay-{i}", "relay",
                 [py, "-m", "outbox_adapter.cli", "relay", "--batch-size", "50", "--concurrency", "2",
@@ -334,7 +333,7 @@ class Chaos:
                 self.logs, marker="paused-after-send", arm_file=arm,
             ))  # fmt: skip
         for i in range(self.opts.workers):
-            arm = self.arms / f"worker-{i}"
+            arm = self.arms / "worker"
             self.services.append(Service(
                 f"worker-{i}", "worker",
                 [py, "-m", "examples.order_service.worker", "--concurrency", "8", "--lease-seconds", "5"],
@@ -343,7 +342,7 @@ class Chaos:
                  "ORDER_SERVICE_FAULT": f"hang-after-charge@{arm}"},
                 self.logs, marker="paused-after-charge", arm_file=arm,
             ))  # fmt: skip
-        arm = self.arms / "consumer-0"
+        arm = self.arms / "consumer"
         self.services.append(Service(
             "consumer-0", "consumer",
             [py, "-m", "outbox_adapter.cli", "consume", "--namespace", NAMESPACE, "--subscription", SUBSCRIPTION,
@@ -378,25 +377,54 @@ class Chaos:
             if not s.check():
                 s.start()
 
+    def release_reserve(self) -> None:
+        """Let a few orders of the reserve out (:data:`RESERVE_SHARE`): traffic for a hooked fault's point."""
+        self.stats.released = min(self.opts.orders, self.stats.released + max(2, self.opts.orders // 30))
+
+    def in_flight(self) -> bool:
+        """Orders are left to place, or placed orders are not terminal yet."""
+        s = self.stats
+        return s.released < self.opts.orders or not s.placement_done or s.terminal < self.opts.orders
+
     def hooked(self, kind: str) -> bool:
+        """Arm ``kind``'s hook in every process of its kind at once, wait until one of them is paused
+        at the point, then SIGKILL it there and start it again; ``True`` when that happened.
+
+        The processes of a kind share one arming file and a hook takes it by removing it (atomic: of
+        all the processes, exactly one pauses). The arming stays until the point is reached: while
+        nobody reaches it, a few orders of the reserve are let out every :data:`RELEASE_EVERY_SECONDS`
+        (a charge, a send, a commit needs new orders to come round). It is withdrawn, and the fault
+        counted missed (``False``), only when no order is left in flight or none became terminal for
+        :data:`STALL_SECONDS`. (Arming one process for a fixed window missed under load: its
+        tasks had gone to the other worker, or came after the window.)"""
         process_kind, _ = HOOKED[kind]
         targets = self.of_kind(process_kind)
-        missed = self.missed_target.pop(kind, None)
-        index = self.rng.randrange(len(targets)) if missed is None else (missed + 1) % len(targets)
-        target = targets[index]
-        assert target.arm_file is not None
-        target.paused.clear()
-        target.arm_file.touch()
-        if not target.paused.wait(10):
-            try:
-                target.arm_file.unlink()
-                self.missed_target[kind] = index
-                return False  # nothing reached the point in time (e.g. no traffic of that kind yet)
-            except FileNotFoundError:  # the hook took the arming just now
-                if not target.paused.wait(10):
-                    return False
-        target.kill()  # paused at the point: SIGKILL there
-        target.start()
+        arm = self.arms / process_kind
+        for target in targets:
+            target.paused.clear()
+        arm.touch()
+        released_at = time.monotonic()
+        while not any(t.paused.is_set() for t in targets):
+            self.watch()
+            if time.monotonic() - released_at > RELEASE_EVERY_SECONDS:
+                released_at = time.monotonic()
+                self.release_reserve()
+            stalled = time.monotonic() - self.stats.progressed_at > STALL_SECONDS
+            if stalled or not self.in_flight():
+                try:
+                    arm.unlink()
+                    return False  # nothing left to reach the point with
+                except FileNotFoundError:  # a hook took the arming just now: its marker follows
+                    deadline = time.monotonic() + 30
+                    while not any(t.paused.is_set() for t in targets):
+                        if time.monotonic() > deadline:
+                            return False
+                        time.sleep(0.05)
+                    break
+            time.sleep(0.05)
+        paused = next(t for t in targets if t.paused.is_set())
+        paused.kill()  # paused at the point: SIGKILL there
+        paused.start()
         return True
 
     def fault(self, kind: str) -> bool:
@@ -455,12 +483,8 @@ class Chaos:
                 self.stats.faults[kind] += 1
             else:
                 self.stats.missed[kind] += 1
-                # New traffic for the next try: a few orders of the reserve.
-                self.stats.released = min(
-                    self.opts.orders, self.stats.released + max(2, self.opts.orders // 30)
-                )
-                in_flight = not self.stats.placement_done or self.stats.terminal < self.opts.orders
-                if in_flight:
+                self.release_reserve()  # new traffic for the next try
+                if self.in_flight():
                     queue.insert(min(len(queue), n + 3), (kind, slot, tries + 1))
             n += 1
             self.stats.faults_done = slot + 1
