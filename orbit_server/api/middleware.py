@@ -16,7 +16,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from orbit_server.api.metrics import Metrics, method_label
 from orbit_server.api.problems import problem_response
-from orbit_server.db.engine import is_unavailable
+from orbit_server.db.engine import nothing_committed, request_writes_tracked
 
 #: One line per request when ``ORBIT_ACCESS_LOG`` is on (README "Running the server").
 log = logging.getLogger("orbit_server.app")
@@ -141,9 +141,10 @@ class RequestContextMiddleware:
             return message
 
         try:
-            await self.app(scope, receive_counted, send_with_id)
+            with request_writes_tracked() as writes:
+                await self.app(scope, receive_counted, send_with_id)
         except Exception as exc:
-            if is_unavailable(exc):  # nothing was done: 503, retry (README "Scaling out")
+            if nothing_committed(exc, writes):  # nothing was done: 503, retry (README "Scaling out")
                 log.warning("database unavailable (request_id=%s): %s", request_id, getattr(exc, "orig", exc))
                 if started:
                     raise

@@ -14,6 +14,8 @@ from __future__ import annotations
 import contextlib
 import sqlite3
 import time
+from collections.abc import Iterator
+from contextvars import ContextVar
 from datetime import UTC, datetime
 from typing import Any, TypeVar
 
@@ -36,6 +38,8 @@ __all__ = [
     "is_sqlite",
     "is_unavailable",
     "is_unique_violation",
+    "nothing_committed",
+    "request_writes_tracked",
     "to_utc",
 ]
 
@@ -52,6 +56,22 @@ _MYSQL_RETRYABLE = {1205, 1213}
 #: prepared node for application use", on any statement that touches a table). A connection lost
 #: mid-way (2006, 2013) is not among them: its COMMIT may have happened.
 _MYSQL_UNAVAILABLE = {1047, 2002, 2003}
+
+#: Per HTTP request (:func:`request_writes_tracked`): ``[wrote, committed_a_write]``: a statement
+#: that may write was sent, and a COMMIT was sent after one. ``None`` outside a request.
+_REQUEST_WRITES: ContextVar[list[bool] | None] = ContextVar("orbit_request_writes", default=None)
+#: Statements that write nothing (the rest count as writes: a wrong guess only costs a 500 for a 503).
+_READ_ONLY_HEADS = (
+    "SELECT",
+    "(SELECT",
+    "SET ",
+    "SHOW ",
+    "BEGIN",
+    "SAVEPOINT",
+    "RELEASE",
+    "ROLLBACK",
+    "EXPLAIN",
+)
 
 
 _S = TypeVar("_S", sa.Update, sa.Select[Any])
@@ -131,6 +151,7 @@ def create_engine(
                               pool_reset_on_return=None, **kwargs)  # fmt: skip
     _ping_when_idle(engine, ping_idle_seconds)
     _reset_only_open_transactions(engine)
+    _note_request_writes(engine)
     if backend == "mysql":
         reset_on_return(engine)  # a causal read ended by an error (Galera; README "Scaling out")
     _faults.install(engine)  # test-only hooks; nothing unless ORBIT_SERVER_FAULT is set
@@ -162,6 +183,52 @@ def _ping_when_idle(engine: Engine, idle_seconds: float) -> None:
             if engine.dialect.is_disconnect(exc, dbapi_connection, None):
                 raise sa.exc.DisconnectionError() from exc
             raise
+
+
+def _note_request_writes(engine: Engine) -> None:
+    """Keep :data:`_REQUEST_WRITES` of the current request (if any) up to date: a statement that may
+    write marks it written; a COMMIT after that marks a write committed (SQLAlchemy's ``commit``
+    event fires just before the DBAPI commit, so a COMMIT whose answer was lost counts as done)."""
+
+    @event.listens_for(engine, "before_cursor_execute")
+    def _on_execute(_conn: Connection, _cursor: Any, statement: str, *_args: Any) -> None:
+        box = _REQUEST_WRITES.get()
+        if box is not None and not box[0] and not statement.lstrip()[:9].upper().startswith(_READ_ONLY_HEADS):
+            box[0] = True
+
+    @event.listens_for(engine, "commit")
+    def _on_commit(_conn: Connection) -> None:
+        box = _REQUEST_WRITES.get()
+        if box is not None and box[0]:
+            box[1] = True
+
+
+@contextlib.contextmanager
+def request_writes_tracked() -> Iterator[list[bool]]:
+    """Within this block (one HTTP request; thread-pool calls inherit it), record whether a write
+    was committed; yields the record, for :func:`nothing_committed` after the block."""
+    record = [False, False]
+    token = _REQUEST_WRITES.set(record)
+    try:
+        yield record
+    finally:
+        _REQUEST_WRITES.reset(token)
+
+
+def nothing_committed(exc: BaseException, record: list[bool] | None = None) -> bool:
+    """``True`` when ``exc`` ended a request that changed nothing: the database was unavailable
+    (:func:`is_unavailable`), or the connection was lost in use (SQLAlchemy's
+    ``connection_invalidated``: a crash, a cut, a ``KILL``), and no COMMIT of a write had been sent in
+    the request, so the database rolled back whatever the request wrote. The server answers such a
+    request 503 with ``Retry-After`` (README "Scaling out"); once the COMMIT of a write was sent the
+    outcome is unknown (500).
+
+    ``record``: the one :func:`request_writes_tracked` yielded (default: the current block's);
+    outside any block this is ``False``: nothing is known of the writes."""
+    record = record if record is not None else _REQUEST_WRITES.get()
+    if record is None or record[1] or not isinstance(exc, sa.exc.DBAPIError):
+        return False
+    return exc.connection_invalidated or is_unavailable(exc)
 
 
 def _reset_only_open_transactions(engine: Engine) -> None:
