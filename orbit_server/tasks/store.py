@@ -691,8 +691,8 @@ def submit_task(
         except sa.exc.DBAPIError as exc:
             if not (exc.connection_invalidated or is_lock_conflict(exc)):
                 if lost is not None and is_unavailable(exc):
-                    # An earlier try lost its connection, perhaps after its COMMIT: never answer
-                    # 503 ("nothing was done") for it.
+                    # An earlier try lost its connection: that loss decides the answer (503 only if
+                    # it came before the try's COMMIT was sent; see nothing_committed).
                     raise lost from exc
                 raise
             if exc.connection_invalidated:
