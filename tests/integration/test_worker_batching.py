@@ -292,8 +292,10 @@ def test_a_lost_lease_answer_never_leaves_a_task_running(env: Env) -> None:
     queue = env.queue()
     ids = [env.submit(queue, "echo", {"n": n}, retry_safe=False) for n in range(2)]
     recorder = Recorder(faults={"lease": "lose"})
+    # The lost grants lapse after their lease; the second grants must keep theirs under load (CI, 3 test
+    # processes on 2 cores: a 0.5 s lease, as long as the report linger, once ran out mid-report).
     drain(env, lambda client: Worker(
-        client, env.ns, queue, {"echo": echo}, concurrency=2, lease_seconds=0.5, report_linger=PATIENT, **FAST
+        client, env.ns, queue, {"echo": echo}, concurrency=2, lease_seconds=2, report_linger=PATIENT, **FAST
     ), recorder, ids)  # fmt: skip
     for task_id in ids:
         first, second = env.admin.list_attempts(env.ns, task_id)
