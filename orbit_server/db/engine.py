@@ -54,7 +54,8 @@ _MYSQL_RETRYABLE = {1205, 1213}
 #: MySQL/MariaDB error numbers meaning "the database did nothing and cannot serve right now": cannot
 #: connect (2002, 2003), a Galera node outside its cluster's primary component (1047 "WSREP has not yet
 #: prepared node for application use", on any statement that touches a table). A connection lost
-#: mid-way (2006, 2013) is not among them: its COMMIT may have happened.
+#: mid-way (2006, 2013) is not among them: its COMMIT may have happened (:func:`nothing_committed`
+#: decides those by what the request had committed).
 _MYSQL_UNAVAILABLE = {1047, 2002, 2003}
 
 #: Per HTTP request (:func:`request_writes_tracked`): ``[wrote, committed_a_write]``: a statement
@@ -193,7 +194,11 @@ def _note_request_writes(engine: Engine) -> None:
     @event.listens_for(engine, "before_cursor_execute")
     def _on_execute(_conn: Connection, _cursor: Any, statement: str, *_args: Any) -> None:
         box = _REQUEST_WRITES.get()
-        if box is not None and not box[0] and not statement.lstrip()[:9].upper().startswith(_READ_ONLY_HEADS):
+        if (
+            box is not None
+            and not box[0]
+            and not statement[:16].lstrip().upper().startswith(_READ_ONLY_HEADS)
+        ):
             box[0] = True
 
     @event.listens_for(engine, "commit")
