@@ -31,7 +31,8 @@ KINDS = [
 def behind_proxy(
     request: pytest.FixtureRequest, make_database: DatabaseFactory
 ) -> Iterator[tuple[URL, URL, TcpProxy]]:
-    """(direct URL, URL through the proxy, the proxy) of a new database (the outbox's databases)."""
+    """(direct URL, URL through the proxy, the proxy) of a new database. PostgreSQL too: the verdict
+    rests on SQLAlchemy's ``connection_invalidated``, not on MariaDB's error numbers."""
     url = make_database(request.param)
     proxy = TcpProxy(url.host or "127.0.0.1", url.port or (3306 if request.param == "mariadb" else 5432))
     proxy.up()
