@@ -23,7 +23,9 @@ Sections (``--only`` takes their names):
   drain beside one of the peer's worker (alternating which goes first) when ``peer`` runs too,
   so that the worker ratio is the median of ratios whose two drains met the same load (the
   machine's speed moves by 2x within minutes; the peer section's own drain ran minutes
-  earlier), with the server + worker CPU per task; end to end: worker and relay
+  earlier), with the server + worker CPU per task; then the same paired rounds with tasks declared
+  retry-safe (their grants come back ``RUNNING``: lease-and-start, no ``start`` call; the peer's own
+  semantics, as its worker marks a job ``doing`` when it fetches it); end to end: worker and relay
   processes running, ``--n`` business transactions with ``enqueue`` one after the other,
   until the last task has succeeded. Also the peak RSS of the server, relay (batch 500) and
   worker processes, and statements and round trips per submission (MariaDB's global
@@ -448,11 +450,27 @@ def direct_single(base: str, key: str, n: int, threads: int = 8) -> float:
     return per * threads / (time.perf_counter() - started)
 
 
-def direct_batch(base: str, key: str, n: int, queue: str = QUEUE, size: int = 100, threads: int = 2) -> float:
+def direct_batch(
+    base: str,
+    key: str,
+    n: int,
+    queue: str = QUEUE,
+    size: int = 100,
+    threads: int = 2,
+    *,
+    retry_safe: bool = False,
+) -> float:
     run = uuid.uuid4().hex[:8]
+    options = {"options": {"retry_safe": True}} if retry_safe else {}
     batches = [
         [
-            {"idempotency_key": f"b-{run}-{i}", "queue": queue, "handler": HANDLER, "params": {"n": i}}
+            {
+                "idempotency_key": f"b-{run}-{i}",
+                "queue": queue,
+                "handler": HANDLER,
+                "params": {"n": i},
+                **options,
+            }
             for i in range(start, min(start + size, n))
         ]
         for start in range(0, n, size)
@@ -483,10 +501,11 @@ def direct_batch(base: str, key: str, n: int, queue: str = QUEUE, size: int = 10
     return n / elapsed
 
 
-def _submit_untimed(base: str, key: str, n: int, queue: str) -> None:
+def _submit_untimed(base: str, key: str, n: int, queue: str, *, retry_safe: bool = False) -> None:
     if hasattr(OrbitClient, "submit_tasks"):
-        direct_batch(base, key, n, queue=queue)
+        direct_batch(base, key, n, queue=queue, retry_safe=retry_safe)
         return
+    assert not retry_safe, "retry-safe rounds need submit_tasks"
     run = uuid.uuid4().hex[:8]
     with httpx.Client(base_url=base, headers={"Authorization": f"Bearer {key}"}, timeout=60) as http:
 
@@ -525,11 +544,14 @@ def _worker_queue(round_: int) -> str:
 
 
 def _orbit_worker_drain(
-    server: sa.Engine, base: str, keys: dict[str, str], n: int, concurrency: int, queue: str, server_pid: int
-) -> tuple[float, float, float]:
+    server: sa.Engine, base: str, keys: dict[str, str], n: int, concurrency: int, queue: str, server_pid: int,
+    *, retry_safe: bool = False,
+) -> tuple[float, float, float]:  # fmt: skip
     """One worker process drains ``n`` tasks submitted (untimed) to the empty ``queue``: (tasks/s from
-    the database's timestamps, the worker's peak RSS in MiB, server + worker CPU ms per task)."""
-    _submit_untimed(base, keys["submit"], n, queue)
+    the database's timestamps, the worker's peak RSS in MiB, server + worker CPU ms per task).
+    ``retry_safe``: the tasks are declared retry-safe, so their grants come back ``RUNNING``
+    (lease-and-start, no ``start`` call)."""
+    _submit_untimed(base, keys["submit"], n, queue, retry_safe=retry_safe)
     server_cpu = cpu_seconds(server_pid)
     worker = _worker(base, keys["work"], queue, concurrency)
     try:
@@ -592,6 +614,46 @@ def worker_rounds(
         ratios = [o / p for o, p in zip(orbit, peers, strict=True)]
         report.add("orbit", "orbit worker / peer worker, paired", statistics.median(ratios), "×",
                    "median of the rounds' ratios: " + ", ".join(f"{r:.2f}" for r in ratios))  # fmt: skip
+    _retry_safe_rounds(
+        report, server, base, keys, n, concurrency, server_pid=server_pid, rounds=rounds, peer=peer
+    )
+
+
+def _retry_safe_rounds(
+    report: Report, server: sa.Engine, base: str, keys: dict[str, str], n: int, concurrency: int, *,
+    server_pid: int, rounds: int, peer: str | None,
+) -> None:  # fmt: skip
+    """As :func:`worker_rounds`, with tasks declared retry-safe: their grants come back ``RUNNING``
+    (lease-and-start), the peer's own semantics (its worker marks a job ``doing`` as it fetches it).
+    Tasks not declared retry-safe (the default, above) are confirmed by a ``start`` call before
+    their handler runs: one more round trip in each task's serial cycle, for a guarantee the peer
+    does not give (a worker lost mid-handler sends the task to review, not to a second run)."""
+    orbit: list[float] = []
+    peers: list[float] = []
+    for round_ in range(1, rounds + 1):
+        queue = f"safe-{round_}"
+        if peer is not None and round_ % 2 == 0:
+            peers.append(peer_worker_drain(peer, n, concurrency)[0])
+        if round_ == 1:
+            with Cost(server, base) as cost:
+                rate = _orbit_worker_drain(
+                    server, base, keys, n, concurrency, queue, server_pid, retry_safe=True
+                )[0]
+        else:
+            rate = _orbit_worker_drain(
+                server, base, keys, n, concurrency, queue, server_pid, retry_safe=True
+            )[0]
+        orbit.append(rate)
+        if peer is not None and round_ % 2 == 1:
+            peers.append(peer_worker_drain(peer, n, concurrency)[0])
+    report.meta["retry_safe_rounds"] = {"orbit": orbit, "peer": peers}
+    report.add("orbit", "orbit: worker processed, retry-safe tasks", statistics.median(orbit), "tasks/s",
+               f"lease-and-start; median of {rounds}: " + ", ".join(f"{r:.0f}" for r in orbit))  # fmt: skip
+    cost.report(report, "retry-safe task (worker: lease-and-start, complete)", n)
+    if peers:
+        ratios = [o / p for o, p in zip(orbit, peers, strict=True)]
+        report.add("orbit", "orbit worker / peer worker, retry-safe tasks, paired", statistics.median(ratios), "×",
+                   "median of the rounds' ratios: " + ", ".join(f"{r:.2f}" for r in ratios))  # fmt: skip
 
 
 def end_to_end(
@@ -650,7 +712,9 @@ def run_orbit(
         server_url = urls["server"]
         cli("migrate", url=server_url)
         cli("namespace", "create", NS, url=server_url)
-        for queue in (QUEUE, "e2e", *(_worker_queue(r) for r in range(1, worker_rounds_ + 1))):
+        rounds_queues = [_worker_queue(r) for r in range(1, worker_rounds_ + 1)]
+        rounds_queues += [f"safe-{r}" for r in range(1, worker_rounds_ + 1)]
+        for queue in (QUEUE, "e2e", *rounds_queues):
             cli("queue", "create", NS, queue, url=server_url)
         keys = {
             role: cli("api-key", "create", NS, "--role", role, url=server_url) for role in ("submit", "work")
