@@ -27,7 +27,7 @@ Sections (``--only`` takes their names):
   retry-safe (their grants come back ``RUNNING``: lease-and-start, no ``start`` call; the peer's own
   semantics, as its worker marks a job ``doing`` when it fetches it); end to end: worker and relay
   processes running, ``--n`` business transactions with ``enqueue`` one after the other,
-  until the last task has succeeded. Also the peak RSS of the server, relay (batch 500) and
+  until the last task has succeeded (once with default tasks, once with retry-safe ones). Also the peak RSS of the server, relay (batch 500) and
   worker processes, and statements and round trips per submission (MariaDB's global
   counters: other clients of the same MariaDB count too, so run it on a quiet machine).
 - ``workers`` (needs ``orbit``; beside the peer when ``peer`` runs too): a concurrency sweep
@@ -658,9 +658,12 @@ def _retry_safe_rounds(
 
 def end_to_end(
     report: Report, business: sa.Engine, business_url: str, server: sa.Engine, base: str,
-    keys: dict[str, str], n: int, concurrency: int,
+    keys: dict[str, str], n: int, concurrency: int, *, retry_safe: bool = False,
 ) -> None:  # fmt: skip
-    queue = "e2e"
+    """Business commits with ``enqueue`` one after the other, a relay and a worker process running,
+    until every task succeeded; ``retry_safe``: the tasks are declared retry-safe (lease-and-start)."""
+    queue = "e2e-safe" if retry_safe else "e2e"
+    options = {"retry_safe": True} if retry_safe else None
     tables = _new_outbox(business)
     relay_env = {
         **os.environ,
@@ -680,14 +683,19 @@ def end_to_end(
         started = time.perf_counter()
         for i in range(n):
             with business.begin() as conn:
-                enqueue(conn, namespace=NS, queue=queue, handler=HANDLER, params={"n": i}, tables=tables)
+                enqueue(conn, namespace=NS, queue=queue, handler=HANDLER, params={"n": i}, tables=tables,
+                        options=options)  # fmt: skip
         _wait_until(lambda: _succeeded(server, queue) >= n, "the end-to-end tasks")
         elapsed = time.perf_counter() - started
     finally:
         _stop(relay)
         _stop(worker)
-    report.add("orbit", "orbit: end to end", n / elapsed, "tasks/s",
-               "enqueue → relay (batch 100) → worker → SUCCEEDED")  # fmt: skip
+    if retry_safe:
+        report.add("orbit", "orbit: end to end, retry-safe tasks", n / elapsed, "tasks/s",
+                   "as above, tasks declared retry-safe (lease-and-start)")  # fmt: skip
+    else:
+        report.add("orbit", "orbit: end to end", n / elapsed, "tasks/s",
+                   "enqueue → relay (batch 100) → worker → SUCCEEDED")  # fmt: skip
 
 
 def relay_rss(business: sa.Engine, business_url: str, base: str, key: str, n: int) -> tuple[float, float]:
@@ -714,7 +722,7 @@ def run_orbit(
         cli("namespace", "create", NS, url=server_url)
         rounds_queues = [_worker_queue(r) for r in range(1, worker_rounds_ + 1)]
         rounds_queues += [f"safe-{r}" for r in range(1, worker_rounds_ + 1)]
-        for queue in (QUEUE, "e2e", *rounds_queues):
+        for queue in (QUEUE, "e2e", "e2e-safe", *rounds_queues):
             cli("queue", "create", NS, queue, url=server_url)
         keys = {
             role: cli("api-key", "create", NS, "--role", role, url=server_url) for role in ("submit", "work")
@@ -778,6 +786,8 @@ def run_orbit(
                     run_workers(report, server_db, base, keys, n, concurrency, server_pid=server.proc.pid,
                                 peer=peer, sweep=sweep)  # fmt: skip
                 end_to_end(report, business, urls["business"], server_db, base, keys, n, concurrency)
+                end_to_end(report, business, urls["business"], server_db, base, keys, n, concurrency,
+                           retry_safe=True)  # fmt: skip
                 rate, rss = relay_rss(business, urls["business"], base, keys["submit"], n)
                 report.add(
                     "orbit", "relay CLI batch 500 (--once)", rate, "rows/s", "process start-up included"
@@ -895,6 +905,7 @@ def judge(report: Report) -> None:
     else:
         r.compare("orbit: worker processed", "peer: worker processed")
     r.compare("orbit: end to end", "peer: end to end")
+    r.compare("orbit: end to end, retry-safe tasks", "peer: end to end")
     r.compare("claim of 100, 1M DELIVERED rows", "claim of 100, 1k DELIVERED rows (base)")
     b1, b100, peer_e2e = r.value("relay batch 1"), r.value("relay batch 100"), r.value("peer: end to end")
     if b1 and b100:
