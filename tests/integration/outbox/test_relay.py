@@ -180,7 +180,14 @@ def test_a_relay_whose_lease_expired_cannot_record(
         assert row.lease_owner == "slow"
         with biz.engine.connect() as conn:  # the database clock passes the lease's end
             wait_until(lambda: db_now(conn) > row.lease_expires_at.replace(tzinfo=None))  # type: ignore[union-attr]
-        taker = make_relay(owner="taker").run_once()  # another relay takes the row over and delivers it
+        # Another relay takes the row over and delivers it. "slow" keeps polling (every 0.05 s) while
+        # its send hangs; its claim select excludes the row it has in flight, but InnoDB still locks
+        # that row for the select's short transaction, and a SKIP LOCKED claim made in that moment
+        # passes it by (found in CI): the taker runs again until it has claimed, as a polling relay would.
+        taker_relay = make_relay(owner="taker")
+        runs: list[Any] = []
+        wait_until(lambda: runs.append(taker_relay.run_once()) or runs[-1].claimed > 0, timeout=10)
+        taker = runs[-1]
         assert taker.delivered == 1 and taker.replayed == 0
         gate.release.set()  # the slow send now completes (the server replays)...
         thread.join(10)
