@@ -359,7 +359,7 @@ def test_heartbeats_due_together_share_one_call(env: Env) -> None:
     ids = [env.submit(queue, "held") for _ in range(4)]
     recorder = Recorder()
     worker_for = lambda client: Worker(  # noqa: E731
-        client, env.ns, queue, {"held": held}, concurrency=4, lease_seconds=0.6, report_linger=PATIENT, **FAST
+        client, env.ns, queue, {"held": held}, concurrency=4, lease_seconds=1.5, report_linger=PATIENT, **FAST
     )
     with counted_client(env, recorder) as client, running(worker_for(client)):
         assert recorder.shared_heartbeat.wait(10), recorder.sent

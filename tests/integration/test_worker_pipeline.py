@@ -349,7 +349,7 @@ def test_a_heartbeat_that_races_a_successful_complete_is_no_lost_lease(
 
     def echo(ctx: TaskContext) -> Any:
         contexts.append(ctx)
-        time.sleep(0.25)  # past the first heartbeat (a third of 0.6 s); the next is due at 0.4 s
+        time.sleep(0.5)  # past the first heartbeat (a third of 1.2 s); the next is due at 0.8 s
         return "done"
 
     def hold_complete(request: httpx.Request, response: httpx.Response | None) -> None:
@@ -364,7 +364,7 @@ def test_a_heartbeat_that_races_a_successful_complete_is_no_lost_lease(
     caplog.set_level(logging.WARNING, logger="orbit_client.worker")
     with (
         client_for(env, HookedTransport(recorder, after=hold_complete)) as client,
-        running(Worker(client, env.ns, queue, {"echo": echo}, lease_seconds=0.6, **FAST)),
+        running(Worker(client, env.ns, queue, {"echo": echo}, lease_seconds=1.2, **FAST)),
     ):
         env.wait(task_id, "SUCCEEDED")
         time.sleep(0.3)  # let a late heartbeat answer arrive, if one was sent
