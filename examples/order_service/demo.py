@@ -29,6 +29,7 @@ import argparse
 import csv
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -64,6 +65,9 @@ TERMINAL = ("COMPLETED", "FAILED", "NEEDS_REVIEW", "CANCELLED")
 console = Console(stderr=True)
 
 
+METRICS_AT = re.compile(rb"metrics at (http://\S+/metrics)")
+
+
 def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -97,6 +101,10 @@ class Process:
     proc: subprocess.Popen[bytes] | None = None
     seen: threading.Event = field(default_factory=threading.Event)
     restarts: int = 0
+    #: Where the process serves its metrics, from its "metrics at URL" log line (it binds a free
+    #: port of its own, ``--metrics-port 0``: a port chosen here could be taken before it starts).
+    metrics_url: str | None = None
+    serving: threading.Event = field(default_factory=threading.Event)
 
     def start(self, *, fault: dict[str, str] | None = None) -> None:
         log: IO[bytes] = (WORK_DIR / f"{self.name}.log").open("ab")
@@ -113,6 +121,10 @@ class Process:
             log.flush()
             if self.marker and self.marker.encode() in line:
                 self.seen.set()
+            found = METRICS_AT.search(line)
+            if found:
+                self.metrics_url = found.group(1).decode()
+                self.serving.set()
         log.close()
 
     def kill(self) -> None:
@@ -247,30 +259,28 @@ def main(argv: list[str] | None = None) -> int:
     create_business_tables(engine)
     run_cli("outbox_adapter.cli", "migrate", "--database-url", business_url)
 
-    orbit_port, api_port = free_port(), free_port()
-    # Each long-running process serves Prometheus metrics on a port of its own (README "Operations").
-    metrics_ports = {name: free_port() for name in ("relay", "worker", "consumer")}
-    orbit_url, api_url = f"http://127.0.0.1:{orbit_port}", f"http://127.0.0.1:{api_port}"
+    orbit_port = free_port()
+    orbit_url = f"http://127.0.0.1:{orbit_port}"
     py = sys.executable
     server = Process("orbit-server", [py, "-m", "orbit_server", "--log-level", "warning", "serve",
                                       "--database-url", orbit_db_url, "--port", str(orbit_port)],
                      {"ORBIT_SWEEP_INTERVAL_SECONDS": "0.5"})  # fmt: skip
     api = Process("order-api", [py, "-m", "examples.order_service.api", "--database-url", business_url,
-                                "--port", str(api_port)], {"ORDER_FULFILMENT": "flow" if args.flow else "task"})  # fmt: skip
+                                "--port", "PORT"], {"ORDER_FULFILMENT": "flow" if args.flow else "task"})  # fmt: skip
     relay = Process("relay", [py, "-m", "outbox_adapter.cli", "relay", "--batch-size", "20", "--concurrency", "4",
                               "--lease-seconds", "5", "--poll-interval", "0.2",
-                              "--metrics-port", str(metrics_ports["relay"]), "--metrics-sample-interval", "1"],
+                              "--metrics-port", "0", "--metrics-sample-interval", "1"],
                     {"ORBIT_OUTBOX_DATABASE_URL": business_url, "ORBIT_URL": orbit_url,
                      "ORBIT_API_KEY": keys["submit"]}, marker="paused-after-send")  # fmt: skip
     worker = Process("worker", [py, "-m", "examples.order_service.worker", "--concurrency", "4",
-                                "--lease-seconds", "3", "--metrics-port", str(metrics_ports["worker"])],
+                                "--lease-seconds", "3", "--metrics-port", "0"],
                      {"ORDER_DATABASE_URL": business_url, "ORBIT_URL": orbit_url, "ORBIT_API_KEY": keys["work"]},
                      marker="paused-after-charge")  # fmt: skip
     consumer = Process(
         "consumer",
         [py, "-m", "outbox_adapter.cli", "consume", "--namespace", NAMESPACE, "--subscription", SUBSCRIPTION,
          "--handler", "examples.order_service.consumer:apply_result", "--lease-seconds", "10",
-         "--poll-interval", "0.2", "--metrics-port", str(metrics_ports["consumer"])],
+         "--poll-interval", "0.2", "--metrics-port", "0"],
         {"ORBIT_OUTBOX_DATABASE_URL": business_url, "ORBIT_URL": orbit_url, "ORBIT_API_KEY": keys["work"]},
     )  # fmt: skip
     processes = [server, api, relay, worker, consumer]
@@ -283,7 +293,7 @@ def main(argv: list[str] | None = None) -> int:
             p.env.update(traced)
     faults = 0
     with stopping(processes), ExitStack():
-        console.rule(f"Start the processes (Orbit at {orbit_url}, order API at {api_url})")
+        console.rule(f"Start the processes (Orbit at {orbit_url})")
         server.start()
         wait_for_http(f"{orbit_url}/readyz", server.proc)  # type: ignore[arg-type]
         with OrbitClient(orbit_url, api_key=keys["admin"]) as admin:
@@ -291,15 +301,30 @@ def main(argv: list[str] | None = None) -> int:
             if args.flow:
                 version = fulfilment_flow.publish(admin)
                 console.log(f"Published flow {fulfilment_flow.FLOW_NAME!r} version {version.version}")
+        # A port chosen now, not with the server's: under load another process may bind a free port
+        # in the seconds the server takes to be ready.
+        api_port = free_port()
+        api.argv[api.argv.index("--port") + 1] = str(api_port)
+        api_url = f"http://127.0.0.1:{api_port}"
         api.start()
         wait_for_http(f"{api_url}/docs", api.proc)  # type: ignore[arg-type]
         relay.start(fault={"ORBIT_OUTBOX_FAULT": "pause-after-send"})
         worker.start(fault={"ORDER_SERVICE_FAULT": "hang-after-charge"})
         consumer.start()
-        endpoints = {"server": f"{orbit_url}/metrics"} | {
-            name: f"http://127.0.0.1:{port}/metrics" for name, port in metrics_ports.items()
-        }
-        console.log("Prometheus metrics: " + ", ".join(f"{name} {url}" for name, url in endpoints.items()))
+        # Each long-running process serves Prometheus metrics on a port of its own (README "Operations"),
+        # a free one it binds itself and logs; a restarted process logs its new one.
+        serving = [relay, worker, consumer]
+        for p in serving:
+            deadline = time.monotonic() + 60
+            while not p.serving.wait(0.2):
+                assert p.proc is not None
+                if p.proc.poll() is not None or time.monotonic() > deadline:
+                    raise SystemExit(f"{p.name} did not serve its metrics; see {WORK_DIR / p.name}.log")
+
+        def endpoints() -> dict[str, str]:
+            return {"server": f"{orbit_url}/metrics"} | {p.name: p.metrics_url or "" for p in serving}
+
+        console.log("Prometheus metrics: " + ", ".join(f"{name} {url}" for name, url in endpoints().items()))
         scraped: dict[str, dict[str, Any]] = {}
 
         console.rule(f"Place {len(orders)} orders through the order API")
@@ -353,7 +378,7 @@ def main(argv: list[str] | None = None) -> int:
                         )
                     )  # fmt: skip
                 progress.update(bar, completed=done)
-                scrape(endpoints, scraped)
+                scrape(endpoints(), scraped)
                 if done == len(order_ids):
                     break
                 # A second after the last order was placed (or a third of them terminal, if sooner): every order
@@ -379,7 +404,7 @@ def main(argv: list[str] | None = None) -> int:
                     break
                 time.sleep(0.25)
 
-        scrape(endpoints, scraped, final=True)
+        scrape(endpoints(), scraped, final=True)
         if args.flow:
             summary = summarise_flow(
                 engine, orbit_url, keys["admin"], order_ids, cancels, faults, time.monotonic() - started
