@@ -45,245 +45,57 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import inspect
 import json
 import os
 import platform
-import signal
 import statistics
 import subprocess
 import sys
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 import httpx
 import sqlalchemy as sa
 
-from bench._support import MYSQL_SERVER, cli, cpu_seconds, orbit_server_processes, peak_rss_mb
+from bench._compare import (
+    HANDLER,
+    NS,
+    QUEUE,
+    Cost,
+    Report,
+    _orbit_worker_drain,
+    _peer_last_job,
+    _stop,
+    _stop_when_exits,
+    _succeeded,
+    _timed,
+    _wait_until,
+    _worker,
+    _worker_queue,
+    _worker_registered,
+    direct_batch,
+    mysql_databases,
+    peer_database,
+    peer_worker_drain,
+)
+from bench._support import MYSQL_SERVER, cli, orbit_server_processes, peak_rss_mb
+from bench.compare_workers import run_workers
 from orbit_client import OrbitClient, RetryPolicy
 from outbox_adapter import Backoff, Outbox, OutboxTables, Relay, enqueue
 
-POSTGRES_CONNINFO = os.environ.get("BENCH_POSTGRES_CONNINFO", "host=127.0.0.1 user=postgres")
 SECTIONS = ("peer", "orbit", "workers", "claim")
-NS, QUEUE, HANDLER = "bench", "q", "bench.echo"
-
-
-@dataclass
-class Figure:
-    """One line of the table."""
-
-    section: str
-    name: str
-    value: float | None
-    unit: str
-    base: str | None = None  # the figure this one is compared with
-    ratio: float | None = None
-    target: str | None = None
-    passed: bool | None = None
-    note: str = ""
-
-
-@dataclass
-class Report:
-    figures: list[Figure] = field(default_factory=list)
-    explain: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
-    meta: dict[str, Any] = field(default_factory=dict)
-
-    def add(self, section: str, name: str, value: float | None, unit: str, note: str = "") -> Figure:
-        figure = Figure(section, name, value, unit, note=note)
-        self.figures.append(figure)
-        return figure
-
-    def value(self, name: str) -> float | None:
-        return next((f.value for f in self.figures if f.name == name), None)
-
-    def compare(self, name: str, base: str, *, inverse: bool = False) -> None:
-        """Set ``name``'s ratio to ``base`` (``inverse``: base / value, for durations)."""
-        figure = next((f for f in self.figures if f.name == name), None)
-        base_value = self.value(base)
-        if figure is None or figure.value is None or not base_value:
-            return
-        figure.base = base
-        figure.ratio = base_value / figure.value if inverse else figure.value / base_value
-
-    def target(self, name: str, text: str, check: Callable[[Figure], bool | None]) -> None:
-        figure = next((f for f in self.figures if f.name == name), None)
-        if figure is None:
-            return
-        figure.target = text
-        if figure.value is not None:
-            figure.passed = check(figure)
 
 
 # ------------------------------------------------------------------ helpers
 
 
-def _timed(fn: Callable[[], Any]) -> float:
-    started = time.perf_counter()
-    fn()
-    return time.perf_counter() - started
-
-
-def _wait_until(check: Callable[[], bool], what: str, timeout: float = 900, every: float = 0.02) -> None:
-    """Poll ``check`` (a database count: there is no event to await across processes)."""
-    deadline = time.monotonic() + timeout
-    while not check():
-        if time.monotonic() > deadline:
-            raise SystemExit(f"timed out waiting for {what}")
-        time.sleep(every)
-
-
-def _stop(proc: subprocess.Popen[Any]) -> float:
-    """SIGTERM ``proc``, wait for it; return its peak RSS in MiB (``wait4``'s ``ru_maxrss``)."""
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
-    try:
-        _pid, status, usage = os.wait4(proc.pid, 0)
-        proc.returncode = os.waitstatus_to_exitcode(status)
-        return usage.ru_maxrss / 1024
-    except ChildProcessError:  # already reaped
-        proc.wait(timeout=60)
-        return 0.0
-
-
-def _mysql_counters(engine: sa.Engine) -> dict[str, int]:
-    names = ("Questions", "Com_admin_commands", "Com_commit", "Com_rollback", "Com_select", "Com_insert")
-    with engine.connect() as conn:
-        rows = conn.exec_driver_sql(
-            "SHOW GLOBAL STATUS WHERE Variable_name IN (" + ",".join(f"'{n}'" for n in names) + ")"
-        ).all()
-    return {name: int(value) for name, value in rows}
-
-
-def _http_calls(base: str) -> float:
-    """API requests the server answered so far (its /metrics; one process's count under --workers)."""
-    total = 0.0
-    for line in httpx.get(f"{base}/metrics", timeout=30).text.splitlines():
-        if line.startswith("orbit_http_request_duration_seconds_count{") and "/v1/" in line:
-            total += float(line.rsplit(" ", 1)[1])
-    return total
-
-
-class Cost:
-    """Database round trips (MariaDB's global counters: both Orbit databases, and any other client
-    of the same MariaDB, so run on a quiet machine) and Orbit HTTP calls spent by a block of work."""
-
-    #: False under ``serve --workers N``: each process counts only its own requests in /metrics.
-    count_http = True
-
-    def __init__(self, admin: sa.Engine, base: str) -> None:
-        self.admin, self.base = admin, base
-
-    def __enter__(self) -> Cost:
-        self._db, self._http = _mysql_counters(self.admin), _http_calls(self.base)
-        return self
-
-    def __exit__(self, *_exc: object) -> None:
-        after = _mysql_counters(self.admin)
-        self.db = {k: after[k] - self._db[k] for k in after}
-        self.http = _http_calls(self.base) - self._http
-
-    def report(self, report: Report, what: str, n: int) -> None:
-        trips = (self.db["Questions"] + self.db["Com_admin_commands"]) / n
-        report.add("orbit", f"DB round trips per {what}", trips, "round trips",
-                   f"pings {self.db['Com_admin_commands'] / n:.2f}, COMMIT {self.db['Com_commit'] / n:.2f}, "
-                   f"ROLLBACK {self.db['Com_rollback'] / n:.2f}")  # fmt: skip
-        if self.count_http:
-            report.add("orbit", f"HTTP calls per {what}", self.http / n, "calls")
-        else:
-            report.add(
-                "orbit", f"HTTP calls per {what}", None, "calls", "n/a under --workers (per-process /metrics)"
-            )
-
-
-@contextlib.contextmanager
-def mysql_databases(*roles: str) -> Iterator[dict[str, str]]:
-    """New MariaDB databases, one per role; yields their URLs; drops them on exit."""
-    admin = sa.create_engine(MYSQL_SERVER, isolation_level="AUTOCOMMIT")
-    names = {role: f"orbit_cmp_{role}_{uuid.uuid4().hex[:8]}" for role in roles}
-    try:
-        with admin.connect() as conn:
-            for name in names.values():
-                conn.exec_driver_sql(f"CREATE DATABASE `{name}` CHARACTER SET utf8mb4")
-        yield {
-            role: sa.make_url(MYSQL_SERVER).set(database=name).render_as_string(hide_password=False)
-            for role, name in names.items()
-        }
-    finally:
-        with admin.connect() as conn:
-            for name in names.values():
-                conn.exec_driver_sql(f"DROP DATABASE IF EXISTS `{name}`")
-        admin.dispose()
-
-
 # --------------------------------------------------------------------- peer
-
-
-@contextlib.contextmanager
-def peer_database(report: Report) -> Iterator[str]:
-    """A new PostgreSQL database with procrastinate's schema; yields its conninfo; drops it on exit."""
-    import psycopg
-
-    name = f"orbit_cmp_peer_{uuid.uuid4().hex[:8]}"
-    with psycopg.connect(POSTGRES_CONNINFO, autocommit=True) as admin:
-        admin.execute(f'CREATE DATABASE "{name}"')
-        report.meta["postgres"] = {
-            "version": admin.execute("SHOW server_version").fetchone()[0],  # type: ignore[index]
-            "synchronous_commit": admin.execute("SHOW synchronous_commit").fetchone()[0],  # type: ignore[index]
-            "fsync": admin.execute("SHOW fsync").fetchone()[0],  # type: ignore[index]
-        }
-    conninfo = f"{POSTGRES_CONNINFO} dbname={name}"
-    os.environ["BENCH_PEER_CONNINFO"] = conninfo  # read by bench._peer_app at import
-    try:
-        from bench import _peer_app
-
-        with _peer_app.app.open():
-            _peer_app.app.schema_manager.apply_schema()
-        yield conninfo
-    finally:
-        with psycopg.connect(POSTGRES_CONNINFO, autocommit=True) as admin:
-            admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-
-
-def _peer_last_job(conninfo: str) -> int:
-    import psycopg
-
-    with psycopg.connect(conninfo) as conn:
-        return int(conn.execute("SELECT coalesce(max(id), 0) FROM procrastinate_jobs").fetchone()[0])  # type: ignore[index]
-
-
-def peer_worker_drain(
-    conninfo: str, n: int, concurrency: int, *, after: int | None = None
-) -> tuple[float, float]:
-    """One worker process drains ``n`` no-op jobs: (jobs/s from the events' timestamps, so no start-up
-    is counted; the worker's peak RSS in MiB). ``after``: the jobs after that id are already deferred;
-    ``None``: defer ``n`` (untimed) first. Repeatable on one database."""
-    import psycopg
-
-    from bench import _peer_app
-
-    env = {**os.environ, "BENCH_PEER_CONNINFO": conninfo, "BENCH_PEER_CONCURRENCY": str(concurrency)}
-    if after is None:
-        after = _peer_last_job(conninfo)
-        with _peer_app.app.open():
-            for i in range(n):
-                _peer_app.noop.defer(n=i)
-    worker = subprocess.Popen([sys.executable, "-m", "bench._peer_app"], env=env, stdout=subprocess.DEVNULL)
-    rss = _stop_when_exits(worker)
-    with psycopg.connect(conninfo) as conn:
-        first, last, done = conn.execute(
-            "SELECT min(at) FILTER (WHERE type = 'started'), max(at) FILTER (WHERE type = 'succeeded'), "
-            "count(*) FILTER (WHERE type = 'succeeded') FROM procrastinate_events WHERE job_id > %s",
-            (after,),
-        ).fetchone()  # type: ignore[misc]
-    if done != n:
-        raise SystemExit(f"peer worker finished {done} of {n} jobs")
-    return n / (last - first).total_seconds(), rss
 
 
 def run_peer(report: Report, n: int, concurrency: int, conninfo: str) -> None:
@@ -300,7 +112,7 @@ def run_peer(report: Report, n: int, concurrency: int, conninfo: str) -> None:
     report.add("peer", "peer: defer", n / elapsed, "jobs/s", "each job its own transaction")
 
     # One worker drains the n jobs; rate from the events' timestamps (no start-up counted).
-    rate, worker_rss = peer_worker_drain(conninfo, n, concurrency, after=after)
+    rate, worker_rss, _cpu = peer_worker_drain(conninfo, n, concurrency, after=after)
     report.add("peer", "peer: worker processed", rate, "jobs/s",
                f"1 worker process, concurrency {concurrency}")  # fmt: skip
     report.add("peer", "peer: worker RSS", worker_rss, "MiB")
@@ -331,18 +143,6 @@ def run_peer(report: Report, n: int, concurrency: int, conninfo: str) -> None:
     finally:
         _stop(worker)
     report.add("peer", "peer: end to end", n / elapsed, "jobs/s", "defer → done, worker running")
-
-
-def _worker_registered(conn: Any) -> bool:
-    return bool(conn.execute("SELECT count(*) FROM procrastinate_workers").fetchone()[0])
-
-
-def _stop_when_exits(proc: subprocess.Popen[Any]) -> float:
-    _pid, status, usage = os.wait4(proc.pid, 0)
-    proc.returncode = os.waitstatus_to_exitcode(status)
-    if proc.returncode != 0:
-        raise SystemExit(f"{proc.args!r} exited with status {proc.returncode}")
-    return usage.ru_maxrss / 1024
 
 
 # -------------------------------------------------------------------- orbit
@@ -450,156 +250,54 @@ def direct_single(base: str, key: str, n: int, threads: int = 8) -> float:
     return per * threads / (time.perf_counter() - started)
 
 
-def direct_batch(
-    base: str,
-    key: str,
-    n: int,
-    queue: str = QUEUE,
-    size: int = 100,
-    threads: int = 2,
-    *,
-    retry_safe: bool = False,
-) -> float:
-    run = uuid.uuid4().hex[:8]
-    options = {"options": {"retry_safe": True}} if retry_safe else {}
-    batches = [
-        [
-            {
-                "idempotency_key": f"b-{run}-{i}",
-                "queue": queue,
-                "handler": HANDLER,
-                "params": {"n": i},
-                **options,
-            }
-            for i in range(start, min(start + size, n))
-        ]
-        for start in range(0, n, size)
-    ]
-    lock = threading.Lock()
-    failures: list[str] = []
-
-    def work() -> None:
-        with OrbitClient(base, api_key=key, retry=RetryPolicy(max_attempts=1)) as client:
-            while True:
-                with lock:
-                    if not batches:
-                        return
-                    items = batches.pop()
-                for result in client.submit_tasks(NS, items):
-                    if result.status not in (200, 201):
-                        failures.append(str(result.status))
-
-    pool = [threading.Thread(target=work) for _ in range(threads)]
-    started = time.perf_counter()
-    for thread in pool:
-        thread.start()
-    for thread in pool:
-        thread.join()
-    elapsed = time.perf_counter() - started
-    if failures:
-        raise SystemExit(f"{len(failures)} batch items failed, e.g. {failures[0]}")
-    return n / elapsed
-
-
-def _submit_untimed(base: str, key: str, n: int, queue: str, *, retry_safe: bool = False) -> None:
-    if hasattr(OrbitClient, "submit_tasks"):
-        direct_batch(base, key, n, queue=queue, retry_safe=retry_safe)
-        return
-    assert not retry_safe, "retry-safe rounds need submit_tasks"
-    run = uuid.uuid4().hex[:8]
-    with httpx.Client(base_url=base, headers={"Authorization": f"Bearer {key}"}, timeout=60) as http:
-
-        def submit(i: int) -> None:
-            http.post(f"/v1/namespaces/{NS}/tasks", json={"queue": queue, "handler": HANDLER, "params": {"n": i}},
-                      headers={"Idempotency-Key": f"w-{run}-{i}"}).raise_for_status()  # fmt: skip
-
-        from concurrent.futures import ThreadPoolExecutor
-
-        with ThreadPoolExecutor(8) as pool:
-            list(pool.map(submit, range(n)))
-
-
-def _succeeded(server: sa.Engine, queue: str) -> int:
-    with server.connect() as conn:
-        return int(
-            conn.execute(
-                sa.text(
-                    "SELECT COUNT(*) FROM tasks t JOIN queues q ON q.id = t.queue_id "
-                    "WHERE q.name = :q AND t.status = 'SUCCEEDED'"
-                ),
-                {"q": queue},
-            ).scalar_one()
+def _paired_rounds(
+    server: sa.Engine, base: str, keys: dict[str, str], n: int, concurrency: int, *, server_pid: int,
+    rounds: int, peer: str | None, retry_safe: bool, load: list[float],
+) -> tuple[list[float], list[float], list[float], float, Cost]:  # fmt: skip
+    """``rounds`` drains of ``n`` tasks by one worker process, each beside a drain of ``n`` jobs by the
+    peer's worker (``peer``: its database's conninfo; ``None``: Orbit alone), in alternating order, so
+    that both meet the same load: this machine's speed moves by 2x within minutes, and a drain's
+    batches shrink when its threads wait for a core. The 1-minute load average after each round is
+    appended to ``load``. Returns Orbit's rates, the peer's rates, Orbit's
+    CPU ms per task, the first round's worker RSS (MiB) and the first round's :class:`Cost`."""
+    orbit: list[float] = []
+    peers: list[float] = []
+    cpu: list[float] = []
+    for round_ in range(1, rounds + 1):
+        queue = f"safe-{round_}" if retry_safe else _worker_queue(round_)
+        if peer is not None and round_ % 2 == 0:
+            peers.append(peer_worker_drain(peer, n, concurrency)[0])
+        drain = _orbit_worker_drain(
+            server, base, keys, n, concurrency, queue, server_pid, retry_safe=retry_safe
         )
-
-
-def _worker(base: str, key: str, queue: str, concurrency: int) -> subprocess.Popen[bytes]:
-    return subprocess.Popen(
-        [sys.executable, "-m", "bench.worker_process", base, key, NS, queue, str(concurrency)],
-        stdout=subprocess.DEVNULL,
-    )
-
-
-def _worker_queue(round_: int) -> str:
-    return "worker" if round_ == 1 else f"worker-{round_}"
-
-
-def _orbit_worker_drain(
-    server: sa.Engine, base: str, keys: dict[str, str], n: int, concurrency: int, queue: str, server_pid: int,
-    *, retry_safe: bool = False,
-) -> tuple[float, float, float]:  # fmt: skip
-    """One worker process drains ``n`` tasks submitted (untimed) to the empty ``queue``: (tasks/s from
-    the database's timestamps, the worker's peak RSS in MiB, server + worker CPU ms per task).
-    ``retry_safe``: the tasks are declared retry-safe, so their grants come back ``RUNNING``
-    (lease-and-start, no ``start`` call)."""
-    _submit_untimed(base, keys["submit"], n, queue, retry_safe=retry_safe)
-    server_cpu = cpu_seconds(server_pid)
-    worker = _worker(base, keys["work"], queue, concurrency)
-    try:
-        _wait_until(lambda: _succeeded(server, queue) >= n, "the worker to finish", every=0.2)
-        rss, worker_cpu = peak_rss_mb(worker.pid), cpu_seconds(worker.pid)
-        server_cpu = cpu_seconds(server_pid) - server_cpu
-    finally:
-        _stop(worker)
-    with server.connect() as conn:
-        first, last = conn.execute(
-            sa.text(
-                "SELECT MIN(a.started_at), MAX(t.finished_at) FROM tasks t JOIN queues q ON q.id = t.queue_id "
-                "JOIN task_attempts a ON a.task_id = t.id WHERE q.name = :q"
-            ),
-            {"q": queue},
-        ).one()
-    return n / (last - first).total_seconds(), rss, (server_cpu + worker_cpu) / n * 1000
+        if round_ == 1:
+            first_cost, first_rss = drain.cost, drain.rss
+        rate, ms = drain.rate, drain.server_ms + drain.worker_ms
+        orbit.append(rate)
+        cpu.append(ms)
+        if peer is not None and round_ % 2 == 1:
+            peers.append(peer_worker_drain(peer, n, concurrency)[0])
+        load.append(os.getloadavg()[0])
+    return orbit, peers, cpu, first_rss, first_cost
 
 
 def worker_rounds(
     report: Report, server: sa.Engine, base: str, keys: dict[str, str], n: int, concurrency: int, *,
     server_pid: int, rounds: int, peer: str | None,
 ) -> None:  # fmt: skip
-    """``rounds`` drains of ``n`` tasks by one worker process, each beside a drain of ``n`` jobs by the
-    peer's worker (``peer``: its database's conninfo; ``None``: Orbit alone), in alternating order, so
-    that both meet the same load: this machine's speed moves by 2x within minutes, and a drain's
-    batches shrink when its threads wait for a core. The first round's cost is counted."""
-    orbit: list[float] = []
-    peers: list[float] = []
-    cpu: list[float] = []
+    """The paired worker rounds (:func:`_paired_rounds`), with default tasks, then with tasks declared
+    retry-safe. The first round's cost is counted.
+
+    Retry-safe tasks' grants come back ``RUNNING`` (lease-and-start), the peer's own semantics (its
+    worker marks a job ``doing`` as it fetches it). Tasks not declared retry-safe (the default) are
+    confirmed by a ``start`` call before their handler runs: one more round trip in each task's serial
+    cycle, for a guarantee the peer does not give (a worker lost mid-handler sends the task to review,
+    not to a second run)."""
+    rounds_of = functools.partial(
+        _paired_rounds, server, base, keys, n, concurrency, server_pid=server_pid, rounds=rounds, peer=peer
+    )
     load = [os.getloadavg()[0]]
-    for round_ in range(1, rounds + 1):
-        if peer is not None and round_ % 2 == 0:
-            peers.append(peer_worker_drain(peer, n, concurrency)[0])
-        if round_ == 1:
-            with Cost(server, base) as cost:
-                rate, rss, ms = _orbit_worker_drain(
-                    server, base, keys, n, concurrency, _worker_queue(1), server_pid
-                )
-        else:
-            rate, _rss, ms = _orbit_worker_drain(
-                server, base, keys, n, concurrency, _worker_queue(round_), server_pid
-            )
-        orbit.append(rate)
-        cpu.append(ms)
-        if peer is not None and round_ % 2 == 1:
-            peers.append(peer_worker_drain(peer, n, concurrency)[0])
-        load.append(os.getloadavg()[0])
+    orbit, peers, cpu, rss, cost = rounds_of(retry_safe=False, load=load)
     report.meta["worker_rounds"] = {"orbit": orbit, "peer": peers, "cpu_ms_per_task": cpu, "loadavg_1m": load}
     report.add("orbit", "orbit: worker processed", statistics.median(orbit), "tasks/s",
                f"1 worker process, concurrency {concurrency}; median of {rounds}: "
@@ -614,39 +312,10 @@ def worker_rounds(
         ratios = [o / p for o, p in zip(orbit, peers, strict=True)]
         report.add("orbit", "orbit worker / peer worker, paired", statistics.median(ratios), "×",
                    "median of the rounds' ratios: " + ", ".join(f"{r:.2f}" for r in ratios))  # fmt: skip
-    _retry_safe_rounds(
-        report, server, base, keys, n, concurrency, server_pid=server_pid, rounds=rounds, peer=peer
-    )
 
-
-def _retry_safe_rounds(
-    report: Report, server: sa.Engine, base: str, keys: dict[str, str], n: int, concurrency: int, *,
-    server_pid: int, rounds: int, peer: str | None,
-) -> None:  # fmt: skip
-    """As :func:`worker_rounds`, with tasks declared retry-safe: their grants come back ``RUNNING``
-    (lease-and-start), the peer's own semantics (its worker marks a job ``doing`` as it fetches it).
-    Tasks not declared retry-safe (the default, above) are confirmed by a ``start`` call before
-    their handler runs: one more round trip in each task's serial cycle, for a guarantee the peer
-    does not give (a worker lost mid-handler sends the task to review, not to a second run)."""
-    orbit: list[float] = []
-    peers: list[float] = []
-    for round_ in range(1, rounds + 1):
-        queue = f"safe-{round_}"
-        if peer is not None and round_ % 2 == 0:
-            peers.append(peer_worker_drain(peer, n, concurrency)[0])
-        if round_ == 1:
-            with Cost(server, base) as cost:
-                rate = _orbit_worker_drain(
-                    server, base, keys, n, concurrency, queue, server_pid, retry_safe=True
-                )[0]
-        else:
-            rate = _orbit_worker_drain(
-                server, base, keys, n, concurrency, queue, server_pid, retry_safe=True
-            )[0]
-        orbit.append(rate)
-        if peer is not None and round_ % 2 == 1:
-            peers.append(peer_worker_drain(peer, n, concurrency)[0])
-    report.meta["retry_safe_rounds"] = {"orbit": orbit, "peer": peers}
+    load = [os.getloadavg()[0]]
+    orbit, peers, _cpu, _rss, cost = rounds_of(retry_safe=True, load=load)
+    report.meta["retry_safe_rounds"] = {"orbit": orbit, "peer": peers, "loadavg_1m": load}
     report.add("orbit", "orbit: worker processed, retry-safe tasks", statistics.median(orbit), "tasks/s",
                f"lease-and-start; median of {rounds}: " + ", ".join(f"{r:.0f}" for r in orbit))  # fmt: skip
     cost.report(report, "retry-safe task (worker: lease-and-start, complete)", n)
@@ -708,7 +377,7 @@ def relay_rss(business: sa.Engine, business_url: str, base: str, key: str, n: in
     started = time.perf_counter()
     proc = subprocess.Popen([orbit_outbox, "--log-level", "warning", "relay", "--once"], env=env,
                             stdout=subprocess.DEVNULL)  # fmt: skip
-    rss = _stop_when_exits(proc)
+    rss, _cpu = _stop_when_exits(proc)
     return n / (time.perf_counter() - started), rss
 
 
@@ -781,8 +450,6 @@ def run_orbit(
                 worker_rounds(report, server_db, base, keys, n, concurrency, server_pid=server.proc.pid,
                               rounds=worker_rounds_, peer=peer)  # fmt: skip
                 if sweep:  # the workers section (bench.compare_workers)
-                    from bench.compare_workers import run_workers
-
                     run_workers(report, server_db, base, keys, n, concurrency, server_pid=server.proc.pid,
                                 peer=peer, sweep=sweep)  # fmt: skip
                 end_to_end(report, business, urls["business"], server_db, base, keys, n, concurrency)

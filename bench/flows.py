@@ -40,9 +40,9 @@ from typing import Any
 
 import sqlalchemy as sa
 
+from bench._compare import mysql_databases
 from bench._flow_worker import CHAIN_STEPS, FLOW_STEPS
 from bench._support import cli, orbit_server_processes
-from bench.compare import mysql_databases
 from orbit_client import OrbitClient, RetryPolicy
 
 NS, QUEUE, FLOW = "bench", "q", "bench-3step"
