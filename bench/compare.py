@@ -19,7 +19,7 @@ Sections (``--only`` takes their names):
   plus ``enqueue`` (the ratio is the price of the hand-off); the relay draining ``--n`` rows at
   batch 1 and at batch 100; direct single submissions (8 threads) and, where the client has
   ``submit_tasks``, batch submissions of 100; one worker process (``--concurrency``) with a
-  no-op handler (processed/s from the database's timestamps), ``--worker-rounds`` times, each
+  no-op handler (processed/s from the database's timestamps, first lease to last finish), ``--worker-rounds`` times, each
   drain beside one of the peer's worker (alternating which goes first) when ``peer`` runs too,
   so that the worker ratio is the median of ratios whose two drains met the same load (the
   machine's speed moves by 2x within minutes; the peer section's own drain ran minutes
