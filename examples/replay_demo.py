@@ -13,7 +13,6 @@ from __future__ import annotations
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -23,6 +22,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
+from examples._ports import free_port
 from orbit_client import IdempotencyKeyReusedError, OrbitClient, OrbitConnectError
 
 console = Console()
@@ -36,12 +36,6 @@ def orbit_server(*args: str, database_url: str) -> str:
     done = subprocess.run(command, check=True, capture_output=True, text=True)
     lines = done.stdout.strip().splitlines()
     return lines[-1] if lines else ""
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def wait_until_ready(base_url: str, timeout: float = 30.0) -> None:

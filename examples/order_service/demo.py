@@ -32,7 +32,6 @@ import os
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -51,6 +50,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from examples._ports import free_port
 from orbit_client import OrbitClient
 
 from . import flow as fulfilment_flow
@@ -66,12 +66,6 @@ console = Console(stderr=True)
 
 
 METRICS_AT = re.compile(rb"metrics at (http://\S+/metrics)")
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def wait_for_http(url: str, proc: subprocess.Popen[bytes], timeout: float = 60.0) -> None:
