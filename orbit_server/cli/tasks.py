@@ -16,8 +16,9 @@ from datetime import datetime, timedelta
 from typing import Any
 
 import click
+from pydantic import ValidationError
 
-from orbit_client import TaskStatus
+from orbit_client import ReviewRequest, TaskStatus
 from orbit_server.cli.options import (
     F,
     _actor,
@@ -201,8 +202,24 @@ def task_show(task_id: str, as_json: bool, database_url: str) -> None:
     _show(detail)
 
 
+#: The API's longest reason (``CancelRequest``, ``ReviewRequest``, ``RetryRequest``).
+_MAX_REASON = 2000
+
+
+def _checked_reason(_ctx: click.Context, _param: click.Parameter, value: str) -> str:
+    """The API's rule for a reason (1-2,000 characters), so the CLI records nothing the API would refuse."""
+    if not 1 <= len(value) <= _MAX_REASON:
+        raise click.BadParameter(f"give 1 to {_MAX_REASON} characters (got {len(value)})")
+    return value
+
+
 def _reason_option(func: F) -> F:
-    return click.option("--reason", required=True, help="Why: kept in the task's history.")(func)
+    return click.option(
+        "--reason",
+        required=True,
+        callback=_checked_reason,
+        help="Why: kept in the task's history (1-2,000 characters).",
+    )(func)
 
 
 def _act(
@@ -287,6 +304,14 @@ def task_review(
             result = json.loads(result_json)
         except json.JSONDecodeError as exc:
             raise click.BadParameter(f"not JSON: {exc}", param_hint="--result") from None
+    try:  # the API's rules for a review (JSON data Orbit stores unchanged; field lengths)
+        ReviewRequest(outcome=outcome, reason=reason, evidence_ref=evidence_ref, result=result)
+    except ValidationError as exc:
+        error = exc.errors()[0]
+        field = str(error["loc"][0]) if error["loc"] else "result"
+        raise click.BadParameter(
+            str(error["msg"]).removeprefix("Value error, "), param_hint=f"--{field.replace('_', '-')}"
+        ) from None
     _act(
         database_url,
         task_id,

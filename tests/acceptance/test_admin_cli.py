@@ -145,6 +145,31 @@ def test_review_and_cancel(server: RunningServer, seed: Seeder) -> None:
     assert "no task" in cli(server, "task", "cancel", "no-such-task", "--reason", "x", code=1)
 
 
+@pytest.mark.parametrize(
+    ("option", "value", "message"),
+    [
+        ("--result", '{"ok": NaN}', "NaN and infinite numbers are not JSON"),
+        ("--result", "1e400", "NaN and infinite numbers are not JSON"),
+        ("--result", '"\\ud800"', "a lone surrogate"),
+        ("--result", "[" * 40 + "]" * 40, "nested deeper than 30 levels"),
+        ("--reason", "r" * 2001, "give 1 to 2000 characters"),
+    ],
+)
+def test_review_refuses_what_the_api_refuses(
+    server: RunningServer, seed: Seeder, option: str, value: str, message: str
+) -> None:
+    # Found by a new user's walkthrough: a review with a lone surrogate in its result was recorded, and
+    # every task listing of the namespace then answered 500.
+    task_id = seed.needs_review()
+    args = {"--reason": "charged", "--result": '{"ok": true}', option: value}
+    out = cli(
+        server, "task", "review", task_id, "--outcome", "succeeded", "--evidence-ref", "PSP-1",
+        *(part for pair in args.items() for part in pair), code=2,
+    )  # fmt: skip
+    assert message in out and option in out and TRACEBACK not in out
+    assert seed.task(task_id)["status"] == "NEEDS_REVIEW"
+
+
 def test_revoked_key_gets_401(server: RunningServer) -> None:
     with server.engine.begin() as conn:
         key = store.create_api_key(conn, "shop", "read", "to be revoked")
