@@ -80,6 +80,16 @@ def format_fire_time(value: datetime) -> str:
     return text + "Z"
 
 
+def _representable(times: Iterator[datetime]) -> Iterator[datetime]:
+    """``times`` up to the last one a ``datetime`` can hold (year 9999): a fire time past it does not
+    exist, so the schedule has no more (its ``next_fire_at`` is empty), never an ``OverflowError``."""
+    while True:
+        try:
+            yield next(times)
+        except (StopIteration, OverflowError):
+            return
+
+
 @dataclass(frozen=True, slots=True)
 class Trigger:
     """When a schedule fires. Datetimes are naive UTC; exactly one of cron and interval is set."""
@@ -105,6 +115,7 @@ class Trigger:
             times: Iterator[datetime] = (self.start_at + n * step for n in itertools.count(k))
         else:
             times = self._cron_from(lo)
+        times = _representable(times)
         end = self.end_at
         return times if end is None else itertools.takewhile(lambda t: t <= end, times)
 

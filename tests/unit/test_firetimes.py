@@ -240,3 +240,15 @@ def test_fall_back_a_minute_step_of_a_named_hour_fires_in_both_passes() -> None:
     assert [local(f) for f in fires[5:7]] == ["2026-10-25 02:50 CEST", "2026-10-25 02:00 CET"]
     late = cron("*/10 2 * * *").first_fires(utc(2026, 10, 25, 1, 15), utc(2026, 10, 25, 3), 20)
     assert late == [utc(2026, 10, 25, 1, m) for m in (20, 30, 40, 50)]
+
+
+def test_a_fire_time_past_year_9999_does_not_exist() -> None:
+    # Found by a bad-input pass: a cron schedule starting on 9999-12-31 answered 500 (OverflowError).
+    assert cron("0 0 1 1 *", start=utc(9999, 12, 31)).next_fire(utc(9999, 12, 31)) is None
+    assert cron("0 0 1 1 *", start=utc(9999, 12, 31)).first_fires(utc(9999, 12, 31), datetime.max, 5) == []
+    hourly = Trigger(cron=None, interval_seconds=3600, timezone="UTC", start_at=utc(9999, 12, 31, 22))
+    assert hourly.first_fires(utc(9999, 12, 31), datetime.max, 5) == [
+        utc(9999, 12, 31, 22),
+        utc(9999, 12, 31, 23),
+    ]
+    assert hourly.next_fire(utc(9999, 12, 31, 23)) is None
