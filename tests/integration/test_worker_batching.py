@@ -259,7 +259,9 @@ def test_a_start_does_not_linger_for_grants_waiting_in_hand(env: Env) -> None:
         held = max(s.grants for s in recorder.sent if s.kind == "lease")
     assert sum(s.items for s in starts) == 8 and held >= 1
     gaps = [later.at - earlier.at for earlier, later in itertools.pairwise(starts)]
-    assert max(gaps) < linger / 2, gaps
+    # The defect made every gap a whole linger. One long gap may remain under load (CI, once: 1.9 s),
+    # when the grants in hand ran out and the next start waited for a lease.
+    assert sum(gap >= linger / 2 for gap in gaps) <= 1, gaps
     assert result_event_counts(env, ids) == dict.fromkeys(ids, 1)
 
 
