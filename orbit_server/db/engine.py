@@ -89,7 +89,12 @@ def by_primary_key(statement: _S, table: sa.Table | None = None) -> _S:
     that value, not only the batch's, and two batches of different workers deadlock (seen: one in
     thirteen complete batches of four worker processes met a deadlock, and some answered 409 after
     five). Other databases are left to their planner (PostgreSQL and SQLite lock only the rows they
-    return or update)."""
+    return or update).
+
+    A row-constructor ``(id, fence) IN (...)`` needs a plain ``id IN (...)`` beside it: MariaDB plans
+    a one-tuple row ``IN`` as no range, so with the hint it reads the whole primary key (every task
+    the retention window keeps) for a one-item batch; with the plain ``IN`` it reads one range per
+    item, for one item as for a hundred."""
     hint = "FORCE INDEX (PRIMARY)"
     for dialect in ("mysql", "mariadb"):
         if isinstance(statement, sa.Update):

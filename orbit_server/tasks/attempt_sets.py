@@ -137,6 +137,7 @@ def _update_attempts(
     done = conn.execute(
         by_primary_key(task_attempts.update())
         .where(
+            task_attempts.c.id.in_([attempt["id"] for _, attempt in pairs]),  # a range for one item too
             sa.tuple_(task_attempts.c.id, task_attempts.c.lease_token_hash).in_(
                 [(attempt["id"], attempt["lease_token_hash"]) for _, attempt in pairs]
             ),
@@ -162,6 +163,7 @@ def _update_tasks(
     done = conn.execute(
         by_primary_key(tasks.update())
         .where(
+            tasks.c.id.in_([task["id"] for task, _ in pairs]),  # a range for one item too
             sa.tuple_(tasks.c.id, tasks.c.state_version).in_(
                 [(task["id"], task["state_version"]) for task, _ in pairs]
             ),
