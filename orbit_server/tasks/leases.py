@@ -53,6 +53,53 @@ _SWEEP_BATCH = 200
 
 # ---------------------------------------------------------------------- leases
 
+#: :func:`_find_queue_statement`'s statement, built once per dialect.
+_FIND_QUEUE: dict[str, sa.Executable] = {}
+
+
+def _find_queue_statement(conn: Connection) -> sa.Executable:
+    """The queue named ``:queue`` in ``:namespace_id`` with its namespace's name, its gate, the database
+    clock, and ``sweep_due``: whether an attempt of the queue holds a lapsed lease or a waiting task has
+    passed its deadline (both read through indexes; the sweep itself then runs only when it is due, so a
+    lease that finds nothing to settle costs no statement more)."""
+    name = conn.dialect.name
+    statement = _FIND_QUEUE.get(name)
+    if statement is None:
+        clock = _clock(conn)
+        lapsed = (
+            sa.select(task_attempts.c.id)
+            .join(tasks, tasks.c.id == task_attempts.c.task_id)
+            .where(
+                task_attempts.c.status.in_(_LIVE),
+                task_attempts.c.lease_expires_at <= clock,
+                tasks.c.queue_id == queues.c.id,
+            )
+            .exists()
+        )
+        overdue = (
+            sa.select(tasks.c.id)
+            .where(
+                tasks.c.queue_id == queues.c.id,
+                tasks.c.status == TaskStatus.WAITING.value,
+                tasks.c.deadline <= clock,
+            )
+            .exists()
+        )
+        statement = _FIND_QUEUE[name] = (
+            sa.select(
+                queues.c.id, namespaces.c.name, clock.label("db_now"), queue_gates.c.paused,
+                queue_gates.c.max_concurrency_per_key, queue_gates.c.max_concurrency,
+                sa.or_(lapsed, overdue).label("sweep_due"),
+            )
+            .select_from(
+                queues.join(namespaces, namespaces.c.id == queues.c.namespace_id).outerjoin(
+                    queue_gates, queue_gates.c.queue_id == queues.c.id
+                )
+            )
+            .where(queues.c.namespace_id == sa.bindparam("namespace_id"), queues.c.name == sa.bindparam("queue"))
+        )  # fmt: skip
+    return statement
+
 
 def lease_tasks(
     conn: Connection,
@@ -66,7 +113,7 @@ def lease_tasks(
 ) -> list[LeaseGrant]:
     """Grant up to ``max_tasks`` due tasks of a queue to one worker (the "领取" transaction of §5).
 
-    First sweeps the queue's expired leases (:func:`expire_leases`), then claims ``WAITING``
+    First sweeps the queue's expired leases (:func:`expire_leases`) when it has any, then claims ``WAITING``
     tasks whose ``available_at`` has come (oldest first; ``SKIP LOCKED`` on MySQL/MariaDB).
     Each grant moves the task ``WAITING → LEASED``, counts an attempt, and creates a
     ``task_attempts`` row with the next ``generation``, a new 256-bit lease token and
@@ -93,22 +140,12 @@ def lease_tasks(
     Raises:
         errors.QueueNotFound: no such queue in the namespace (404).
     """
-    found = conn.execute(
-        sa.select(
-            queues.c.id, namespaces.c.name, _clock(conn).label("db_now"), queue_gates.c.paused,
-            queue_gates.c.max_concurrency_per_key, queue_gates.c.max_concurrency,
-        )
-        .select_from(
-            queues.join(namespaces, namespaces.c.id == queues.c.namespace_id).outerjoin(
-                queue_gates, queue_gates.c.queue_id == queues.c.id
-            )
-        )
-        .where(queues.c.namespace_id == namespace_id, queues.c.name == queue)
-    ).first()  # fmt: skip
+    found = conn.execute(_find_queue_statement(conn), {"namespace_id": namespace_id, "queue": queue}).first()
     if found is None:
         raise errors.QueueNotFound(f"queue {queue!r} does not exist in this namespace")
     queue_id, namespace_name, now = found.id, found.name, _naive(found.db_now)
-    _sweep(conn, now, queue_id=queue_id, limit=_SWEEP_BATCH)
+    if found.sweep_due:  # the sweep's own statements run only when it has something to settle
+        _sweep(conn, now, queue_id=queue_id, limit=_SWEEP_BATCH)
     if found.paused:
         return []  # the execution gate is shut: no new grants (invariant 12)
     due: Sequence[Mapping[Any, Any]] | None = None

@@ -53,7 +53,7 @@ from orbit_client import (
 from orbit_server import _ids, errors
 from orbit_server.db import faults as _faults
 from orbit_server.db import flow_hooks
-from orbit_server.db.engine import to_utc
+from orbit_server.db.engine import by_primary_key, to_utc
 from orbit_server.db.sampling import lease_expired
 from orbit_server.db.schema import (
     queue_gates,
@@ -122,17 +122,23 @@ _TASK_COLUMNS = (
 
 # Statements built once (the SET columns come from the parameters of each execution).
 #: The conditional update of :func:`apply_transition`: ``:b_id``, ``:b_status``, ``:b_version``.
-_UPDATE_TASK = tasks.update().where(
-    tasks.c.id == sa.bindparam("b_id"),
-    tasks.c.status == sa.bindparam("b_status"),
-    tasks.c.state_version == sa.bindparam("b_version"),
+# Both pinned to the primary key: with a status in the WHERE, MariaDB may otherwise read (and lock) a
+# range of the status index, every RUNNING attempt with a live lease (db/engine.by_primary_key).
+_UPDATE_TASK = by_primary_key(
+    tasks.update().where(
+        tasks.c.id == sa.bindparam("b_id"),
+        tasks.c.status == sa.bindparam("b_status"),
+        tasks.c.state_version == sa.bindparam("b_version"),
+    )
 )
 #: :func:`_update_attempt`: ``:b_id``, ``:b_hash``, ``:b_status``, ``:b_now``.
-_UPDATE_LIVE_ATTEMPT = task_attempts.update().where(
-    task_attempts.c.id == sa.bindparam("b_id"),
-    task_attempts.c.lease_token_hash == sa.bindparam("b_hash"),
-    task_attempts.c.status == sa.bindparam("b_status"),
-    task_attempts.c.lease_expires_at > sa.bindparam("b_now", type_=task_attempts.c.lease_expires_at.type),
+_UPDATE_LIVE_ATTEMPT = by_primary_key(
+    task_attempts.update().where(
+        task_attempts.c.id == sa.bindparam("b_id"),
+        task_attempts.c.lease_token_hash == sa.bindparam("b_hash"),
+        task_attempts.c.status == sa.bindparam("b_status"),
+        task_attempts.c.lease_expires_at > sa.bindparam("b_now", type_=task_attempts.c.lease_expires_at.type),
+    )
 )
 _INSERT_EVENT = task_events.insert()
 

@@ -31,7 +31,7 @@ from tests.servers import run_server
 pytestmark = pytest.mark.mariadb
 
 #: A statement that locks rows it picks by id: an UPDATE/SELECT FOR UPDATE whose WHERE names the id.
-_BY_ID = re.compile(r"WHERE \(?(tasks|task_attempts)\.id(,| IN)")
+_BY_ID = re.compile(r"WHERE \(?(tasks|task_attempts)\.id(,| IN| =)")
 
 
 @pytest.fixture(scope="module")
