@@ -1,0 +1,94 @@
+"""How many database commands each worker call costs the server on MariaDB (a regression is a failure).
+
+Counted on the server's own engine (every statement it sends, and each ``COMMIT``), after a first call
+has warmed the API-key cache. The figures are the floor of the current design, not a target: a change
+that adds a statement to the hot path must change this test and say why. A one-item batch costs what
+the single call costs (it takes the single call's path), and an empty lease writes nothing and does not
+run the expiry sweep's statements when no lease of its queue has lapsed.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import httpx
+import pytest
+import sqlalchemy as sa
+
+from tests.conftest import DatabaseFactory
+from tests.integration.test_execution_api import Api
+from tests.servers import run_server
+
+pytestmark = pytest.mark.mariadb
+
+#: Commands (statements and COMMITs) per call on the default path.
+EXPECTED = {
+    "start": 5,  # lock and read task + attempt + clock; attempt; task; task event; COMMIT
+    "heartbeat": 3,  # lock and read; attempt; COMMIT
+    "complete": 8,  # lock and read; attempt; task; task event; result event; namespace+queue; subscriptions; COMMIT
+    "empty lease": 3,  # queue + gate + clock + "sweep due"; the claim; COMMIT
+}
+
+
+@pytest.fixture(scope="module")
+def api(make_database: DatabaseFactory) -> Iterator[Api]:
+    quiet = {f"{loop}_interval_seconds": 0 for loop in ("sweep", "scheduler", "flow", "metrics_sample")}
+    with run_server(make_database("mariadb"), **quiet) as server:  # no background loop shares the engine
+        name = f"ns-{uuid.uuid4().hex[:8]}"
+        helper = Api(server, name, server.add_namespace(name))
+        yield helper
+        helper.close()
+
+
+def _commands(api: Api, call: Callable[[], httpx.Response]) -> tuple[list[str], httpx.Response]:
+    seen: list[str] = []
+
+    def statement(_conn: Any, _cursor: Any, text: str, *_args: Any) -> None:
+        seen.append(" ".join(text.split())[:100])
+
+    def commit(_conn: Any) -> None:
+        seen.append("COMMIT")
+
+    engine = api.server.engine
+    sa.event.listen(engine, "before_cursor_execute", statement)
+    sa.event.listen(engine, "commit", commit)
+    try:
+        response = call()
+    finally:
+        sa.event.remove(engine, "before_cursor_execute", statement)
+        sa.event.remove(engine, "commit", commit)
+    assert response.status_code == 200, response.text
+    return seen, response
+
+
+def _attempt(grant: dict[str, Any], **body: Any) -> dict[str, Any]:
+    return {"attempt_id": grant["attempt"]["id"], "lease_token": grant["attempt"]["lease_token"], **body}
+
+
+@pytest.mark.parametrize("batched", [False, True], ids=["single", "one-item batch"])
+def test_each_worker_call_costs_its_statements_and_no_more(api: Api, batched: bool) -> None:
+    queue = api.queue()
+    api.submit(queue)
+    api.lease(queue, 5)  # warms the key cache and the worker's liveness sighting
+    api.submit(queue)
+    grant = api.lease_one(queue)
+
+    def report(action: str, **body: Any) -> Callable[[], httpx.Response]:
+        if batched and action != "heartbeat":
+            path, json = f"/v1/namespaces/{api.ns}/attempts/{action}", {"items": [_attempt(grant, **body)]}
+        else:
+            path = f"/v1/namespaces/{api.ns}/attempts/{grant['attempt']['id']}/{action}"
+            json = {"lease_token": grant["attempt"]["lease_token"], **body}
+        return lambda: api.http["work"].post(path, json=json)
+
+    counted = {
+        "start": _commands(api, report("start"))[0],
+        "heartbeat": _commands(api, report("heartbeat"))[0],
+        "complete": _commands(api, report("complete", result={"ok": True}))[0],
+        "empty lease": _commands(api, lambda: api.lease_response(queue, 5))[0],
+    }
+    for call, commands in counted.items():
+        assert len(commands) == EXPECTED[call], f"{call}: {len(commands)} commands\n" + "\n".join(commands)
+    assert not [c for c in counted["empty lease"] if c.startswith(("UPDATE", "INSERT", "DELETE"))]
