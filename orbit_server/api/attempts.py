@@ -71,6 +71,12 @@ def record_grants(
 attempt_path = "/v1/namespaces/{namespace}/attempts/{attempt_id}"
 
 
+def _answer(state: AttemptState) -> Response:
+    """An attempt call's answer, serialised once: FastAPI would first validate the model it was built
+    from again against ``response_model`` (which stays declared, for the OpenAPI document)."""
+    return Response(state.model_dump_json(), media_type="application/json")
+
+
 @router.post(
     "/v1/namespaces/{namespace}/queues/{queue}/leases",
     response_model=list[LeaseGrant],
@@ -134,14 +140,16 @@ async def lease_tasks(
 @router.post(f"{attempt_path}/start", response_model=AttemptState, tags=["execution"], responses=_CONFLICTS)
 def start_attempt(
     engine: EngineDep, namespace: NamespaceName, attempt_id: str, body: LeaseTokenRequest, caller: Caller
-) -> AttemptState:
+) -> Response:
     """Confirm that the handler starts: ``LEASED → RUNNING``, lease renewed.
 
     409 ``lease_lost`` for a wrong token or an attempt that no longer holds the lease.
     Repeating it for a running attempt answers the same state. Requires ``work``.
     """
     authorize(caller, namespace, "work")
-    return transact(engine, attempt_reports.start_attempt, caller.namespace_id, attempt_id, body.lease_token)
+    return _answer(
+        transact(engine, attempt_reports.start_attempt, caller.namespace_id, attempt_id, body.lease_token)
+    )
 
 
 @router.post(
@@ -149,20 +157,22 @@ def start_attempt(
 )
 def heartbeat(
     engine: EngineDep, namespace: NamespaceName, attempt_id: str, body: HeartbeatRequest, caller: Caller
-) -> AttemptState:
+) -> Response:
     """Renew the lease; the answer says the new expiry and whether cancellation was requested.
 
     409 ``lease_lost`` for a wrong token or an attempt that no longer holds the lease.
     Requires ``work``.
     """
     authorize(caller, namespace, "work")
-    return transact(
-        engine,
-        attempt_reports.heartbeat,
-        caller.namespace_id,
-        attempt_id,
-        body.lease_token,
-        lease_seconds=body.lease_seconds,
+    return _answer(
+        transact(
+            engine,
+            attempt_reports.heartbeat,
+            caller.namespace_id,
+            attempt_id,
+            body.lease_token,
+            lease_seconds=body.lease_seconds,
+        )
     )
 
 
@@ -171,7 +181,7 @@ def heartbeat(
 )
 def complete_attempt(
     engine: EngineDep, namespace: NamespaceName, attempt_id: str, body: CompleteRequest, caller: Caller
-) -> AttemptState:
+) -> Response:
     """Save the result: attempt and task ``SUCCEEDED``.
 
     409 ``lease_lost`` when the attempt no longer holds the lease; with the right token
@@ -179,20 +189,22 @@ def complete_attempt(
     ``invalid_transition`` before ``start``. The same body again answers 200. Requires ``work``.
     """
     authorize(caller, namespace, "work")
-    return transact(
-        engine,
-        attempt_reports.complete_attempt,
-        caller.namespace_id,
-        attempt_id,
-        body.lease_token,
-        body.result,
+    return _answer(
+        transact(
+            engine,
+            attempt_reports.complete_attempt,
+            caller.namespace_id,
+            attempt_id,
+            body.lease_token,
+            body.result,
+        )
     )
 
 
 @router.post(f"{attempt_path}/fail", response_model=AttemptState, tags=["execution"], responses=_CONFLICTS)
 def fail_attempt(
     engine: EngineDep, namespace: NamespaceName, attempt_id: str, body: FailRequest, caller: Caller
-) -> AttemptState:
+) -> Response:
     """Report a failure: the task waits for a retry, fails, or (after a cancel request) is cancelled.
 
     409 ``lease_lost`` as for ``complete``. The same body again answers 200. Requires ``work``.
@@ -206,4 +218,4 @@ def fail_attempt(
         body.lease_token,
         body.error,
     )
-    return state
+    return _answer(state)
