@@ -20,7 +20,7 @@ from typing import Any
 import httpx
 import sqlalchemy as sa
 
-from bench._support import MYSQL_SERVER, cpu_seconds, peak_rss_mb
+from bench._support import MYSQL_SERVER, ProcessCpu, cpu_seconds, peak_rss_mb
 from orbit_client import OrbitClient, RetryPolicy
 
 POSTGRES_CONNINFO = os.environ.get("BENCH_POSTGRES_CONNINFO", "host=127.0.0.1 user=postgres")
@@ -219,18 +219,25 @@ def peer_defer(conninfo: str, n: int) -> int:
 
 
 def peer_worker_drain(
-    conninfo: str, n: int, concurrency: int, *, after: int | None = None
-) -> tuple[float, float, float]:
-    """One worker process drains ``n`` no-op jobs: (jobs/s from the events' timestamps, so no start-up
-    is counted; the worker's peak RSS in MiB; its CPU seconds). ``after``: the jobs after that id are
-    already deferred (:func:`peer_defer`); ``None``: defer ``n`` first. Repeatable on one database."""
+    conninfo: str, n: int, concurrency: int, *, after: int | None = None, processes: int = 1,
+    pool: int | None = None,
+) -> tuple[float, float, float]:  # fmt: skip
+    """``processes`` worker processes drain ``n`` no-op jobs: (jobs/s from the events' timestamps, so no
+    start-up is counted; the largest worker's peak RSS in MiB; their CPU seconds). ``after``: the jobs
+    after that id are already deferred (:func:`peer_defer`); ``None``: defer ``n`` first. ``pool``: the
+    connections of each worker's pool (``None``: the library's default). Repeatable on one database."""
     import psycopg
 
     env = {**os.environ, "BENCH_PEER_CONNINFO": conninfo, "BENCH_PEER_CONCURRENCY": str(concurrency)}
+    if pool is not None:
+        env["BENCH_PEER_POOL"] = str(pool)
     if after is None:
         after = peer_defer(conninfo, n)
-    worker = subprocess.Popen([sys.executable, "-m", "bench._peer_app"], env=env, stdout=subprocess.DEVNULL)
-    rss, cpu = _stop_when_exits(worker)
+    workers = [
+        subprocess.Popen([sys.executable, "-m", "bench._peer_app"], env=env, stdout=subprocess.DEVNULL)
+        for _ in range(processes)
+    ]
+    usage = [_stop_when_exits(worker) for worker in workers]
     with psycopg.connect(conninfo) as conn:
         first, last, done = conn.execute(
             "SELECT min(at) FILTER (WHERE type = 'started'), max(at) FILTER (WHERE type = 'succeeded'), "
@@ -238,8 +245,8 @@ def peer_worker_drain(
             (after,),
         ).fetchone()  # type: ignore[misc]
     if done != n:
-        raise SystemExit(f"peer worker finished {done} of {n} jobs")
-    return n / (last - first).total_seconds(), rss, cpu
+        raise SystemExit(f"peer workers finished {done} of {n} jobs")
+    return n / (last - first).total_seconds(), max(rss for rss, _ in usage), sum(cpu for _, cpu in usage)
 
 
 def _worker_registered(conn: Any) -> bool:
@@ -358,6 +365,7 @@ class Drain:
     server_ms: float  # server CPU per task
     worker_ms: float  # worker CPU per task (all worker processes)
     cost: Cost
+    db_ms: float = 0.0  # MariaDB's CPU per task (mariadbd; other clients of it count too)
 
     @property
     def http(self) -> float:
@@ -379,7 +387,7 @@ def _orbit_worker_drain(
     (lease-and-start, no ``start`` call)."""
     _submit_untimed(base, keys["submit"], n, queue, retry_safe=retry_safe)
     server_cpu = cpu_seconds(server_pid)
-    with Cost(server, base) as cost:
+    with Cost(server, base) as cost, ProcessCpu("mariadbd") as database:
         workers = [_worker(base, keys["work"], queue, concurrency) for _ in range(processes)]
         try:
             _wait_until(lambda: _succeeded(server, queue) >= n, "the workers to finish", every=0.2)
@@ -398,5 +406,6 @@ def _orbit_worker_drain(
             {"q": queue},
         ).one()
     return Drain(
-        n, n / (last - first).total_seconds(), rss, server_cpu / n * 1000, worker_cpu / n * 1000, cost
-    )
+        n, n / (last - first).total_seconds(), rss, server_cpu / n * 1000, worker_cpu / n * 1000, cost,
+        database.seconds / n * 1000,
+    )  # fmt: skip

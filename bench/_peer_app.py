@@ -4,7 +4,10 @@
 
 Runs one procrastinate worker (concurrency ``BENCH_PEER_CONCURRENCY``, default 1; the library's
 defaults otherwise) on queue ``bench``;
-without ``--wait`` it exits once the queue is empty. Needs the ``bench`` extra.
+without ``--wait`` it exits once the queue is empty. ``BENCH_PEER_POOL`` set: the connector's pool
+holds that many connections (``min_size`` = ``max_size``; procrastinate's "Limit the number of opened
+connections" how-to: a worker uses up to the pool's ``max_size`` connections, plus one for
+LISTEN/NOTIFY), instead of psycopg_pool's default of 4. Needs the ``bench`` extra.
 """
 
 from __future__ import annotations
@@ -14,8 +17,11 @@ import sys
 
 import procrastinate
 
+_POOL = {"min_size": int(os.environ["BENCH_PEER_POOL"])} if os.environ.get("BENCH_PEER_POOL") else {}
+if _POOL:
+    _POOL["max_size"] = _POOL["min_size"]
 app = procrastinate.App(
-    connector=procrastinate.PsycopgConnector(conninfo=os.environ.get("BENCH_PEER_CONNINFO", ""))
+    connector=procrastinate.PsycopgConnector(conninfo=os.environ.get("BENCH_PEER_CONNINFO", ""), **_POOL)
 )
 
 

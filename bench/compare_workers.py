@@ -5,9 +5,10 @@ with one Orbit worker process and ``--n`` no-op jobs with one procrastinate work
 (alternating which goes first), and reports, for each side:
 
 - the drain rate (from the databases' own timestamps, so process start-up is not counted);
-- CPU per task: Orbit's server + worker processes; the peer's worker process + PostgreSQL (every
-  ``postgres`` process of the machine, before and after: its backend, WAL writer and checkpointer;
-  other users of that PostgreSQL count too, so run it on a quiet machine);
+- CPU per task, each side's database included: Orbit's server + worker processes + MariaDB
+  (``mariadbd``); the peer's worker process + PostgreSQL (every ``postgres`` process: the backends
+  that served its worker, sampled while they live, the WAL writer and checkpointer). Other users of
+  those databases count too, so run it on a quiet machine;
 - for Orbit, HTTP requests and database round trips (MariaDB's global counters) per task.
 
 Then two Orbit worker processes against one, at the base concurrency. The 1-minute load average
@@ -23,39 +24,64 @@ from typing import Any
 import sqlalchemy as sa
 
 from bench._compare import _orbit_worker_drain, peer_defer, peer_worker_drain
-from bench._support import cli
+from bench._support import ProcessCpu, cli
 
-__all__ = ["SWEEP", "postgres_cpu_seconds", "run_workers"]
+__all__ = ["SWEEP", "run_workers"]
 
 SWEEP = (1, 4, 16, 64)
 
 
-def postgres_cpu_seconds() -> float:
-    """CPU seconds used so far by every live process named ``postgres`` on this machine."""
-    total = 0
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as stat:
-                text = stat.read()
-        except OSError:
-            continue
-        name = text[text.find("(") + 1 : text.rfind(")")]
-        if name != "postgres":
-            continue
-        fields = text.rpartition(")")[2].split()
-        total += int(fields[11]) + int(fields[12])
-    return total / os.sysconf("SC_CLK_TCK")
-
-
-def _peer_drain(conninfo: str, n: int, concurrency: int) -> tuple[float, float]:
-    """The peer's worker drains ``n`` fresh jobs: (jobs/s, CPU ms per job of worker + PostgreSQL)."""
+def _peer_drain(
+    conninfo: str, n: int, concurrency: int, *, processes: int = 1, pool: int | None = None
+) -> tuple[float, float]:
+    """The peer's worker drains ``n`` fresh jobs: (jobs/s, CPU ms per job of worker + PostgreSQL: every
+    ``postgres`` process, its connection backends sampled while they live, :class:`ProcessCpu`)."""
     after = peer_defer(conninfo, n)
-    pg_before = postgres_cpu_seconds()
-    rate, _rss, worker_cpu = peer_worker_drain(conninfo, n, concurrency, after=after)
-    pg_cpu = postgres_cpu_seconds() - pg_before
-    return rate, (worker_cpu + pg_cpu) / n * 1000
+    with ProcessCpu("postgres") as pg:
+        rate, _rss, worker_cpu = peer_worker_drain(
+            conninfo, n, concurrency, after=after, processes=processes, pool=pool
+        )
+    return rate, (worker_cpu + pg.seconds) / n * 1000
+
+
+#: The worker processes of :func:`at_best`'s drains.
+PROCESSES = (1, 2, 4)
+
+
+def at_best(
+    report: Any, server: sa.Engine, base: str, keys: dict[str, str], n: int, concurrency: int, *,
+    server_pid: int, peer: str,
+) -> None:  # fmt: skip
+    """Each side at its best, not at its defaults only: 1, 2 and 4 worker processes at ``concurrency``
+    each, the peer's pool holding ``concurrency + 1`` connections (its how-to: a worker uses up to its
+    pool's size, plus one for LISTEN/NOTIFY); each pair drained in alternating order; then each side's
+    best and their ratio."""
+    best = {"orbit": 0.0, "peer": 0.0}
+    for index, processes in enumerate(PROCESSES):
+        load = os.getloadavg()[0]
+        queue = f"best-{processes}"
+        cli("queue", "create", "bench", queue, url=server.url.render_as_string(hide_password=False))
+        if index % 2:
+            peer_rate = _peer_drain(peer, n, concurrency, processes=processes, pool=concurrency + 1)[0]
+        orbit = _orbit_worker_drain(
+            server, base, keys, n, concurrency, queue, server_pid, processes=processes
+        )
+        if not index % 2:
+            peer_rate = _peer_drain(peer, n, concurrency, processes=processes, pool=concurrency + 1)[0]
+        note = f"concurrency {concurrency} each; load {load:.1f} → {os.getloadavg()[0]:.1f}"
+        report.add("best", f"orbit, {processes} worker process(es)", orbit.rate, "tasks/s", note)
+        report.add("best", f"peer, {processes} worker process(es), pool {concurrency + 1}", peer_rate, "jobs/s",
+                   note)  # fmt: skip
+        best["orbit"], best["peer"] = max(best["orbit"], orbit.rate), max(best["peer"], peer_rate)
+    report.add("best", "orbit at its best", best["orbit"], "tasks/s", f"of {PROCESSES} processes")
+    report.add(
+        "best",
+        "peer at its best",
+        best["peer"],
+        "jobs/s",
+        f"of {PROCESSES} processes, pool {concurrency + 1}",
+    )
+    report.add("best", "orbit at its best / peer at its best", best["orbit"] / best["peer"], "×")
 
 
 def run_workers(
@@ -89,6 +115,8 @@ def run_workers(
         report.add("workers", f"orbit CPU per task, concurrency {level} (server + worker)",
                    orbit.server_ms + orbit.worker_ms, "ms",
                    f"server {orbit.server_ms:.2f}, worker {orbit.worker_ms:.2f}")  # fmt: skip
+        report.add("workers", f"orbit CPU per task, concurrency {level} (server + worker + MariaDB)",
+                   orbit.server_ms + orbit.worker_ms + orbit.db_ms, "ms", f"MariaDB {orbit.db_ms:.2f}")  # fmt: skip
         if peer_ms is not None:
             report.add(
                 "workers", f"peer CPU per job, concurrency {level} (worker + PostgreSQL)", peer_ms, "ms"
@@ -110,4 +138,6 @@ def run_workers(
     report.add("workers", f"orbit: 2 worker processes, concurrency {concurrency} each", two.rate, "tasks/s",
                f"load {os.getloadavg()[0]:.1f}")  # fmt: skip
     report.add("workers", "orbit: 2 worker processes / 1", two.rate / one, "×")
+    if peer is not None:
+        at_best(report, server, base, keys, n, concurrency, server_pid=server_pid, peer=peer)
     report.meta["workers_sweep_done_at"] = time.time()
