@@ -345,7 +345,22 @@ def _expire_attempt(
     }
     # A lease-and-start attempt never confirmed (no heartbeat, no complete: started_at is empty) was
     # never known to be in its worker's hands: settled as a never-started one (DESIGN §4).
-    if was is AttemptStatus.LEASED or attempt["started_at"] is None:
+    never_started = was is AttemptStatus.LEASED or attempt["started_at"] is None
+    if task["cancel_requested"] and (never_started or task["retry_safe"]):
+        # The cancel asked for holds: the task never runs again. Only a confirmed attempt of a task not
+        # declared retry-safe goes to NEEDS_REVIEW below, cancel or not: its outcome is unknown.
+        apply_transition(
+            conn,
+            task,
+            TaskStatus.CANCELLED,
+            event="cancelled",
+            now=now,
+            actor="sweeper",
+            reason=f"cancellation was requested and the lease of attempt {attempt['generation']} lapsed",
+            data=data,
+        )
+        return True
+    if never_started:
         if was is AttemptStatus.RUNNING and reason is None:
             reason = "lease-and-start grant never confirmed by its worker (no heartbeat, no report)"
         if budget_left and not _past_deadline(task, now):
@@ -384,7 +399,7 @@ def _expire_attempt(
         return True
     available_at = now + _retry_delay(task)
     if task["retry_safe"] and budget_left and not _past_deadline(task, available_at):
-        task = apply_transition(
+        apply_transition(
             conn,
             task,
             TaskStatus.WAITING,
@@ -394,16 +409,6 @@ def _expire_attempt(
             data=data,
             values={"available_at": available_at},
         )
-        if task["cancel_requested"]:
-            apply_transition(
-                conn,
-                task,
-                TaskStatus.CANCELLED,
-                event="cancelled",
-                now=now,
-                actor="sweeper",
-                reason="cancellation was requested before the lease lapsed",
-            )
         return True
     error = {
         "type": "outcome_unknown",

@@ -13,6 +13,7 @@ grants; a grant failure is answered as ``lease_error`` beside the reports, which
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 
 import httpx
@@ -20,7 +21,8 @@ import pytest
 import sqlalchemy as sa
 
 from orbit_client import AttemptError, BatchLease, CompleteItem, FailItem, OrbitClient
-from orbit_server.db.schema import task_attempts, worker_sightings
+from orbit_server.db.schema import namespaces, task_attempts, tasks, worker_sightings
+from orbit_server.tasks import permits
 from tests.conftest import DatabaseFactory
 from tests.execution_support import check_attempt_history
 from tests.integration.conftest import BACKENDS
@@ -97,6 +99,71 @@ def test_a_lost_answer_with_the_budget_spent_fails_the_task_as_a_lapsed_lease_do
     worker_client.lease_tasks(env.ns, queue, worker_id="w", lease_seconds=0.3, start=True)
     task = env.wait(task_id, "FAILED", "NEEDS_REVIEW")
     assert task.status == "FAILED" and task.error is not None and task.error["type"] == "attempts_exhausted"
+
+
+def _lapse(env: Env, task_id: str, attempt_id: str) -> None:
+    """Wait until the sweeper has settled the attempt's lapsed lease (no event exists for this)."""
+    deadline = time.monotonic() + 20
+    while {a.id: a.status for a in env.admin.list_attempts(env.ns, task_id)}[attempt_id] != "EXPIRED":
+        assert time.monotonic() < deadline, f"attempt {attempt_id} never lapsed"
+        time.sleep(0.05)
+
+
+@pytest.mark.parametrize("max_attempts", [3, 1])
+def test_a_cancel_of_an_unconfirmed_lease_and_start_task_survives_its_lapse(
+    env: Env, worker_client: OrbitClient, max_attempts: int
+) -> None:
+    # Regression (issue 30, item 1): the cancel only set cancel_requested; the unconfirmed attempt's lapse
+    # then put the task back to WAITING as never started, it was leased and run again, and could succeed.
+    # With the budget spent it ended FAILED attempts_exhausted instead of CANCELLED.
+    queue = env.queue()
+    task_id = env.submit(queue, "h", retry_safe=True, max_attempts=max_attempts)
+    (grant,) = worker_client.lease_tasks(env.ns, queue, worker_id="w", lease_seconds=0.5, start=True)
+    cancelled = env.admin.cancel_task(env.ns, task_id, reason="not wanted any more")
+    assert cancelled.status == "RUNNING" and cancelled.cancel_requested
+    _lapse(env, task_id, grant.attempt.id)
+    assert worker_client.lease_tasks(env.ns, queue, worker_id="w", max_tasks=5, start=True) == []
+    task = env.admin.get_task(env.ns, task_id)
+    assert task.status == "CANCELLED"
+    (attempt,) = env.admin.list_attempts(env.ns, task_id)
+    assert attempt.status == "EXPIRED"
+    events = [e.event for e in env.admin.list_task_events(env.ns, task_id)]
+    assert events == ["accepted", "leased", "started", "cancel_requested", "cancelled"]
+    check_attempt_history(env.server.engine, [task_id])
+
+
+def test_a_cancel_of_a_confirmed_retry_safe_task_survives_its_lapse_with_the_budget_spent(
+    env: Env, worker_client: OrbitClient
+) -> None:
+    # Confirmed by a heartbeat and with no attempt left, the lapse of a retry-safe task that was asked to
+    # stop ends CANCELLED (it was NEEDS_REVIEW: a review of a task nobody wants any more).
+    queue = env.queue()
+    task_id = env.submit(queue, "h", retry_safe=True, max_attempts=1)
+    (grant,) = worker_client.lease_tasks(env.ns, queue, worker_id="w", lease_seconds=0.5, start=True)
+    worker_client.heartbeat(env.ns, grant.attempt.id, grant.attempt.lease_token)
+    env.admin.cancel_task(env.ns, task_id, reason="not wanted any more")
+    _lapse(env, task_id, grant.attempt.id)
+    assert env.admin.get_task(env.ns, task_id).status == "CANCELLED"
+
+
+@pytest.mark.parametrize("limited", [False, True], ids=["plain", "limited"])
+def test_a_lease_never_grants_a_waiting_task_with_a_cancel_requested(
+    env: Env, worker_client: OrbitClient, limited: bool
+) -> None:
+    # What a server before the fix above left (a task WAITING again with its cancel requested) is not
+    # granted, on the plain path and on a queue with a concurrency limit; a second cancel then ends it.
+    queue = env.queue()
+    if limited:
+        with env.server.engine.begin() as conn:
+            ns_id = conn.scalar(sa.select(namespaces.c.id).where(namespaces.c.name == env.ns))
+            permits.set_limits(conn, ns_id, queue, {"max_concurrency": 5}, actor="test")
+    task_id = env.submit(queue, "h", retry_safe=True)
+    with env.server.engine.begin() as conn:
+        conn.execute(sa.update(tasks).where(tasks.c.id == task_id).values(cancel_requested=True))
+    assert worker_client.lease_tasks(env.ns, queue, worker_id="w", max_tasks=5) == []
+    assert worker_client.lease_tasks(env.ns, queue, worker_id="w", max_tasks=5, start=True) == []
+    assert env.admin.list_attempts(env.ns, task_id) == []
+    assert env.admin.cancel_task(env.ns, task_id, reason="again").status == "CANCELLED"
 
 
 def test_the_first_heartbeat_confirms_the_start(env: Env, worker_client: OrbitClient) -> None:
