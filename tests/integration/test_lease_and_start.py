@@ -20,7 +20,7 @@ import httpx
 import pytest
 import sqlalchemy as sa
 
-from orbit_client import AttemptError, BatchLease, CompleteItem, FailItem, OrbitClient
+from orbit_client import AttemptError, BatchLease, CompleteItem, FailItem, OrbitClient, RetryPolicy
 from orbit_server.db.schema import namespaces, task_attempts, tasks, worker_sightings
 from orbit_server.tasks import permits
 from tests.conftest import DatabaseFactory
@@ -212,6 +212,52 @@ def test_report_and_lease_commits_the_reports_then_grants(env: Env, worker_clien
     assert fails.grants == [] and fails.lease_error is None  # nothing left to grant
     assert {env.admin.get_task(env.ns, i).status for i in later} == {"FAILED"}
     check_attempt_history(env.server.engine, first + later)
+
+
+class _LoseOneAnswer(httpx.BaseTransport):
+    """Forwards every request; the answer to the first one to ``path`` is lost after the server
+    committed it (the client sees a read timeout: outcome unknown, retried)."""
+
+    def __init__(self, inner: httpx.BaseTransport, path: str) -> None:
+        self._inner, self._path, self.lost = inner, path, 0
+
+    def handle_request(self, request: httpx.Request) -> httpx.Response:
+        response = self._inner.handle_request(request)
+        if request.url.path == self._path and not self.lost:
+            response.read()
+            response.close()
+            self.lost += 1
+            raise httpx.ReadTimeout("the answer was lost on the way back", request=request)
+        return response
+
+    def close(self) -> None:
+        self._inner.close()
+
+
+def test_a_lost_report_and_lease_answer_is_retried_without_its_lease(env: Env) -> None:
+    # Regression (issue 30, item 2): the retry of a report batch whose answer was lost carried its lease
+    # again: every retry granted up to max_tasks more tasks while the lost answer's grants lapsed unused,
+    # each spending an attempt. Now the lease part is sent once: the retry carries the reports alone.
+    queue = env.queue()
+    first = env.submit(queue, "h", retry_safe=True)
+    with OrbitClient(env.server.base_url, api_key=env.keys["work"], retry=RetryPolicy.no_wait()) as client:
+        (grant,) = client.lease_tasks(env.ns, queue, worker_id="w", start=True)
+        later = [env.submit(queue, "h", {"n": n}, retry_safe=True, max_attempts=2) for n in range(6)]
+        path = f"/v1/namespaces/{env.ns}/attempts/complete"
+        lose = _LoseOneAnswer(client._http._transport, path)
+        client._http._transport = lose
+        answer = client.complete_attempts_and_lease(
+            env.ns,
+            [CompleteItem(attempt_id=grant.attempt.id, lease_token=grant.attempt.lease_token, result="done")],
+            lease=BatchLease(queue=queue, worker_id="w", max_tasks=3, start=True),
+        )
+    assert lose.lost == 1
+    assert [r.status for r in answer.items] == [200] and answer.grants == [] and answer.lease_error is None
+    assert env.admin.get_task(env.ns, first).status == "SUCCEEDED"
+    # The lost answer's three grants are the only ones: no retry granted a second set.
+    spent = {task_id: env.admin.get_task(env.ns, task_id).attempt_count for task_id in later}
+    assert sorted(spent.values()) == [0, 0, 0, 1, 1, 1], spent
+    check_attempt_history(env.server.engine, [first, *later])
 
 
 def test_a_failed_grant_never_undoes_the_reports(env: Env, worker_client: OrbitClient) -> None:
