@@ -317,12 +317,28 @@ def _deadline_error(cause: Any = None) -> dict[str, Any]:
     return error
 
 
+#: The ``error`` of an attempt granted ``RUNNING`` by lease-and-start whose lease lapsed unconfirmed.
+_UNCONFIRMED: Final = {
+    "type": "unconfirmed",
+    "message": (
+        "granted RUNNING by lease-and-start; no heartbeat or report confirmed it before its lease lapsed, "
+        "so whether its handler began is unknown (the task is retry-safe: settled as not started)"
+    ),
+    "retryable": True,
+}
+
+
 def _expire_attempt(
     conn: Connection, task: dict[str, Any], attempt: Mapping[Any, Any], now: datetime,
     *, reason: str | None = None,
 ) -> bool:  # fmt: skip
     """Settle one lapsed live attempt of a locked task; ``False`` if it was renewed or finished first."""
     was = AttemptStatus(attempt["status"])
+    # An unconfirmed lease-and-start grant: the attempt says what is known (granted RUNNING, never
+    # confirmed), not that nothing started: its answer may have reached a worker that died.
+    unconfirmed = (
+        {"error": _UNCONFIRMED} if was is AttemptStatus.RUNNING and attempt["started_at"] is None else {}
+    )
     done = conn.execute(
         task_attempts.update()
         .where(
@@ -330,7 +346,7 @@ def _expire_attempt(
             task_attempts.c.status == was.value,
             task_attempts.c.lease_expires_at <= now,
         )
-        .values(status=AttemptStatus.EXPIRED.value, finished_at=now)
+        .values(status=AttemptStatus.EXPIRED.value, finished_at=now, **unconfirmed)
     )
     if done.rowcount != 1:
         return False
@@ -362,7 +378,10 @@ def _expire_attempt(
         return True
     if never_started:
         if was is AttemptStatus.RUNNING and reason is None:
-            reason = "lease-and-start grant never confirmed by its worker (no heartbeat, no report)"
+            reason = (
+                "lease-and-start grant lapsed unconfirmed (no heartbeat or report came); its handler may "
+                "have run: settled as not started, the task being retry-safe"
+            )
         if budget_left and not _past_deadline(task, now):
             apply_transition(
                 conn,

@@ -83,6 +83,12 @@ def test_a_lost_lease_and_start_answer_lapses_as_never_started(env: Env, worker_
     (attempt,) = env.admin.list_attempts(env.ns, task_id)
     assert attempt.id == lost.attempt.id
     assert attempt.status == "EXPIRED" and attempt.started_at is None
+    # What is known, not that nothing started (issue 30, item 5): the grant may have reached a worker
+    # that ran its handler and died before its first heartbeat.
+    assert isinstance(attempt.error, dict) and attempt.error["type"] == "unconfirmed"
+    assert "granted RUNNING" in attempt.error["message"] and "unknown" in attempt.error["message"]
+    (lapse,) = [e for e in env.admin.list_task_events(env.ns, task_id) if e.event == "lease_expired"]
+    assert lapse.reason is not None and "may have run" in lapse.reason
     (again,) = worker_client.lease_tasks(env.ns, queue, worker_id="w", start=True)
     assert again.attempt.generation == 2
     worker_client.complete_attempt(env.ns, again.attempt.id, again.attempt.lease_token, "ok")
