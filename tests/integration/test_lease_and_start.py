@@ -295,6 +295,64 @@ def test_tasks_not_declared_retry_safe_come_back_leased(env: Env, worker_client:
     assert grant.task.status == "LEASED"
 
 
+def test_one_lease_of_retry_safe_and_default_tasks_writes_each_its_own_rows(
+    env: Env, worker_client: OrbitClient
+) -> None:
+    # One statement grants both kinds (a CASE on retry_safe): each task, attempt and event row must be
+    # the one its kind gets on its own (issue 30, item 6: no test leased both in one request).
+    queue = env.queue()
+    safe = [env.submit(queue, "h", {"n": n}, retry_safe=True) for n in range(2)]
+    default = [env.submit(queue, "h", {"n": n}) for n in range(2, 4)]
+    grants = worker_client.lease_tasks(env.ns, queue, worker_id="w", max_tasks=4, start=True)
+    by_task = {g.task.id: g for g in grants}
+    assert set(by_task) == {*safe, *default}
+    with env.server.engine.connect() as conn:
+        attempts = {
+            row.task_id: row
+            for row in conn.execute(
+                sa.select(task_attempts).where(task_attempts.c.task_id.in_([*safe, *default]))
+            )
+        }
+        versions = dict(
+            conn.execute(sa.select(tasks.c.id, tasks.c.state_version).where(tasks.c.id.in_(by_task))).all()
+        )
+    for task_id in safe:
+        assert (
+            by_task[task_id].task.status == "RUNNING"
+            and env.admin.get_task(env.ns, task_id).status == "RUNNING"
+        )
+        assert attempts[task_id].status == "RUNNING" and attempts[task_id].started_at is None  # unconfirmed
+        assert [e.event for e in env.admin.list_task_events(env.ns, task_id)] == [
+            "accepted",
+            "leased",
+            "started",
+        ]
+        assert versions[task_id] == by_task[task_id].task.state_version == 3
+    for task_id in default:
+        assert (
+            by_task[task_id].task.status == "LEASED"
+            and env.admin.get_task(env.ns, task_id).status == "LEASED"
+        )
+        assert attempts[task_id].status == "LEASED" and attempts[task_id].started_at is None
+        assert [e.event for e in env.admin.list_task_events(env.ns, task_id)] == ["accepted", "leased"]
+        assert versions[task_id] == by_task[task_id].task.state_version == 2
+    for task_id in [*safe, *default]:
+        row = attempts[task_id]
+        assert row.id == by_task[task_id].attempt.id and row.generation == 1 and row.worker_id == "w"
+        assert row.lease_expires_at > row.leased_at
+    # Each kind goes on as it must: the default ones need their start, the retry-safe ones do not.
+    for task_id in default:
+        grant = by_task[task_id]
+        worker_client.start_attempt(env.ns, grant.attempt.id, grant.attempt.lease_token)
+    results = worker_client.complete_attempts(
+        env.ns,
+        [CompleteItem(attempt_id=g.attempt.id, lease_token=g.attempt.lease_token, result=1) for g in grants],
+    )
+    assert [r.status for r in results] == [200] * 4
+    assert {env.admin.get_task(env.ns, task_id).status for task_id in by_task} == {"SUCCEEDED"}
+    check_attempt_history(env.server.engine, [*safe, *default])
+
+
 def test_old_clients_are_answered_as_before(env: Env, worker_client: OrbitClient) -> None:
     # No ``start``: grants are LEASED and need their start; no ``lease``: no grants in the answer.
     queue = env.queue()
