@@ -47,6 +47,7 @@ from orbit_client._calls import (
     _path,
     _Sends,
     _SendsAsync,
+    _validated,
 )
 from orbit_client._exceptions import OrbitUsageError
 
@@ -132,7 +133,7 @@ def _attempt_batch(
     """
     call = _attempt_batch_answer(namespace, action, items, None)
     parse = call.parse
-    return _Call("POST", call.path, lambda response: parse(response).items, json=call.json)
+    return _Call("POST", call.path, lambda response: parse(response).items, content=call.content)
 
 
 def _attempt_batch_answer(
@@ -149,12 +150,19 @@ def _attempt_batch_answer(
         )
     path = _path("/v1/namespaces/{}/attempts/" + action, namespace)
     listed = [item.model_dump(mode="json") if isinstance(item, item_model) else item for item in items]
-    if lease is None:  # no "lease" key at all: a server that predates report-and-lease accepts the body
-        body = _body(batch_model, f"{action} batch", items=listed)
-        body.pop("lease", None)
-    else:
-        lease = lease.model_dump(mode="json") if isinstance(lease, BatchLease) else lease
-        body = _body(batch_model, f"{action} batch", items=listed, lease=lease)
+    fields: dict[str, Any] = {"items": listed}
+    if lease is not None:
+        fields["lease"] = lease.model_dump(mode="json") if isinstance(lease, BatchLease) else lease
+    batch = _validated(batch_model, f"{action} batch", **fields)
+    # Encoded once, by pydantic, as orbit_client._reports measures each item when it splits a batch by
+    # size: the bytes measured are the bytes sent (httpx before 0.28 encodes json= with ensure_ascii and
+    # spaces, up to twice as large for non-ASCII text). No "lease" key at all without one: a server that
+    # predates report-and-lease accepts the body.
+    alone = batch.model_dump_json(exclude={"lease"}).encode()
+    # A lease is granted once: a try after the first carries the reports alone. Its grants, had the first
+    # try's answer been lost after the server committed them, would otherwise be granted again on every
+    # retry, each set lapsing unused and spending an attempt of each task (the reports are safe to repeat).
+    content, retry_content = (alone, None) if lease is None else (batch.model_dump_json().encode(), alone)
     sent = len(items)
 
     def parse(response: httpx.Response) -> AttemptBatchResponse:
@@ -168,7 +176,7 @@ def _attempt_batch_answer(
             )
         return answer
 
-    return _Call("POST", path, parse, json=body)
+    return _Call("POST", path, parse, content=content, retry_content=retry_content)
 
 
 class AttemptCallsMixin(_Sends):
@@ -341,8 +349,10 @@ class AttemptCallsMixin(_Sends):
             the lease part was refused with (e.g. 404 ``queue_not_found``), else ``None``.
 
         Raises:
-            As :meth:`complete_attempts`, and retried alike: a repeated report answers alike, and
-            the grants of an answer lost on the way lapse unused, as a lost :meth:`lease_tasks` answer's.
+            As :meth:`complete_attempts`, and retried alike, but a retry carries the reports alone:
+            its answer has no grants (lease again with :meth:`lease_tasks`). The lease part is sent
+            once, as :meth:`lease_tasks` is: the grants of an answer lost on the way lapse unused,
+            and are never granted again by a retry.
         """
         return self._send(_attempt_batch_answer(namespace, "complete", items, lease))
 

@@ -51,6 +51,10 @@ class _Call(Generic[_T]):
             ``None`` keeps the client's timeout.
         absent_code: a ``404`` with this problem ``code`` answers ``None`` instead of raising
             (a lookup that may find nothing); ``None``: every 404 raises.
+        content: the JSON body already encoded, sent byte for byte (``application/json``) instead of
+            ``json``: the bytes a caller measured are the bytes sent, whatever ``httpx`` version encodes.
+        retry_content: with ``content``, the body of every try after the first (a call whose first
+            try must not be repeated whole); ``None``: every try sends ``content``.
     """
 
     method: str
@@ -62,6 +66,8 @@ class _Call(Generic[_T]):
     retry: bool = True
     extra_timeout: float | None = None
     absent_code: str | None = None
+    content: bytes | None = None
+    retry_content: bytes | None = None
 
 
 class _Sends:
@@ -137,15 +143,19 @@ def _body(model: type[BaseModel], what: str, **fields: Any) -> dict[str, Any]:
 
     Raises :class:`OrbitUsageError` naming the bad fields (never their values).
     """
+    return _validated(model, what, **fields).model_dump(mode="json")
+
+
+def _validated(model: type[_M], what: str, **fields: Any) -> _M:
+    """``fields`` as ``model``, or :class:`OrbitUsageError` naming the bad fields (as :func:`_body`)."""
     try:
-        value = model(**fields)
+        return model(**fields)
     except ValidationError as exc:
         problems = "; ".join(
             f"{'.'.join(map(str, e['loc'])) or 'value'}: {e['msg']}"
             for e in exc.errors(include_url=False, include_input=False)
         )
         raise OrbitUsageError(f"invalid {what}, nothing was sent: {problems}") from None
-    return value.model_dump(mode="json")
 
 
 def _model(model: type[_M], fields: Mapping[str, Any], what: str) -> _M:

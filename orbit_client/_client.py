@@ -117,15 +117,20 @@ class _BaseClient:
         headers: Mapping[str, str] | None,
         params: Mapping[str, str] | None,
         timeout: float | None = None,
+        content: bytes | None = None,
     ) -> httpx.Request:
         if http.is_closed:
             raise OrbitUsageError("the client is closed; create a new one")
+        body: dict[str, Any] = {"json": json}
+        if content is not None:  # encoded by the caller: sent as is
+            body = {"content": content}
+            headers = {**(headers or {}), "Content-Type": "application/json"}
         try:
             if timeout is not None:
                 return http.build_request(
-                    method, path, json=json, headers=headers, params=params, timeout=timeout
+                    method, path, headers=headers, params=params, timeout=timeout, **body
                 )
-            return http.build_request(method, path, json=json, headers=headers, params=params)
+            return http.build_request(method, path, headers=headers, params=params, **body)
         except (TypeError, ValueError) as exc:  # e.g. NaN in the JSON body
             raise OrbitUsageError(f"cannot encode the request body as JSON: {exc}") from exc
         except httpx.InvalidURL as exc:
@@ -288,15 +293,26 @@ class OrbitClient(
         params: Mapping[str, str] | None = None,
         retry: bool = True,
         timeout: float | None = None,
+        content: bytes | None = None,
+        retry_content: bytes | None = None,
     ) -> httpx.Response:
         """Send a request, retrying per the policy; return the 2xx response or raise the mapped error.
 
         ``path`` is relative to ``base_url`` and already quoted (build it with :meth:`_path`).
         Pass ``retry=False`` for a non-idempotent request that carries no idempotency key.
         ``timeout`` replaces the client's timeout for this request, in seconds (``None``: keep it).
+        ``content`` is a JSON body already encoded, sent as is instead of ``json``; ``retry_content``
+        (with it) is the body of every try after the first (``None``: the same body).
         """
         request = self._build_request(
-            self._http, method, path, json=json, headers=headers, params=params, timeout=timeout
+            self._http,
+            method,
+            path,
+            json=json,
+            headers=headers,
+            params=params,
+            timeout=timeout,
+            content=content,
         )
         retries = _CallRetries(self._retry, enabled=retry)
         while True:
@@ -313,6 +329,11 @@ class OrbitClient(
             if delay is None:
                 raise error
             self._log_retry(request, error, retries.attempt, delay)
+            if retry_content is not None and retries.attempt == 1:
+                request = self._build_request(
+                    self._http, method, path, json=None, headers=headers, params=params, timeout=timeout,
+                    content=retry_content,
+                )  # fmt: skip
             if self._retry.sleep is not None:
                 self._retry.sleep(delay)
             else:
@@ -329,6 +350,8 @@ class OrbitClient(
                 params=call.params,
                 retry=call.retry,
                 timeout=self._call_timeout(call),
+                content=call.content,
+                retry_content=call.retry_content,
             )
         except NotFoundError as exc:
             if call.absent_code is not None and exc.code == call.absent_code:
@@ -393,10 +416,19 @@ class AsyncOrbitClient(
         params: Mapping[str, str] | None = None,
         retry: bool = True,
         timeout: float | None = None,
+        content: bytes | None = None,
+        retry_content: bytes | None = None,
     ) -> httpx.Response:
         """Async twin of :meth:`OrbitClient._request`."""
         request = self._build_request(
-            self._http, method, path, json=json, headers=headers, params=params, timeout=timeout
+            self._http,
+            method,
+            path,
+            json=json,
+            headers=headers,
+            params=params,
+            timeout=timeout,
+            content=content,
         )
         retries = _CallRetries(self._retry, enabled=retry)
         while True:
@@ -413,6 +445,11 @@ class AsyncOrbitClient(
             if delay is None:
                 raise error
             self._log_retry(request, error, retries.attempt, delay)
+            if retry_content is not None and retries.attempt == 1:
+                request = self._build_request(
+                    self._http, method, path, json=None, headers=headers, params=params, timeout=timeout,
+                    content=retry_content,
+                )  # fmt: skip
             if self._retry.sleep is not None:
                 self._retry.sleep(delay)
             else:
@@ -429,6 +466,8 @@ class AsyncOrbitClient(
                 params=call.params,
                 retry=call.retry,
                 timeout=self._call_timeout(call),
+                content=call.content,
+                retry_content=call.retry_content,
             )
         except NotFoundError as exc:
             if call.absent_code is not None and exc.code == call.absent_code:

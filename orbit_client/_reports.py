@@ -225,6 +225,15 @@ class _Batcher(Generic[_Item]):
                 self._cond.wait(left)
             batch, self._pending = self._pending, []
             self._leading = False
+        try:
+            self._send_chunks(batch)
+        except BaseException as exc:  # every report of the batch is answered, on every path
+            for _, future in batch:
+                if not future.done():
+                    future.set_exception(exc)
+            raise
+
+    def _send_chunks(self, batch: list[tuple[_Item, Future[AttemptItemResult]]]) -> None:
         for chunk in _sized_chunks(batch, self._limit()):
             items = [item for item, _ in chunk]
             rider, ask = self.rider, None
@@ -342,10 +351,6 @@ class Reports:
             rider=rider, busy=busy,
         )  # fmt: skip
         self._beats_supported = True
-
-    def stop_riding(self) -> None:
-        """Carry no more leases (the server refused one, or the worker stops)."""
-        self._completes.rider = self._fails.rider = None
 
     def forming(self) -> bool:
         """Whether a ``complete`` or ``fail`` batch is forming (it may carry the next lease)."""
@@ -482,6 +487,19 @@ class _AsyncBatcher(Generic[_Item]):
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(full.wait(), self._linger)
         batch, self._pending, self._full = self._pending, [], None
+        try:
+            await self._send_chunks(batch)
+        except BaseException as exc:  # every report of the batch is answered, on every path
+            for _, future in batch:
+                if future.done():
+                    continue
+                if isinstance(exc, Exception):
+                    future.set_exception(exc)
+                else:
+                    future.cancel()
+            raise
+
+    async def _send_chunks(self, batch: list[tuple[_Item, asyncio.Future[AttemptItemResult]]]) -> None:
         limit = await self._limit() if self._limit is not None else DEFAULT_BODY_LIMIT
         for chunk in _sized_chunks(batch, limit):
             items = [item for item, _ in chunk]
@@ -598,10 +616,6 @@ class AsyncReports:
             rider=rider, busy=busy,
         )  # fmt: skip
         self._beats_supported = True
-
-    def stop_riding(self) -> None:
-        """Carry no more leases (the server refused one, or the worker stops)."""
-        self._completes.rider = self._fails.rider = None
 
     def forming(self) -> bool:
         """Whether a ``complete`` or ``fail`` batch is forming (it may carry the next lease)."""

@@ -127,7 +127,9 @@ def lease_tasks(
     statements (``WAITING → LEASED → RUNNING``, both events written): its attempt is ``RUNNING``
     with ``started_at`` empty, *unconfirmed* until the worker's first heartbeat or ``complete``
     sets it to the grant's time. An unconfirmed attempt whose lease lapses is settled exactly as a
-    ``LEASED`` one (``transitions._expire_attempt``): nothing is known to have started.
+    ``LEASED`` one (``transitions._expire_attempt``): nothing is known to have started, and a
+    cancellation requested meanwhile makes it ``CANCELLED``. A task whose cancellation was
+    requested is never granted.
 
     Args:
         lease_seconds: the lease duration, in seconds.
@@ -164,6 +166,7 @@ def lease_tasks(
                         tasks.c.queue_id == queue_id,
                         tasks.c.status == TaskStatus.WAITING.value,
                         tasks.c.available_at <= now,
+                        tasks.c.cancel_requested == sa.false(),  # a cancel asked for is never granted
                         sa.or_(tasks.c.deadline.is_(None), tasks.c.deadline > now),
                     )
                     .order_by(tasks.c.available_at, tasks.c.id)
@@ -277,8 +280,10 @@ def expire_leases(conn: Connection, *, limit: int = _SWEEP_BATCH) -> int:
       and the deadline allows, else ``FAILED`` (``attempts_exhausted``/``deadline_exceeded``);
     - ``RUNNING`` → ``WAITING`` (after the task's backoff) only when the task is
       ``retry_safe``, attempts remain and the deadline allows; otherwise ``NEEDS_REVIEW``,
-      because silence is no proof that nothing happened (invariant 7, DESIGN §4). A retry-safe
-      task whose cancellation was requested then becomes ``CANCELLED``.
+      because silence is no proof that nothing happened (invariant 7, DESIGN §4);
+    - either, when cancellation was requested → ``CANCELLED``, unless the attempt was confirmed
+      ``RUNNING`` and the task is not ``retry_safe`` (then ``NEEDS_REVIEW``: its outcome is unknown).
+      An unconfirmed lease-and-start attempt counts as never started.
 
     The attempt becomes ``EXPIRED``. Each update re-checks what it read (attempt status and
     expiry, task status and ``state_version``), so a heartbeat or completion that committed

@@ -38,7 +38,9 @@ def cancel_task(conn: Connection, namespace_id: int, task_id: str, *, reason: st
     ``WAITING`` and ``LEASED`` become ``CANCELLED`` at once (a leased attempt becomes
     ``CANCELLED`` too, so its start is refused). ``RUNNING`` gets ``cancel_requested``: the
     worker sees it on its next heartbeat, and the task becomes ``CANCELLED`` when the worker
-    reports that it stopped, or ``SUCCEEDED`` if its success lands first. Cancelling a
+    reports that it stopped, or ``SUCCEEDED`` if its success lands first. If the attempt's lease
+    lapses instead, the task becomes ``CANCELLED`` too (it is never leased again), unless it is not
+    ``retry_safe`` and its start was confirmed: then ``NEEDS_REVIEW``, its outcome unknown. Cancelling a
     ``CANCELLED`` task, or a running one already asked to stop, changes nothing. Audited as a
     task event with ``actor`` and ``reason`` in the same transaction.
 

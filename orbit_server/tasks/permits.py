@@ -113,6 +113,7 @@ def claim_limited(
         tasks.c.queue_id == queue_id,
         tasks.c.status == TaskStatus.WAITING.value,
         tasks.c.available_at <= now,
+        tasks.c.cancel_requested == sa.false(),  # a cancel asked for is never granted
         sa.or_(tasks.c.deadline.is_(None), tasks.c.deadline > now),
     )
     if per_key is not None:

@@ -323,12 +323,28 @@ def _deadline_error(cause: Any = None) -> dict[str, Any]:
     return error
 
 
+#: The ``error`` of an attempt granted ``RUNNING`` by lease-and-start whose lease lapsed unconfirmed.
+_UNCONFIRMED: Final = {
+    "type": "unconfirmed",
+    "message": (
+        "granted RUNNING by lease-and-start; no heartbeat or report confirmed it before its lease lapsed, "
+        "so whether its handler began is unknown (the task is retry-safe: settled as not started)"
+    ),
+    "retryable": True,
+}
+
+
 def _expire_attempt(
     conn: Connection, task: dict[str, Any], attempt: Mapping[Any, Any], now: datetime,
     *, reason: str | None = None,
 ) -> bool:  # fmt: skip
     """Settle one lapsed live attempt of a locked task; ``False`` if it was renewed or finished first."""
     was = AttemptStatus(attempt["status"])
+    # An unconfirmed lease-and-start grant: the attempt says what is known (granted RUNNING, never
+    # confirmed), not that nothing started: its answer may have reached a worker that died.
+    unconfirmed = (
+        {"error": _UNCONFIRMED} if was is AttemptStatus.RUNNING and attempt["started_at"] is None else {}
+    )
     done = conn.execute(
         task_attempts.update()
         .where(
@@ -336,7 +352,7 @@ def _expire_attempt(
             task_attempts.c.status == was.value,
             task_attempts.c.lease_expires_at <= now,
         )
-        .values(status=AttemptStatus.EXPIRED.value, finished_at=now)
+        .values(status=AttemptStatus.EXPIRED.value, finished_at=now, **unconfirmed)
     )
     if done.rowcount != 1:
         return False
@@ -351,9 +367,27 @@ def _expire_attempt(
     }
     # A lease-and-start attempt never confirmed (no heartbeat, no complete: started_at is empty) was
     # never known to be in its worker's hands: settled as a never-started one (DESIGN §4).
-    if was is AttemptStatus.LEASED or attempt["started_at"] is None:
+    never_started = was is AttemptStatus.LEASED or attempt["started_at"] is None
+    if task["cancel_requested"] and (never_started or task["retry_safe"]):
+        # The cancel asked for holds: the task never runs again. Only a confirmed attempt of a task not
+        # declared retry-safe goes to NEEDS_REVIEW below, cancel or not: its outcome is unknown.
+        apply_transition(
+            conn,
+            task,
+            TaskStatus.CANCELLED,
+            event="cancelled",
+            now=now,
+            actor="sweeper",
+            reason=f"cancellation was requested and the lease of attempt {attempt['generation']} lapsed",
+            data=data,
+        )
+        return True
+    if never_started:
         if was is AttemptStatus.RUNNING and reason is None:
-            reason = "lease-and-start grant never confirmed by its worker (no heartbeat, no report)"
+            reason = (
+                "lease-and-start grant lapsed unconfirmed (no heartbeat or report came); its handler may "
+                "have run: settled as not started, the task being retry-safe"
+            )
         if budget_left and not _past_deadline(task, now):
             apply_transition(
                 conn,
@@ -390,7 +424,7 @@ def _expire_attempt(
         return True
     available_at = now + _retry_delay(task)
     if task["retry_safe"] and budget_left and not _past_deadline(task, available_at):
-        task = apply_transition(
+        apply_transition(
             conn,
             task,
             TaskStatus.WAITING,
@@ -400,16 +434,6 @@ def _expire_attempt(
             data=data,
             values={"available_at": available_at},
         )
-        if task["cancel_requested"]:
-            apply_transition(
-                conn,
-                task,
-                TaskStatus.CANCELLED,
-                event="cancelled",
-                now=now,
-                actor="sweeper",
-                reason="cancellation was requested before the lease lapsed",
-            )
         return True
     error = {
         "type": "outcome_unknown",

@@ -13,14 +13,16 @@ from __future__ import annotations
 
 import shutil
 import tempfile
+import time
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+import pymysql
 import pytest
 from sqlalchemy.engine import URL, make_url
 
-from bench.cluster.galera import ClusterError, GaleraCluster
+from bench.cluster.galera import ClusterError, GaleraCluster, GaleraNode
 from tests.conftest import IN_CI
 
 #: Database URLs of one database on the cluster, one per node (node 0 first).
@@ -95,3 +97,39 @@ def cluster_database(cluster: GaleraCluster) -> Iterator[ClusterDatabase]:
     yield make
     for name in names:
         cluster.drop_database(name)
+
+
+#: How long a statement must have run on a lagging node to count as waiting for it to catch up, in ms.
+_WAITING_MS = 300
+
+
+def wait_until_a_statement_waits(
+    node: GaleraNode, database: str, *, on: str = "", timeout: float = 60.0
+) -> tuple[str, str]:
+    """Block until a statement of another session on ``database`` (naming ``on`` in its text, when
+    given) has run on ``node`` for 0.3 s or more, and return its ``(state, text)``.
+
+    Called while ``node`` is held behind (:meth:`GaleraNode.lagging`): such a statement is a read
+    waiting for the node to catch up (``wsrep_sync_wait``), which proves that the request under test
+    reached the node while it lagged, where a fixed sleep only hoped so. A write waiting for the
+    block's read lock does not count. Fails the test after ``timeout`` seconds.
+    """
+    query = (
+        "SELECT STATE, INFO FROM information_schema.PROCESSLIST WHERE DB = %s AND COMMAND = 'Query' "
+        "AND ID <> CONNECTION_ID() AND TIME_MS >= %s AND INFO LIKE %s "
+        "AND COALESCE(STATE, '') NOT LIKE '%%read lock%%' AND COALESCE(STATE, '') NOT LIKE '%%backup lock%%'"
+    )
+    deadline = time.monotonic() + timeout
+    conn = pymysql.connect(host="127.0.0.1", port=node.port, user="root", connect_timeout=5, read_timeout=10)
+    try:
+        while True:
+            with conn.cursor() as cur:
+                cur.execute(query, (database, _WAITING_MS, f"%{on}%"))
+                rows = cur.fetchall()
+            if rows:
+                return str(rows[0][0]), str(rows[0][1])
+            if time.monotonic() > deadline:
+                pytest.fail(f"no statement on {database!r} waited on node {node.index} within {timeout:g} s")
+            time.sleep(0.05)
+    finally:
+        conn.close()

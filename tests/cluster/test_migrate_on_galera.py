@@ -10,7 +10,6 @@ refused with 1047 "Aborting TOI"). Now the migration's reads wait until the node
 from __future__ import annotations
 
 import threading
-import time
 from collections.abc import Callable
 
 import sqlalchemy as sa
@@ -18,7 +17,7 @@ import sqlalchemy as sa
 from bench.cluster.galera import GaleraCluster
 from orbit_server.db import migrate
 from outbox_adapter import _migrate as outbox_migrate
-from tests.cluster.conftest import ClusterDatabase
+from tests.cluster.conftest import ClusterDatabase, wait_until_a_statement_waits
 
 
 def _upgrade_behind(
@@ -38,7 +37,8 @@ def _upgrade_behind(
         upgrade(first)
         thread = threading.Thread(target=second)
         thread.start()
-        time.sleep(1.0)  # the second migration meets node 2 behind; then the block ends
+        # The second migration's first read waits on node 2, behind; then the block ends.
+        wait_until_a_statement_waits(cluster.nodes[2], str(urls[2].database), on="alembic_version")
     thread.join(120)
     first.dispose()
     assert not thread.is_alive() and errors == [], errors

@@ -30,7 +30,7 @@ import sqlalchemy as sa
 
 from bench.cluster.galera import GaleraCluster
 from orbit_server.tasks import store
-from tests.cluster.conftest import ClusterDatabase
+from tests.cluster.conftest import ClusterDatabase, wait_until_a_statement_waits
 from tests.servers import RunningServer, run_server
 
 REPO = Path(__file__).resolve().parents[2]
@@ -54,6 +54,11 @@ def servers(galera: GaleraCluster) -> Iterator[list[RunningServer]]:
 def _namespace(server: RunningServer, queues: tuple[str, ...] = ("default",)) -> tuple[str, dict[str, str]]:
     name = f"ns-{uuid.uuid4().hex[:8]}"
     return name, server.add_namespace(name, queues)
+
+
+def _database(server: RunningServer) -> str:
+    """The name of the database ``server`` uses."""
+    return str(server.engine.url.database)
 
 
 def _retrying(http: httpx.Client, path: str, body: dict[str, Any]) -> httpx.Response:
@@ -228,7 +233,8 @@ def test_a_lagging_node_knows_an_api_key_and_a_queue_created_on_another(
 
         sender = threading.Thread(target=send)
         sender.start()
-        time.sleep(1.0)  # the request meets node 2 behind; then the block ends
+        # The request's key lookup waits on node 2, behind; then the block ends.
+        wait_until_a_statement_waits(cluster.nodes[2], _database(servers[2]), on="api_keys")
     sender.join(60)
     assert answers and answers[0].status_code == 201, answers[0].text if answers else None
 
@@ -252,7 +258,8 @@ def test_a_lagging_node_finds_a_submission_accepted_on_another(
 
         looking = threading.Thread(target=lookup)
         looking.start()
-        time.sleep(1.0)  # the lookup runs while node 2 is behind; the block then ends
+        # The lookup waits on node 2, behind; then the block ends.
+        wait_until_a_statement_waits(lagging, _database(servers[2]), on="FROM tasks")
     looking.join(60)
     assert found and found[0].status_code == 200, found[0].text if found else None
 

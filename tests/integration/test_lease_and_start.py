@@ -13,14 +13,16 @@ grants; a grant failure is answered as ``lease_error`` beside the reports, which
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 
 import httpx
 import pytest
 import sqlalchemy as sa
 
-from orbit_client import AttemptError, BatchLease, CompleteItem, FailItem, OrbitClient
-from orbit_server.db.schema import task_attempts, worker_sightings
+from orbit_client import AttemptError, BatchLease, CompleteItem, FailItem, OrbitClient, RetryPolicy
+from orbit_server.db.schema import namespaces, task_attempts, tasks, worker_sightings
+from orbit_server.tasks import permits
 from tests.conftest import DatabaseFactory
 from tests.execution_support import check_attempt_history
 from tests.integration.conftest import BACKENDS
@@ -81,6 +83,12 @@ def test_a_lost_lease_and_start_answer_lapses_as_never_started(env: Env, worker_
     (attempt,) = env.admin.list_attempts(env.ns, task_id)
     assert attempt.id == lost.attempt.id
     assert attempt.status == "EXPIRED" and attempt.started_at is None
+    # What is known, not that nothing started (issue 30, item 5): the grant may have reached a worker
+    # that ran its handler and died before its first heartbeat.
+    assert isinstance(attempt.error, dict) and attempt.error["type"] == "unconfirmed"
+    assert "granted RUNNING" in attempt.error["message"] and "unknown" in attempt.error["message"]
+    (lapse,) = [e for e in env.admin.list_task_events(env.ns, task_id) if e.event == "lease_expired"]
+    assert lapse.reason is not None and "may have run" in lapse.reason
     (again,) = worker_client.lease_tasks(env.ns, queue, worker_id="w", start=True)
     assert again.attempt.generation == 2
     worker_client.complete_attempt(env.ns, again.attempt.id, again.attempt.lease_token, "ok")
@@ -97,6 +105,71 @@ def test_a_lost_answer_with_the_budget_spent_fails_the_task_as_a_lapsed_lease_do
     worker_client.lease_tasks(env.ns, queue, worker_id="w", lease_seconds=0.3, start=True)
     task = env.wait(task_id, "FAILED", "NEEDS_REVIEW")
     assert task.status == "FAILED" and task.error is not None and task.error["type"] == "attempts_exhausted"
+
+
+def _lapse(env: Env, task_id: str, attempt_id: str) -> None:
+    """Wait until the sweeper has settled the attempt's lapsed lease (no event exists for this)."""
+    deadline = time.monotonic() + 20
+    while {a.id: a.status for a in env.admin.list_attempts(env.ns, task_id)}[attempt_id] != "EXPIRED":
+        assert time.monotonic() < deadline, f"attempt {attempt_id} never lapsed"
+        time.sleep(0.05)
+
+
+@pytest.mark.parametrize("max_attempts", [3, 1])
+def test_a_cancel_of_an_unconfirmed_lease_and_start_task_survives_its_lapse(
+    env: Env, worker_client: OrbitClient, max_attempts: int
+) -> None:
+    # Regression (issue 30, item 1): the cancel only set cancel_requested; the unconfirmed attempt's lapse
+    # then put the task back to WAITING as never started, it was leased and run again, and could succeed.
+    # With the budget spent it ended FAILED attempts_exhausted instead of CANCELLED.
+    queue = env.queue()
+    task_id = env.submit(queue, "h", retry_safe=True, max_attempts=max_attempts)
+    (grant,) = worker_client.lease_tasks(env.ns, queue, worker_id="w", lease_seconds=0.5, start=True)
+    cancelled = env.admin.cancel_task(env.ns, task_id, reason="not wanted any more")
+    assert cancelled.status == "RUNNING" and cancelled.cancel_requested
+    _lapse(env, task_id, grant.attempt.id)
+    assert worker_client.lease_tasks(env.ns, queue, worker_id="w", max_tasks=5, start=True) == []
+    task = env.admin.get_task(env.ns, task_id)
+    assert task.status == "CANCELLED"
+    (attempt,) = env.admin.list_attempts(env.ns, task_id)
+    assert attempt.status == "EXPIRED"
+    events = [e.event for e in env.admin.list_task_events(env.ns, task_id)]
+    assert events == ["accepted", "leased", "started", "cancel_requested", "cancelled"]
+    check_attempt_history(env.server.engine, [task_id])
+
+
+def test_a_cancel_of_a_confirmed_retry_safe_task_survives_its_lapse_with_the_budget_spent(
+    env: Env, worker_client: OrbitClient
+) -> None:
+    # Confirmed by a heartbeat and with no attempt left, the lapse of a retry-safe task that was asked to
+    # stop ends CANCELLED (it was NEEDS_REVIEW: a review of a task nobody wants any more).
+    queue = env.queue()
+    task_id = env.submit(queue, "h", retry_safe=True, max_attempts=1)
+    (grant,) = worker_client.lease_tasks(env.ns, queue, worker_id="w", lease_seconds=0.5, start=True)
+    worker_client.heartbeat(env.ns, grant.attempt.id, grant.attempt.lease_token)
+    env.admin.cancel_task(env.ns, task_id, reason="not wanted any more")
+    _lapse(env, task_id, grant.attempt.id)
+    assert env.admin.get_task(env.ns, task_id).status == "CANCELLED"
+
+
+@pytest.mark.parametrize("limited", [False, True], ids=["plain", "limited"])
+def test_a_lease_never_grants_a_waiting_task_with_a_cancel_requested(
+    env: Env, worker_client: OrbitClient, limited: bool
+) -> None:
+    # What a server before the fix above left (a task WAITING again with its cancel requested) is not
+    # granted, on the plain path and on a queue with a concurrency limit; a second cancel then ends it.
+    queue = env.queue()
+    if limited:
+        with env.server.engine.begin() as conn:
+            ns_id = conn.scalar(sa.select(namespaces.c.id).where(namespaces.c.name == env.ns))
+            permits.set_limits(conn, ns_id, queue, {"max_concurrency": 5}, actor="test")
+    task_id = env.submit(queue, "h", retry_safe=True)
+    with env.server.engine.begin() as conn:
+        conn.execute(sa.update(tasks).where(tasks.c.id == task_id).values(cancel_requested=True))
+    assert worker_client.lease_tasks(env.ns, queue, worker_id="w", max_tasks=5) == []
+    assert worker_client.lease_tasks(env.ns, queue, worker_id="w", max_tasks=5, start=True) == []
+    assert env.admin.list_attempts(env.ns, task_id) == []
+    assert env.admin.cancel_task(env.ns, task_id, reason="again").status == "CANCELLED"
 
 
 def test_the_first_heartbeat_confirms_the_start(env: Env, worker_client: OrbitClient) -> None:
@@ -147,6 +220,52 @@ def test_report_and_lease_commits_the_reports_then_grants(env: Env, worker_clien
     check_attempt_history(env.server.engine, first + later)
 
 
+class _LoseOneAnswer(httpx.BaseTransport):
+    """Forwards every request; the answer to the first one to ``path`` is lost after the server
+    committed it (the client sees a read timeout: outcome unknown, retried)."""
+
+    def __init__(self, inner: httpx.BaseTransport, path: str) -> None:
+        self._inner, self._path, self.lost = inner, path, 0
+
+    def handle_request(self, request: httpx.Request) -> httpx.Response:
+        response = self._inner.handle_request(request)
+        if request.url.path == self._path and not self.lost:
+            response.read()
+            response.close()
+            self.lost += 1
+            raise httpx.ReadTimeout("the answer was lost on the way back", request=request)
+        return response
+
+    def close(self) -> None:
+        self._inner.close()
+
+
+def test_a_lost_report_and_lease_answer_is_retried_without_its_lease(env: Env) -> None:
+    # Regression (issue 30, item 2): the retry of a report batch whose answer was lost carried its lease
+    # again: every retry granted up to max_tasks more tasks while the lost answer's grants lapsed unused,
+    # each spending an attempt. Now the lease part is sent once: the retry carries the reports alone.
+    queue = env.queue()
+    first = env.submit(queue, "h", retry_safe=True)
+    with OrbitClient(env.server.base_url, api_key=env.keys["work"], retry=RetryPolicy.no_wait()) as client:
+        (grant,) = client.lease_tasks(env.ns, queue, worker_id="w", start=True)
+        later = [env.submit(queue, "h", {"n": n}, retry_safe=True, max_attempts=2) for n in range(6)]
+        path = f"/v1/namespaces/{env.ns}/attempts/complete"
+        lose = _LoseOneAnswer(client._http._transport, path)
+        client._http._transport = lose
+        answer = client.complete_attempts_and_lease(
+            env.ns,
+            [CompleteItem(attempt_id=grant.attempt.id, lease_token=grant.attempt.lease_token, result="done")],
+            lease=BatchLease(queue=queue, worker_id="w", max_tasks=3, start=True),
+        )
+    assert lose.lost == 1
+    assert [r.status for r in answer.items] == [200] and answer.grants == [] and answer.lease_error is None
+    assert env.admin.get_task(env.ns, first).status == "SUCCEEDED"
+    # The lost answer's three grants are the only ones: no retry granted a second set.
+    spent = {task_id: env.admin.get_task(env.ns, task_id).attempt_count for task_id in later}
+    assert sorted(spent.values()) == [0, 0, 0, 1, 1, 1], spent
+    check_attempt_history(env.server.engine, [first, *later])
+
+
 def test_a_failed_grant_never_undoes_the_reports(env: Env, worker_client: OrbitClient) -> None:
     queue = env.queue()
     ids = [env.submit(queue, "h", retry_safe=True) for _ in range(2)]
@@ -174,6 +293,64 @@ def test_tasks_not_declared_retry_safe_come_back_leased(env: Env, worker_client:
     env.submit(queue, "h")
     (grant,) = worker_client.lease_tasks(env.ns, queue, worker_id="w", start=True)
     assert grant.task.status == "LEASED"
+
+
+def test_one_lease_of_retry_safe_and_default_tasks_writes_each_its_own_rows(
+    env: Env, worker_client: OrbitClient
+) -> None:
+    # One statement grants both kinds (a CASE on retry_safe): each task, attempt and event row must be
+    # the one its kind gets on its own (issue 30, item 6: no test leased both in one request).
+    queue = env.queue()
+    safe = [env.submit(queue, "h", {"n": n}, retry_safe=True) for n in range(2)]
+    default = [env.submit(queue, "h", {"n": n}) for n in range(2, 4)]
+    grants = worker_client.lease_tasks(env.ns, queue, worker_id="w", max_tasks=4, start=True)
+    by_task = {g.task.id: g for g in grants}
+    assert set(by_task) == {*safe, *default}
+    with env.server.engine.connect() as conn:
+        attempts = {
+            row.task_id: row
+            for row in conn.execute(
+                sa.select(task_attempts).where(task_attempts.c.task_id.in_([*safe, *default]))
+            )
+        }
+        versions = dict(
+            conn.execute(sa.select(tasks.c.id, tasks.c.state_version).where(tasks.c.id.in_(by_task))).all()
+        )
+    for task_id in safe:
+        assert (
+            by_task[task_id].task.status == "RUNNING"
+            and env.admin.get_task(env.ns, task_id).status == "RUNNING"
+        )
+        assert attempts[task_id].status == "RUNNING" and attempts[task_id].started_at is None  # unconfirmed
+        assert [e.event for e in env.admin.list_task_events(env.ns, task_id)] == [
+            "accepted",
+            "leased",
+            "started",
+        ]
+        assert versions[task_id] == by_task[task_id].task.state_version == 3
+    for task_id in default:
+        assert (
+            by_task[task_id].task.status == "LEASED"
+            and env.admin.get_task(env.ns, task_id).status == "LEASED"
+        )
+        assert attempts[task_id].status == "LEASED" and attempts[task_id].started_at is None
+        assert [e.event for e in env.admin.list_task_events(env.ns, task_id)] == ["accepted", "leased"]
+        assert versions[task_id] == by_task[task_id].task.state_version == 2
+    for task_id in [*safe, *default]:
+        row = attempts[task_id]
+        assert row.id == by_task[task_id].attempt.id and row.generation == 1 and row.worker_id == "w"
+        assert row.lease_expires_at > row.leased_at
+    # Each kind goes on as it must: the default ones need their start, the retry-safe ones do not.
+    for task_id in default:
+        grant = by_task[task_id]
+        worker_client.start_attempt(env.ns, grant.attempt.id, grant.attempt.lease_token)
+    results = worker_client.complete_attempts(
+        env.ns,
+        [CompleteItem(attempt_id=g.attempt.id, lease_token=g.attempt.lease_token, result=1) for g in grants],
+    )
+    assert [r.status for r in results] == [200] * 4
+    assert {env.admin.get_task(env.ns, task_id).status for task_id in by_task} == {"SUCCEEDED"}
+    check_attempt_history(env.server.engine, [*safe, *default])
 
 
 def test_old_clients_are_answered_as_before(env: Env, worker_client: OrbitClient) -> None:

@@ -257,7 +257,7 @@ def test_a_start_does_not_linger_for_grants_waiting_in_hand(env: Env) -> None:
     with recorder.lock:
         starts = [s for s in recorder.sent if s.kind == "start (batch)"]
         held = max(s.grants for s in recorder.sent if s.kind == "lease")
-    assert sum(s.items for s in starts) == 8 and held >= 1
+    assert sum(s.items for s in starts) == 8 and held >= 2, held
     gaps = [later.at - earlier.at for earlier, later in itertools.pairwise(starts)]
     # The defect made every gap a whole linger. One long gap may remain under load (CI, once: 1.9 s),
     # when the grants in hand ran out and the next start waited for a lease.

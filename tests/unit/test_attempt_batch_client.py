@@ -26,6 +26,7 @@ from orbit_client import (
     RetryPolicy,
     StartItem,
 )
+from orbit_client._reports import _sized_chunks
 from tests.unit.test_execution_client import problem, state_json
 
 BASE = "https://orbit.test"
@@ -207,3 +208,71 @@ async def test_async_batches() -> None:
     assert json.loads(route.calls.last.request.content)["items"][1]["attempt_id"] == "a-2"
     with pytest.raises(LeaseLostError):
         results[1].raise_for_status()
+
+
+LEASE = {"queue": "q", "worker_id": "w", "max_tasks": 3, "start": True}
+GRANTED = {"items": [{"status": 200, "attempt": state_json(status="SUCCEEDED", task_status="SUCCEEDED")}]}
+
+
+@respx.mock
+def test_a_retried_report_and_lease_carries_the_reports_alone() -> None:
+    # Regression (issue 30, item 2): a retry of a report batch that carried a lease carried it again, so
+    # an answer lost after the server committed it granted up to max_tasks tasks once more per retry,
+    # each earlier set lapsing unused and spending an attempt of each of its tasks.
+    route = respx.post(f"{BASE}{BATCH}/complete").mock(
+        side_effect=[httpx.ReadTimeout("lost"), answer(*GRANTED["items"])]
+    )
+    item = {"attempt_id": "a-1", "lease_token": "t", "result": 1}
+    with client() as c:
+        done = c.complete_attempts_and_lease("acme", [item], lease=LEASE)
+    first, retry = (json.loads(call.request.content) for call in route.calls)
+    assert first == {"items": [item], "lease": {**LEASE, "lease_seconds": 30.0}}
+    assert retry == {"items": [item]}
+    assert [r.status for r in done.items] == [200] and done.grants == [] and done.lease_error is None
+    # A first try refused outright is not retried, lease or not.
+    route = respx.post(f"{BASE}{BATCH}/fail").mock(return_value=problem(400, "invalid_request"))
+    error = {"type": "E", "message": "m", "retryable": False}
+    with client() as c, pytest.raises(OrbitAPIError):
+        c.fail_attempts_and_lease(
+            "acme", [{"attempt_id": "a-1", "lease_token": "t", "error": error}], lease=LEASE
+        )
+    assert route.call_count == 1
+
+
+@respx.mock
+async def test_a_retried_report_and_lease_carries_the_reports_alone_async() -> None:
+    route = respx.post(f"{BASE}{BATCH}/complete").mock(
+        side_effect=[problem(503, "unavailable"), answer(*GRANTED["items"])]
+    )
+    item = {"attempt_id": "a-1", "lease_token": "t", "result": 1}
+    async with AsyncOrbitClient(BASE, api_key="k", retry=RetryPolicy.no_wait()) as c:
+        done = await c.complete_attempts_and_lease("acme", [item], lease=LEASE)
+    assert ["lease" in json.loads(call.request.content) for call in route.calls] == [True, False]
+    assert done.grants == []
+
+
+@respx.mock
+def test_a_batch_sends_the_bytes_its_size_split_measured() -> None:
+    # Regression (issue 30, item 4): the split measured each item with pydantic, the request was encoded
+    # again by httpx (`json=`), which writes 1e-07 for pydantic's 1e-7 and, before httpx 0.28, escapes
+    # every non-ASCII character as \uXXXX with spaces: a batch measured under the limit went over it.
+    limit = 16 * 1024
+    result = {"text": "Grüße aus Köln, 東京からこんにちは", "weights": [1e-7] * 180}
+    items = [CompleteItem(attempt_id=f"a-{n}", lease_token="t", result=result) for n in range(40)]
+    chunks = _sized_chunks([(item, None) for item in items], limit)
+    assert len(chunks) > 1
+    route = respx.post(f"{BASE}{BATCH}/complete").mock(
+        side_effect=lambda request: answer(
+            *[{"status": 200, "attempt": state_json()}] * len(json.loads(request.content)["items"])
+        )
+    )
+    with client() as c:
+        for chunk in chunks:
+            c.complete_attempts("acme", [item for item, _ in chunk])
+            c.complete_attempts_and_lease("acme", [item for item, _ in chunk], lease=LEASE)
+    sizes = [len(call.request.content) for call in route.calls]
+    assert max(sizes) <= limit, sizes
+    assert max(sizes) > limit * 3 // 4  # the chunks were near the limit
+    sent = [item for call in route.calls[::2] for item in json.loads(call.request.content)["items"]]
+    assert sent == [item.model_dump(mode="json") for item in items]
+    assert {call.request.headers["content-type"] for call in route.calls} == {"application/json"}
