@@ -625,6 +625,40 @@ def print_report(report: Report) -> None:
             console.print("  " + ", ".join(f"{k}={v}" for k, v in row.items()))
 
 
+def _provenance() -> dict[str, Any]:
+    """Where, when and how the run was made, for the results file a page quotes (docs "Performance"):
+    UTC start time, the commit (``-dirty`` with uncommitted changes), the exact command, the machine
+    (platform, CPU model, cores) and the 1/5/15-minute load averages at the start."""
+
+    def git(*argv: str) -> str:
+        try:
+            done = subprocess.run(["git", *argv], capture_output=True, text=True, timeout=10, check=False)
+        except OSError:
+            return ""
+        return done.stdout.strip() if done.returncode == 0 else ""
+
+    commit = git("rev-parse", "HEAD")
+    if commit and git("status", "--porcelain", "--untracked-files=no"):
+        commit += "-dirty"
+    cpu = ""
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    return {
+        "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "commit": commit or None,
+        "command": " ".join(["python -m bench.compare", *sys.argv[1:]]),
+        "machine": {
+            "platform": platform.platform(),
+            "cpu": cpu or platform.processor(),
+            "cores": os.cpu_count(),
+        },
+        "loadavg_at_start": list(os.getloadavg()),
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -654,6 +688,7 @@ def main() -> None:
         sections.remove("claim")
     report = Report(meta={"n": args.n, "concurrency": args.concurrency, "cpus": os.cpu_count(),
                           "python": platform.python_version(), "sections": sections})  # fmt: skip
+    report.meta.update(_provenance())
     admin = sa.create_engine(MYSQL_SERVER)
     with admin.connect() as conn:
         report.meta["mariadb"] = dict(
