@@ -49,8 +49,12 @@ def render(path: Path, repo: Path | None = None) -> str:
         f"- **Command**: `{meta.get('command', 'not recorded')}`",
         f"- **Machine**: {machine.get('cpu', 'not recorded')}, {machine.get('cores', meta.get('cpus', '?'))} cores, "
         f"{machine.get('platform', '')}; Python {meta.get('python', '?')}",
-        f"- **Load average at the start** (1, 5, 15 min): "
-        + (", ".join(f"{x:.2f}" for x in meta["loadavg_at_start"]) if "loadavg_at_start" in meta else "not recorded"),
+        "- **Load average at the start** (1, 5, 15 min): "
+        + (
+            ", ".join(f"{x:.2f}" for x in meta["loadavg_at_start"])
+            if "loadavg_at_start" in meta
+            else "not recorded"
+        ),
         f"- **Orbit's database**: MariaDB `{json.dumps(meta.get('mariadb', 'not recorded'))}`",
         f"- **The peer's database**: PostgreSQL `{json.dumps(meta.get('postgres', 'not recorded'))}`",
         f"- **Run settings**: `n={meta.get('n')}`, `concurrency={meta.get('concurrency')}`, "

@@ -34,7 +34,9 @@ def table() -> str:
     rows = {}
     for cls in [OrbitServerError, *_subclasses(OrbitServerError)]:
         own = cls.__dict__.get("__doc__") or ""
-        doc = " ".join(inspect.cleandoc(own).split("\n\n", 1)[0].split()) if cls is not OrbitServerError else ""
+        doc = (
+            " ".join(inspect.cleandoc(own).split("\n\n", 1)[0].split()) if cls is not OrbitServerError else ""
+        )
         rows.setdefault(cls.code, (cls.status, cls.code, cls.title, doc))
     lines = ["| status | `code` | title | notes |", "| --- | --- | --- | --- |"]
     for status, code, title, doc in sorted(rows.values()):
