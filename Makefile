@@ -5,7 +5,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-quick lint bench clean
+.PHONY: demo test test-quick lint docs docs-build bench clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -23,6 +23,7 @@ TEST_WORKERS ?= 3
 test: $(STAMP)
 	$(PY) -m ruff check .
 	$(PY) -m mypy
+	$(MKDOCS) build --strict --quiet
 	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadgroup --durations=25 $(PYTEST_ARGS)
 
 # The inner loop: unit and integration tests on SQLite only (no MariaDB/PostgreSQL, no browser, no slow
@@ -38,10 +39,21 @@ lint: $(STAMP)
 	$(PY) -m ruff format --check .
 	$(PY) -m mypy
 
+# The documentation site (docs/, mkdocs.yml): `make docs` serves it at http://127.0.0.1:8000 with live reload,
+# from this machine alone (system fonts, no CDN). `make test` builds it with --strict: a broken link, an unknown
+# anchor or a missing Python reference fails the build (a few seconds).
+MKDOCS := NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs
+
+docs: $(STAMP)
+	$(MKDOCS) serve --dev-addr 127.0.0.1:8000
+
+docs-build: $(STAMP)
+	$(MKDOCS) build --strict
+
 bench: $(STAMP)
 	$(PY) -m bench.submit
 	$(PY) -m bench.relay
 	$(PY) -m bench.workers
 
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .demo
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .demo site

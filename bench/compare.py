@@ -669,8 +669,21 @@ def provenance(args: argparse.Namespace) -> dict[str, Any]:
         except (OSError, subprocess.CalledProcessError):
             return ""
 
+    cpu = ""
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    started = datetime.now(UTC)
     return {
-        "started_at": datetime.now(UTC).isoformat(timespec="seconds"),
+        "date": started.strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "started_at": started.isoformat(timespec="seconds"),
+        "machine": {
+            "platform": platform.platform(),
+            "cpu": cpu or platform.processor(),
+            "cores": os.cpu_count(),
+        },
         "commit": git("rev-parse", "HEAD") or "unknown",
         "uncommitted_changes": bool(git("status", "--porcelain", "--untracked-files=no")),
         "loadavg_at_start": os.getloadavg(),

@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import platform
 import statistics
 import subprocess
 import sys
@@ -147,9 +148,14 @@ def main() -> None:
         subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
         or "unknown"
     )
-    meta = {"started_at": datetime.now(UTC).isoformat(timespec="seconds"), "commit": commit,
-            "loadavg_at_start": os.getloadavg(), "command": "python -m bench.table_size " + " ".join(sys.argv[1:]),
-            "tasks": args.tasks, "rounds": args.rounds}  # fmt: skip
+    started = datetime.now(UTC)
+    meta = {
+        "date": started.strftime("%Y-%m-%dT%H:%M:%SZ"), "started_at": started.isoformat(timespec="seconds"),
+        "commit": commit, "command": "python -m bench.table_size " + " ".join(sys.argv[1:]),
+        "machine": {"platform": platform.platform(), "cores": os.cpu_count()},
+        "loadavg_at_start": os.getloadavg(), "tasks": args.tasks, "rounds": args.rounds,
+        "settings": {"orbit server": "orbit-server serve defaults, MariaDB on this machine (its buffer pool as configured)"},
+    }  # fmt: skip
     admin = sa.create_engine(MYSQL_SERVER, isolation_level="AUTOCOMMIT")
     prepared: list[tuple[str, str, dict[str, str], float]] = []
     rows: list[dict[str, Any]] = []
@@ -188,10 +194,19 @@ def main() -> None:
             f"{row[f'{c} median ms']:>6.1f}/{row[f'{c} p90 ms']:<5.1f}" for c in ("lease", "start", "complete")))  # fmt: skip
     print(f"{last['kept']:,} / {first['kept']:,} kept (median): " + ", ".join(f"{c} {r:.2f}×" for c, r in ratios.items())
           + "  (target ≤ 1.2×)")  # fmt: skip
-    document = {"rows": rows, "ratios": ratios, "meta": meta}
-    json_file = args.json_file or str(
-        RESULTS / f"table-size-{meta['started_at'][:16].replace(':', '')}-{commit[:7]}.json"
-    )
+    figures = [
+        {"section": "table size", "name": f"{call} (one-item batch), {row['kept']:,} finished tasks kept",
+         "value": row[f"{call} median ms"], "unit": "ms", "note": f"median; p90 {row[f'{call} p90 ms']:.1f} ms",
+         "base": None, "ratio": None, "target": None, "passed": None}
+        for row in rows
+        for call in ("lease", "start", "complete")
+    ]  # fmt: skip
+    for call, ratio in ratios.items():
+        figures.append({
+            "section": "table size", "name": f"{call}: {last['kept']:,} kept / {first['kept']:,} kept", "value": ratio,
+            "unit": "×", "note": "medians", "base": None, "ratio": None, "target": "≤ 1.2×", "passed": ratio <= 1.2,
+        })  # fmt: skip
+    document = {"figures": figures, "rows": rows, "ratios": ratios, "meta": meta}
     if json_file != "-":
         Path(json_file).parent.mkdir(parents=True, exist_ok=True)
         Path(json_file).write_text(json.dumps(document, indent=2) + "\n")

@@ -46,5 +46,5 @@ with OrbitClient(os.environ["ORBIT_URL"], api_key=os.environ["ORBIT_API_KEY"], t
     print(instance.id, f"v{version.version}", step.node, task.handler, task.params["approved_by"])
     for entry in client.get_flow_history("shop", instance.id).items:
         print(" ", entry.event, entry.node or "", entry.to_state or "")
-    # The instance now waits for its ship task: the worker of the README's "Workers" runs it and the instance
+    # The instance now waits for its ship task: the worker of the first-hour tutorial runs it and the instance
     # ends COMPLETED. (Cancelling it instead, cancel_flow_instance, needs an admin key.)

@@ -56,7 +56,7 @@ def pending() -> int:
 with OrbitClient(os.environ["ORBIT_URL"], api_key=os.environ["ORBIT_API_KEY"]) as client:  # a work key
     consumer = ResultConsumer(engine, client, "shop", "order-results", apply_result)
     applied = duplicates = acked = 0
-    deadline = time.monotonic() + 60  # a worker must finish the tasks: the README starts one before this
+    deadline = time.monotonic() + 60  # a worker must finish the tasks: the tutorial starts one before this
     while pending() and time.monotonic() < deadline:
         stats = consumer.run_once()  # lease, apply each event in its transaction, ack after the commit
         applied, duplicates, acked = (

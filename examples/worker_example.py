@@ -1,7 +1,7 @@
 # examples/worker_example.py
 """Run the handlers of one queue until SIGTERM or Ctrl-C (running tasks finish first).
 
-It handles every task the README's examples put on ``fulfilment``: the orders, the flow's ``ship`` step and
+It handles every task the documentation's examples put on ``fulfilment``: the orders, the flow's ``ship`` step and
 the inbox example's receipt follow-ups."""
 
 import os

@@ -170,7 +170,7 @@ _HEAVY = frozenset(
     f"acceptance/{name}.py"
     for name in (
         "test_chaos", "test_claims_without_locks", "test_flow_cli", "test_flow_crashes", "test_flow_load",
-        "test_order_service_demo", "test_readme_walkthrough", "test_worker_processes",
+        "test_order_service_demo", "test_docs_walkthrough", "test_worker_processes",
     )
 )  # fmt: skip
 

@@ -664,10 +664,10 @@ def test_responses_parse_and_ignore_unknown_fields() -> None:
 
 
 def _readme_section() -> str:
-    from pathlib import Path
+    """The docs' page of the graph format (reference/flow-graph.md; it was the README's "Flows: graph format")."""
+    from tests.docs_pages import page
 
-    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text(encoding="utf-8")
-    return readme.split("## Flows: graph format", 1)[1].split("\n## ", 1)[0]
+    return page("reference/flow-graph.md")
 
 
 def test_the_readme_example_graph_is_valid() -> None:

@@ -1,5 +1,6 @@
 """deploy/: the Prometheus alert rules and the Grafana dashboard name only metrics the processes export,
-and the README's "Metrics and alerts" explains every alert with commands that exist (README "Operations")."""
+and the docs' "Metrics and alerts" (docs/reference/metrics-and-alerts.md) explains every alert with commands
+that exist."""
 
 from __future__ import annotations
 
@@ -89,13 +90,12 @@ def test_metric_names_follow_prometheus_conventions() -> None:
 
 
 def test_each_rule_is_complete_and_explained_in_the_readme() -> None:
-    readme = (REPO / "README.md").read_text()
-    section = readme.split("### Metrics and alerts", 1)[1].split("\n## ", 1)[0]
+    section = (REPO / "docs" / "reference" / "metrics-and-alerts.md").read_text()
     for rule in _alert_rules():
         assert set(rule) >= {"alert", "expr", "for", "labels", "annotations"}, rule
         assert rule["labels"]["severity"] in {"warning", "critical"}
-        assert rule["annotations"]["summary"] and "README" in rule["annotations"]["description"]
-        assert f"| `{rule['alert']}` |" in section, f"README does not explain {rule['alert']}"
+        assert rule["annotations"]["summary"] and "Metrics and alerts" in rule["annotations"]["description"]
+        assert f"| `{rule['alert']}` |" in section, f"the docs do not explain {rule['alert']}"
 
 
 def _commands(text: str) -> list[str]:
@@ -120,11 +120,11 @@ def _check_command(line: str) -> None:
 
 @pytest.mark.parametrize(
     "where",
-    ["readme", "alerts"],
+    ["docs", "alerts"],
 )
 def test_the_fix_commands_exist(where: str) -> None:
-    if where == "readme":
-        text = (REPO / "README.md").read_text().split("### Metrics and alerts", 1)[1].split("\n## ", 1)[0]
+    if where == "docs":
+        text = (REPO / "docs" / "reference" / "metrics-and-alerts.md").read_text()
     else:
         text = "\n".join(rule["annotations"]["description"] for rule in _alert_rules())
     commands = _commands(text)

@@ -14,16 +14,15 @@ from orbit_client import OrbitClient
 from orbit_server.cli import main as server_main
 from outbox_adapter import OutboxTables
 from tests.conftest import DatabaseFactory
+from tests.docs_pages import nav_pages, page
 from tests.integration.outbox.conftest import Biz
 from tests.servers import run_server
 
 REPO = Path(__file__).resolve().parents[3]
-README = (REPO / "README.md").read_text(encoding="utf-8")
-#: The setup blocks of "Running the server", which come before the outbox example.
-README_SETUP = [
-    line
-    for block in README.split("## Running the server", 1)[1].split("\n## ", 1)[0].split("```sh\n")[1:]
-    for line in block.split("```", 1)[0].splitlines()
+#: The first-hour tutorial, whose setup blocks come before the outbox tutorial's example.
+FIRST_HOUR = page("tutorials/first-hour.md")
+DOCS_SETUP = [
+    line for block in FIRST_HOUR.split("```sh\n")[1:] for line in block.split("```", 1)[0].splitlines()
 ]
 
 
@@ -59,11 +58,16 @@ def test_inbox_example_applies_the_result_once(
             "ORBIT_URL": orbit.base_url,
             "ORBIT_OUTBOX_DATABASE_URL": biz.url.render_as_string(False),
         }
-        # The README's order (regression, issue 10: the subscription came after the task had finished):
-        # the setup of "Running the server" creates the subscription, then the outbox example runs.
-        [command] = [line.split("#")[0].split() for line in README_SETUP if "subscription create" in line]
+        # The docs' order (regression, issue 10: the subscription came after the task had finished): the
+        # first hour's setup creates the subscription, and the outbox tutorial, which runs the outbox
+        # example, comes after it in the site's navigation.
+        [command] = [line.split("#")[0].split() for line in DOCS_SETUP if "subscription create" in line]
         assert command[:2] == ["orbit-server", "subscription"]
-        assert README.index(" ".join(command)) < README.index("# examples/outbox_example.py")
+        assert " ".join(command) in FIRST_HOUR
+        assert "# examples/outbox_example.py" in page("tutorials/outbox-and-inbox.md")
+        assert nav_pages().index("tutorials/first-hour.md") < nav_pages().index(
+            "tutorials/outbox-and-inbox.md"
+        )
         url = orbit.database_url.render_as_string(hide_password=False)
         created = CliRunner().invoke(server_main, [*command[1:], "--database-url", url])
         assert created.exit_code == 0, created.output

@@ -1,6 +1,8 @@
-"""The README, followed top to bottom in one shell, runs clean (issue 23, first hour).
+"""The documentation, followed top to bottom in one shell, runs clean (issue 23, first hour; issue 29: the
+README's walkthrough moved into the site's pages).
 
-Every ``sh`` block of the README carries a marker comment on the line before it that says what a reader does
+The README and then every page of the site in the order of its navigation (``mkdocs.yml``: the tutorials,
+then the how-to guides, ...) are read as one text. Every ``sh`` block of them carries a marker comment on the line before it that says what a reader does
 with it: ``run`` (in order, in one bash session whose variables carry over), ``background, ready at URL`` or
 ``background, ready when stdout says "TEXT"`` (a second shell: the server, the worker), ``sqlite`` / ``mariadb``
 (the database choice: only the chosen one runs) or ``skip (why)``. An unmarked block fails the test, so a new
@@ -8,7 +10,8 @@ block is a decision. ``pip install`` lines are checked (their extras exist in ``
 run. Only the port and, on MariaDB, the database's name and the server's address are changed.
 
 The walkthrough fails on any error: a command's non-zero exit, a background process that dies, a task that ends
-``FAILED`` (a handler no worker has), an example the blocks never run.
+``FAILED`` (a handler no worker has), an example the blocks never run. A marker may stand indented before an
+indented block (a step of a numbered list).
 """
 
 from __future__ import annotations
@@ -34,15 +37,19 @@ import pytest
 import sqlalchemy as sa
 from sqlalchemy.engine import URL
 
+from tests.docs_pages import nav_pages
 from tests.server_processes import free_port
 
 REPO = Path(__file__).resolve().parents[2]
-README = (REPO / "README.md").read_text(encoding="utf-8")
+#: What a reader follows, in order: the README, then the site's pages in the order of its navigation.
+PAGES = ["README.md", *(f"docs/{path}" for path in nav_pages())]
 EXTRAS = set(tomllib.loads((REPO / "pyproject.toml").read_text("utf-8"))["project"]["optional-dependencies"])
-README_PORT = "8080"
-README_MARIADB = 'mariadb -h 127.0.0.1 -u root -e "CREATE DATABASE orbit '
-README_MARIADB_URL = "mysql+pymysql://root@127.0.0.1/orbit"
-_BLOCK = re.compile(r"(?:<!-- walkthrough: (?P<marker>.*?) -->\n)?```(?P<lang>\w*)\n(?P<body>.*?)```", re.S)
+DOCS_PORT = "8080"
+DOCS_MARIADB = 'mariadb -h 127.0.0.1 -u root -e "CREATE DATABASE orbit '
+DOCS_MARIADB_URL = "mysql+pymysql://root@127.0.0.1/orbit"
+_BLOCK = re.compile(
+    r"(?:<!-- walkthrough: (?P<marker>.*?) -->\n[ \t]*)?```(?P<lang>\w*)\n(?P<body>.*?)```", re.S
+)
 
 
 @dataclass(frozen=True)
@@ -50,14 +57,18 @@ class Block:
     marker: str
     lang: str
     body: str
-    line: int
+    line: str  # where it is: "docs/tutorials/first-hour.md:12"
 
 
 def _blocks() -> list[Block]:
-    return [
-        Block(m["marker"] or "", m["lang"], m["body"], README.count("\n", 0, m.start()) + 1)
-        for m in _BLOCK.finditer(README)
-    ]
+    blocks = []
+    for name in PAGES:
+        text = (REPO / name).read_text(encoding="utf-8")
+        blocks += [
+            Block(m["marker"] or "", m["lang"], m["body"], f"{name}:{text.count(chr(10), 0, m.start()) + 1}")
+            for m in _BLOCK.finditer(text)
+        ]
+    return blocks
 
 
 def _checked_pip(body: str) -> str:
@@ -69,28 +80,28 @@ def _checked_pip(body: str) -> str:
             continue
         for spec in re.findall(r"(?:\.|orbit-tasks)\[([\w,]+)\]", line):
             unknown = set(spec.split(",")) - EXTRAS
-            assert not unknown, f"README line {line!r} names extras pyproject.toml lacks: {unknown}"
+            assert not unknown, f"the docs' line {line!r} names extras pyproject.toml lacks: {unknown}"
         assert re.search(r"pip install (?:'\.|\.|'orbit-tasks)", line), line
     return "\n".join(kept) + "\n"
 
 
 def test_every_sh_block_says_what_a_reader_does_with_it() -> None:
     unmarked = [b.line for b in _blocks() if b.lang == "sh" and not b.marker]
-    assert unmarked == [], f"README sh blocks without a walkthrough marker, at lines {unmarked}"
+    assert unmarked == [], f"sh blocks without a walkthrough marker, at {unmarked}"
     for block in _blocks():
         if block.marker:
             assert re.fullmatch(
                 r"run|sqlite|mariadb|skip \(.+\)|background, ready (at http://\S+|when stdout says \".+\")",
                 block.marker,
-            ), f"README line {block.line}: unknown walkthrough marker {block.marker!r}"
+            ), f"{block.line}: unknown walkthrough marker {block.marker!r}"
 
 
 def test_every_example_shown_is_run_by_the_walkthrough() -> None:
     commands = "\n".join(b.body for b in _blocks() if b.marker == "run" or b.marker.startswith("background"))
     for block in _blocks():
-        if block.lang == "python":
+        if block.lang == "python" and block.body.startswith("# examples/"):
             path = block.body.splitlines()[0].removeprefix("# ")
-            assert f"python {path}" in commands, f"the README shows {path} but no block runs it"
+            assert f"python {path}" in commands, f"{block.line} shows {path} but no block runs it"
 
 
 class Walkthrough:
@@ -128,7 +139,7 @@ class Walkthrough:
             timeout=300,
         )
         assert done.returncode == 0, (
-            f"README block at line {block.line} exited {done.returncode}:\n{block.body}\n"
+            f"the block at {block.line} exited {done.returncode}:\n{block.body}\n"
             f"stdout:\n{done.stdout}\nstderr:\n{done.stderr}\n{self._background_logs()}"
         )
         self.outputs.append((block.body, done.stdout))
@@ -158,7 +169,7 @@ class Walkthrough:
         if ready.startswith("at "):
             url = ready.removeprefix("at ")
             while True:
-                assert process.poll() is None, f"README line {block.line}: exited\n{''.join(lines)}"
+                assert process.poll() is None, f"{block.line}: exited\n{''.join(lines)}"
                 assert time.monotonic() < deadline, f"{url} never answered\n{''.join(lines)}"
                 try:
                     if httpx.get(url, timeout=2).status_code == 200:
@@ -171,8 +182,8 @@ class Walkthrough:
             try:
                 line = arrived.get(timeout=0.5)
             except queue.Empty:
-                assert process.poll() is None, f"README line {block.line}: exited\n{''.join(lines)}"
-                assert time.monotonic() < deadline, f"README line {block.line} never said {text!r}"
+                assert process.poll() is None, f"{block.line}: exited\n{''.join(lines)}"
+                assert time.monotonic() < deadline, f"{block.line} never said {text!r}"
                 continue
             if text in line:
                 return
@@ -209,8 +220,8 @@ def database(request: pytest.FixtureRequest) -> Iterator[tuple[str, dict[str, st
     if server.password:
         client += f" -p{server.password}"
     subs = {
-        README_MARIADB: f'{client} -e "CREATE DATABASE {name} ',
-        README_MARIADB_URL: server.set(database=name).render_as_string(hide_password=False),
+        DOCS_MARIADB: f'{client} -e "CREATE DATABASE {name} ',
+        DOCS_MARIADB_URL: server.set(database=name).render_as_string(hide_password=False),
     }
     try:
         yield "mariadb", subs
@@ -221,26 +232,28 @@ def database(request: pytest.FixtureRequest) -> Iterator[tuple[str, dict[str, st
         admin.dispose()
 
 
-def test_the_readme_runs_top_to_bottom(tmp_path: Path, database: tuple[str, dict[str, str]]) -> None:
+def test_the_docs_run_top_to_bottom(tmp_path: Path, database: tuple[str, dict[str, str]]) -> None:
     kind, substitutions = database
     blocks = _blocks()
     chosen = [b for b in blocks if b.marker == kind]
-    assert len(chosen) == 1, f"the README has {len(chosen)} {kind!r} blocks"
+    assert len(chosen) == 1, f"the docs have {len(chosen)} {kind!r} blocks"
     if kind == "mariadb":
         assert all(old in chosen[0].body for old in substitutions), chosen[0].body
-    (tmp_path / "examples").symlink_to(REPO / "examples")  # the examples by the paths the README gives
+    (tmp_path / "examples").symlink_to(REPO / "examples")  # the examples by the paths the docs give
     port = str(free_port())
-    walk = Walkthrough(tmp_path, {**substitutions, README_PORT: port})
+    walk = Walkthrough(tmp_path, {**substitutions, DOCS_PORT: port})
     try:
         for block in blocks:
             if block.marker in ("run", kind):
                 walk.run(block)
             elif block.marker.startswith("background"):
                 walk.start(block)
-        # Nothing the README made failed: every task it created had a handler (no unknown_handler), and the
+        # Nothing the docs made failed: every task it created had a handler (no unknown_handler), and the
         # inbox example saw its order completed.
         failed = walk.run(
-            Block("run", "sh", "orbit-server task list --namespace shop --status FAILED --json\n", 0)
+            Block(
+                "run", "sh", "orbit-server task list --namespace shop --status FAILED --json\n", "the check"
+            )
         )
         assert json.loads(failed)["items"] == [], failed
         [inbox] = [out for body, out in walk.outputs if "examples/inbox_example.py" in body]
