@@ -207,6 +207,8 @@ def main() -> None:
             "unit": "×", "note": "medians", "base": None, "ratio": None, "target": "≤ 1.2×", "passed": ratio <= 1.2,
         })  # fmt: skip
     document = {"figures": figures, "rows": rows, "ratios": ratios, "meta": meta}
+    stamp = meta["started_at"][:16].replace(":", "")
+    json_file = args.json_file or str(RESULTS / f"table-{stamp}-{commit[:7]}.json")
     if json_file != "-":
         Path(json_file).parent.mkdir(parents=True, exist_ok=True)
         Path(json_file).write_text(json.dumps(document, indent=2) + "\n")
