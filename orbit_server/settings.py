@@ -56,7 +56,7 @@ class ServerSettings(BaseSettings):
         ge=0,
         description=(
             "Seconds between two runs of the lease expiry sweep inside the server; 0 turns the periodic "
-            "sweep off (each lease call still sweeps its queue)."
+            "sweep off (a lease call still sweeps its queue when a lease of it has lapsed)."
         ),
     )
     lease_poll_interval_seconds: float = Field(
