@@ -60,9 +60,6 @@ def start_attempt(conn: Connection, namespace_id: int, attempt_id: str, lease_to
     if task["gate_paused"]:
         raise _give_back(conn, task, attempt, now)
     expires = now + timedelta(seconds=attempt["lease_seconds"])
-    _update_attempt(
-        conn, attempt, now, status=AttemptStatus.RUNNING.value, started_at=now, lease_expires_at=expires
-    )
     task = apply_transition(
         conn,
         task,
@@ -71,6 +68,10 @@ def start_attempt(conn: Connection, namespace_id: int, attempt_id: str, lease_to
         now=now,
         actor=f"worker:{attempt['worker_id']}",
         data={"attempt_id": attempt_id},
+        attempt=(
+            attempt,
+            {"status": AttemptStatus.RUNNING.value, "started_at": now, "lease_expires_at": expires},
+        ),
     )
     return _state(task, attempt, status=AttemptStatus.RUNNING, lease_expires_at=expires)
 
@@ -182,10 +183,6 @@ def complete_attempt(
         raise errors.InvalidTransition(
             "start the attempt before completing it (LEASED cannot become SUCCEEDED)"
         )
-    _update_attempt(
-        conn, attempt, now, status=AttemptStatus.SUCCEEDED.value, result=result, finished_at=now,
-        **_confirmed(attempt),
-    )  # fmt: skip
     task = apply_transition(
         conn,
         task,
@@ -195,6 +192,15 @@ def complete_attempt(
         actor=f"worker:{attempt['worker_id']}",
         data={"attempt_id": attempt_id},
         values={"result": result, "error": None},
+        attempt=(
+            attempt,
+            {
+                "status": AttemptStatus.SUCCEEDED.value,
+                "result": result,
+                "finished_at": now,
+                **_confirmed(attempt),
+            },
+        ),
     )
     return _state(task, attempt, status=AttemptStatus.SUCCEEDED)
 

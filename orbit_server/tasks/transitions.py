@@ -141,6 +141,35 @@ _UPDATE_LIVE_ATTEMPT = by_primary_key(
     )
 )
 _INSERT_EVENT = task_events.insert()
+#: :func:`_update_both_statement`'s statements, by the task and attempt columns they set.
+_UPDATE_BOTH: dict[tuple[tuple[str, ...], tuple[str, ...]], sa.TextClause] = {}
+
+
+def _update_both_statement(task_columns: tuple[str, ...], attempt_columns: tuple[str, ...]) -> sa.TextClause:
+    """MySQL/MariaDB: one ``UPDATE`` of a task (fenced on its id, status and ``state_version``: ``:b_id``,
+    ``:b_status``, ``:b_version``) and its live attempt (fenced as :func:`_update_attempt` fences it:
+    ``:a_id``, ``:a_hash``, ``:a_status``, ``:a_now``), setting ``task_columns`` from parameters of the
+    same names and ``attempt_columns`` from ``:a_set_<name>``; both rows are read through the primary key
+    (:func:`orbit_server.db.engine.by_primary_key` says why). Built once per set of columns. (Text: the
+    dialect's compiler drops the first table's index hint of a multi-table ``UPDATE``.)"""
+    key = (task_columns, attempt_columns)
+    statement = _UPDATE_BOTH.get(key)
+    if statement is None:
+        sets = [f"tasks.{c} = :{c}" for c in task_columns]
+        sets += [f"task_attempts.{c} = :a_set_{c}" for c in attempt_columns]
+        statement = _UPDATE_BOTH[key] = sa.text(
+            "UPDATE tasks FORCE INDEX (PRIMARY), task_attempts FORCE INDEX (PRIMARY) SET "
+            + ", ".join(sets)
+            + " WHERE tasks.id = :b_id AND tasks.status = :b_status AND tasks.state_version = :b_version"
+            " AND task_attempts.id = :a_id AND task_attempts.task_id = tasks.id"
+            " AND task_attempts.lease_token_hash = :a_hash AND task_attempts.status = :a_status"
+            " AND task_attempts.lease_expires_at > :a_now"
+        ).bindparams(
+            *(sa.bindparam(c, type_=tasks.c[c].type) for c in task_columns),
+            *(sa.bindparam(f"a_set_{c}", type_=task_attempts.c[c].type) for c in attempt_columns),
+            sa.bindparam("a_now", type_=task_attempts.c.lease_expires_at.type),
+        )
+    return statement
 
 
 # ---------------------------------------------------------------- transitions
@@ -157,6 +186,7 @@ def apply_transition(
     reason: str | None = None,
     data: Any = None,
     values: Mapping[str, Any] | None = None,
+    attempt: tuple[Mapping[Any, Any], Mapping[str, Any]] | None = None,
 ) -> dict[str, Any]:
     """Move ``task`` to ``to``: the one way any task changes state.
 
@@ -172,6 +202,10 @@ def apply_transition(
     Args:
         task: the task row as read, with at least ``id``, ``status`` and ``state_version``.
         now: the database time of the transaction (naive UTC).
+        attempt: ``(attempt row as read, values)``: also make :func:`_update_attempt`'s conditional
+            update of the task's live attempt (same id, token digest and status, lease not lapsed),
+            setting ``values``; on MySQL/MariaDB in the same statement as the task's (a multi-table
+            ``UPDATE`` that changes both rows or neither), elsewhere just before it.
 
     Returns:
         ``task`` with the new status, version and values: pass it to a following transition.
@@ -181,6 +215,11 @@ def apply_transition(
         errors.ConcurrentUpdate: the row was not at the version read (nothing written).
     """
     current = TaskStatus(task["status"])
+    if (current, to) not in TRANSITIONS and attempt is not None:
+        # The task (read under its lock) has moved on from the live attempt (read by a subquery, possibly
+        # older: _locked_attempt): a concurrent change landed in between. The attempt's conditional
+        # update would miss; say so, so that transact runs the call again on fresh rows.
+        raise errors.ConcurrentUpdate(f"task {task['id']} is {current.value}: its attempt changed meanwhile")
     if (current, to) not in TRANSITIONS:
         raise errors.InvalidTransition(
             f"a {current.value} task cannot become {to.value} (§2 of the reliability model)"
@@ -198,12 +237,26 @@ def apply_transition(
         # The attempt ends here: so does its concurrency permit (§5 "完成 … 额度释放").
         permits.release(conn, [task["current_attempt_id"]])
         changes["holds_permit"] = False
-    result = conn.execute(
-        _UPDATE_TASK,
-        {"b_id": task["id"], "b_status": current.value, "b_version": task["state_version"], **changes},
-    )
-    if result.rowcount != 1:
-        raise errors.ConcurrentUpdate(f"task {task['id']} changed while it was being updated")
+    fence = {"b_id": task["id"], "b_status": current.value, "b_version": task["state_version"]}
+    if attempt is not None and conn.dialect.name in ("mysql", "mariadb"):
+        row, attempt_values = attempt
+        result = conn.execute(
+            _update_both_statement(tuple(changes), tuple(attempt_values)),
+            {
+                **fence, **changes, **{f"a_set_{k}": v for k, v in attempt_values.items()},
+                "a_id": row["id"], "a_hash": row["lease_token_hash"], "a_status": row["status"], "a_now": now,
+            },
+        )  # fmt: skip
+        if result.rowcount != 2:  # both rows matched (the MySQL dialects count rows found), or neither
+            raise errors.ConcurrentUpdate(
+                f"task {task['id']} or its attempt {row['id']} changed while they were being updated"
+            )
+    else:
+        if attempt is not None:
+            _update_attempt(conn, attempt[0], now, **attempt[1])
+        result = conn.execute(_UPDATE_TASK, {**fence, **changes})
+        if result.rowcount != 1:
+            raise errors.ConcurrentUpdate(f"task {task['id']} changed while it was being updated")
     _append_event(conn, task["id"], version, event, current, to, now, actor=actor, reason=reason, data=data)
     if to in result_events.RESULT_STATUSES:
         event_id = result_events.record_result_event(conn, task["id"], now)

@@ -25,9 +25,9 @@ pytestmark = pytest.mark.mariadb
 
 #: Commands (statements and COMMITs) per call on the default path.
 EXPECTED = {
-    "start": 5,  # lock and read task + attempt + clock; attempt; task; task event; COMMIT
+    "start": 4,  # lock and read task + attempt + clock; task and attempt (one UPDATE); task event; COMMIT
     "heartbeat": 3,  # lock and read; attempt; COMMIT
-    "complete": 8,  # lock and read; attempt; task; task event; result event; namespace+queue; subscriptions; COMMIT
+    "complete": 7,  # lock and read; task and attempt; task event; result event; namespace+queue; subscriptions; COMMIT
     "empty lease": 3,  # queue + gate + clock + "sweep due"; the claim; COMMIT
 }
 
