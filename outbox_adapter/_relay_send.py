@@ -111,7 +111,7 @@ class Sender:
         trace = outbox_tracing.start_send(batch.namespace, claims) if _tracing.AVAILABLE else None
         try:
             if batch.single:
-                outcomes: list[SendOutcome | None] = [self._send_one(claims[0], trace)]
+                outcomes: list[SendOutcome | None] = [self._send_one(claims[0], trace, batch)]
             elif batch.flows:
                 outcomes = [self._start_flow(c, trace) if self.may_send(batch) else None for c in claims]
             else:
@@ -183,7 +183,9 @@ class Sender:
 
     def _send_each(self, batch: Batch, trace: outbox_tracing.SendTrace | None) -> list[SendOutcome | None]:
         """Send the rows of ``batch`` one by one, each only while its lease allows it."""
-        return [self._send_one(claim, trace) if self.may_send(batch) else None for claim in batch.claims]
+        return [
+            self._send_one(claim, trace, batch) if self.may_send(batch) else None for claim in batch.claims
+        ]
 
     def _start_flow(self, claim: q.Claim, trace: outbox_tracing.SendTrace | None) -> SendOutcome:
         """Start the flow instance of a flow row with its key (``_flow_sending``). Outside any transaction."""
@@ -192,8 +194,15 @@ class Sender:
         )
         return flow_sending.start_flow(self.client, claim, traceparent, tracestate)
 
-    def _send_one(self, claim: q.Claim, trace: outbox_tracing.SendTrace | None = None) -> SendOutcome:
-        """Check the queue (cached), then submit one row with its key. Runs outside any transaction."""
+    def _send_one(
+        self, claim: q.Claim, trace: outbox_tracing.SendTrace | None = None, batch: Batch | None = None
+    ) -> SendOutcome | None:
+        """Check the queue (cached), then submit one row with its key. Runs outside any transaction.
+
+        ``None`` (released unsent) when the queue check left less of ``batch``'s lease than a send
+        may take: the check is a request of its own, and a slow one would otherwise let the
+        submission start after the lease (DESIGN §5: a send never starts after its row's lease).
+        """
         if claim.is_flow:
             return self._start_flow(claim, trace)
         try:
@@ -220,6 +229,8 @@ class Sender:
                 misconfigured=checked.misconfigured,
                 unreachable=checked.unreachable,
             )
+        if batch is not None and not self.may_send(batch):
+            return None
         try:
             result = self.client.submit_task(
                 claim.namespace,

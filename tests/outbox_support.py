@@ -11,6 +11,7 @@ from __future__ import annotations
 import select
 import socket
 import threading
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
@@ -65,8 +66,9 @@ class FaultProxy:
     def __init__(self, target: str) -> None:
         self.target = target
         self.rules: list[Rule] = []
-        #: Called (in a worker thread) with the idempotency keys of each request as it arrives.
-        self.observer: Callable[[list[str]], None] | None = None
+        #: Called (in a worker thread) with the idempotency keys of each request as it arrives, and the
+        #: ``time.monotonic()`` of its arrival (the call itself may start later on a loaded machine).
+        self.observer: Callable[[list[str], float], None] | None = None
         self.seen: list[tuple[str, str, str | None]] = []
         self._lock = threading.Lock()
 
@@ -101,7 +103,7 @@ class FaultProxy:
         keys = [key] if key is not None else _batch_keys(scope["path"], body)
         path = scope["path"] + (("?" + scope["query_string"].decode()) if scope["query_string"] else "")
         if self.observer is not None and keys:
-            await anyio.to_thread.run_sync(self.observer, keys)
+            await anyio.to_thread.run_sync(self.observer, keys, time.monotonic())
         rule = self._match(scope["method"], scope["path"], keys)
         if rule is not None and rule.action == "respond":
             await _respond(send, rule.status, rule.headers, rule.body or {})

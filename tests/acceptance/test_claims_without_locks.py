@@ -32,7 +32,7 @@ from orbit_server.tasks import store
 from outbox_adapter import Outbox, enqueue
 from tests.conftest import DatabaseFactory
 from tests.execution_support import check_attempt_history
-from tests.server_processes import free_port
+from tests.server_processes import START_TIMEOUT, free_port
 
 pytestmark = pytest.mark.mariadb
 
@@ -79,7 +79,7 @@ def test_four_relays_and_four_workers_keep_every_invariant_without_skip_locked(
     base_url = f"http://127.0.0.1:{port}"
     processes: list[subprocess.Popen[bytes]] = [server]
     try:
-        deadline = time.monotonic() + 60
+        deadline = time.monotonic() + START_TIMEOUT
         while True:
             try:
                 if httpx.get(f"{base_url}/readyz", timeout=2).status_code == 200:

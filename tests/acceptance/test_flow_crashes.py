@@ -15,6 +15,7 @@ import os
 import threading
 import uuid
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -82,7 +83,10 @@ def _start(api: FlowApi, key: str, answer: list[Any]) -> None:
 
 @pytest.mark.parametrize("backend", ["sqlite", pytest.param("mariadb", marks=pytest.mark.mariadb)])
 def test_sigkill_at_every_point_of_an_advance_then_recovery(
-    backend: str, make_database: DatabaseFactory, tmp_path: Path
+    backend: str,
+    make_database: DatabaseFactory,
+    tmp_path: Path,
+    server_processes: Callable[..., ServerProcess],
 ) -> None:
     url = make_database(backend)
     keys = prepare(url, "crash", (QUEUE,))
@@ -93,7 +97,7 @@ def test_sigkill_at_every_point_of_an_advance_then_recovery(
     for k in range(len(points) + 2):
         point = points[k] if k < len(points) else "task-inserted"  # the last: a crash in an HTTP start
         gate = tmp_path / f"arm-{k}"
-        server = ServerProcess(
+        server = server_processes(
             url, tmp_path / f"server-{k}.log", ORBIT_SERVER_FAULT=f"flow-pause@{point}@{gate}", **env
         )
         api = FlowApi(server.base_url, "crash", keys)
@@ -125,7 +129,7 @@ def test_sigkill_at_every_point_of_an_advance_then_recovery(
                 assert answer and isinstance(answer[0], httpx.TransportError), (
                     answer
                 )  # the client never heard back
-                restarted = ServerProcess(url, tmp_path / "server-retry.log", **env)
+                restarted = server_processes(url, tmp_path / "server-retry.log", **env)
                 retry = FlowApi(restarted.base_url, "crash", keys)
                 try:
                     first = retry.start("chain", key=key)  # nothing was committed: a new instance...

@@ -14,6 +14,7 @@ import os
 import threading
 import time
 from collections import Counter
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -77,7 +78,7 @@ class Worker:
 
 @pytest.mark.mariadb
 def test_concurrent_fork_join_instances_on_two_server_processes(
-    make_database: DatabaseFactory, tmp_path: Path
+    make_database: DatabaseFactory, tmp_path: Path, server_processes: Callable[..., ServerProcess]
 ) -> None:
     count = int(os.environ.get("ORBIT_TEST_FLOW_INSTANCES", "150"))
     url = make_database("mariadb")
@@ -87,7 +88,7 @@ def test_concurrent_fork_join_instances_on_two_server_processes(
         "ORBIT_SWEEP_INTERVAL_SECONDS": "0.5",
         "ORBIT_DB_POOL_SIZE": "30",
     }
-    servers = [ServerProcess(url, tmp_path / f"server-{n}.log", **env) for n in range(2)]
+    servers = [server_processes(url, tmp_path / f"server-{n}.log", **env) for n in range(2)]
     engine = create_engine(url, pool_size=2)
     try:
         submit = {"Authorization": f"Bearer {keys['submit']}"}
@@ -136,7 +137,7 @@ def test_concurrent_fork_join_instances_on_two_server_processes(
             while completed() < count:
                 if not crashed and handled[0] >= count * 4 // 3:  # at random under load: SIGKILL one server
                     servers[0].kill()
-                    servers[0] = ServerProcess(url, tmp_path / "server-0-restarted.log", **env)
+                    servers[0] = server_processes(url, tmp_path / "server-0-restarted.log", **env)
                     crashed = True
                 assert time.monotonic() < deadline, f"{completed()} of {count} instances completed"
                 time.sleep(0.2)

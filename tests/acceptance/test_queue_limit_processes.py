@@ -27,7 +27,7 @@ from orbit_server.cli import main
 from orbit_server.db.engine import create_engine
 from orbit_server.db.schema import queue_events, task_attempts, tasks
 from tests.conftest import DatabaseFactory
-from tests.server_processes import free_port
+from tests.server_processes import await_ready, free_port
 
 REPO = Path(__file__).resolve().parents[2]
 KEYS = [f"customer-{n}" for n in range(4)]
@@ -50,17 +50,8 @@ def _serve(url: str, port: int, log: Path) -> subprocess.Popen[str]:
         )  # fmt: skip
 
 
-def _await_ready(port: int, proc: subprocess.Popen[str]) -> None:
-    deadline = time.monotonic() + 30
-    while True:  # no start-up signal to await: poll readiness with a deadline
-        try:
-            if httpx.get(f"http://127.0.0.1:{port}/readyz", timeout=1).status_code == 200:
-                return
-        except httpx.TransportError:
-            pass
-        assert proc.poll() is None, "server exited"
-        assert time.monotonic() < deadline, "server did not start"
-        time.sleep(0.05)
+def _await_ready(port: int, proc: subprocess.Popen[str], log: Path) -> None:
+    await_ready(f"http://127.0.0.1:{port}", proc, output=lambda: log.read_text()[-3000:])
 
 
 @pytest.mark.parametrize("kind", ["sqlite", pytest.param("mariadb", marks=pytest.mark.mariadb)])
@@ -78,7 +69,7 @@ def test_limit_one_per_key_is_never_exceeded_by_racing_servers_and_workers(
     engine = create_engine(url, pool_size=2)
     try:
         for port, proc in zip(ports, servers, strict=True):
-            _await_ready(port, proc)
+            _await_ready(port, proc, tmp_path / f"server-{port}.log")
         headers = {"Authorization": f"Bearer {key}"}
         items = [
             {"idempotency_key": str(uuid.uuid4()), "queue": "fulfil", "handler": "slow",

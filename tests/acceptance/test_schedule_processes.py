@@ -21,7 +21,7 @@ from orbit_server.cli import main
 from orbit_server.db.engine import create_engine
 from orbit_server.db.schema import schedule_occurrences, schedules, submission_keys, tasks
 from tests.conftest import DatabaseFactory
-from tests.server_processes import free_port
+from tests.server_processes import await_ready, free_port
 
 
 def _run(*args: str) -> str:
@@ -54,16 +54,7 @@ def test_two_server_processes_give_one_task_per_fire_time(make_database: Databas
     engine = create_engine(url, pool_size=2)
     try:
         for port, proc in zip(ports, procs, strict=True):
-            deadline = time.monotonic() + 30
-            while True:  # no start-up signal to await: poll readiness with a deadline
-                try:
-                    if httpx.get(f"http://127.0.0.1:{port}/readyz", timeout=1).status_code == 200:
-                        break
-                except httpx.TransportError:
-                    pass
-                assert proc.poll() is None, proc.stdout.read() if proc.stdout else ""
-                assert time.monotonic() < deadline, "server did not start"
-                time.sleep(0.05)
+            await_ready(f"http://127.0.0.1:{port}", proc)
         headers = {"Authorization": f"Bearer {key}"}
         names = [f"every-second-{n}" for n in range(4)]
         for n, name in enumerate(names):  # created through either process

@@ -17,7 +17,7 @@ from click.testing import CliRunner
 
 from orbit_server.cli import main
 from tests.conftest import DatabaseFactory
-from tests.server_processes import free_port
+from tests.server_processes import START_TIMEOUT, free_port
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -90,7 +90,7 @@ def test_serve_migrates_sqlite_and_stops_on_sigterm(tmp_path: Path) -> None:
         text=True,
     )
     try:
-        deadline = time.monotonic() + 30
+        deadline = time.monotonic() + START_TIMEOUT
         while True:  # no start-up signal to await: poll readiness with a deadline
             try:
                 ready = httpx.get(f"http://127.0.0.1:{port}/readyz", timeout=1)
@@ -147,7 +147,7 @@ def test_serve_waits_for_a_database_that_comes_up_within_wait_for_database(
              "--target-port", str(url.port or 3306)],
             cwd=REPO,
         )  # fmt: skip
-        deadline = time.monotonic() + 60
+        deadline = time.monotonic() + START_TIMEOUT
         while True:  # the server retries once a second: poll readiness with a deadline
             try:
                 ready = httpx.get(f"http://127.0.0.1:{port}/readyz", timeout=1)
@@ -242,7 +242,7 @@ def test_serve_with_two_worker_processes_answers_accepts_and_wakes_long_polls(
         text=True,
     )
     try:
-        deadline = time.monotonic() + 60
+        deadline = time.monotonic() + START_TIMEOUT
         while True:  # no start-up signal to await: poll readiness with a deadline
             try:
                 if (

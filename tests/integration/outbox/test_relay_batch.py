@@ -5,7 +5,8 @@ lost leases in a batch, and the fallback to single submissions for a server with
 from __future__ import annotations
 
 import threading
-from datetime import datetime
+import time
+from datetime import datetime, timedelta
 from typing import Any
 
 import pytest
@@ -93,15 +94,20 @@ def test_on_a_slow_server_no_send_starts_after_its_lease_and_accepted_rows_never
     lease_left: list[float] = []
     sends: dict[str, int] = {}
 
-    def observe(keys: list[str]) -> None:  # as each request arrives: how much of each row's lease is left
+    def observe(keys: list[str], arrived: float) -> None:  # how much of each row's lease was left on arrival
         for key in keys:
             sends[key] = sends.get(key, 0) + 1
         with biz.engine.connect() as conn:
             o = tables.outbox
-            now = db_now(conn)
-            for expires in conn.scalars(sa.select(o.c.lease_expires_at).where(o.c.idempotency_key.in_(keys))):
-                assert isinstance(expires, datetime)
-                lease_left.append((expires - now).total_seconds())
+            expiries = list(
+                conn.scalars(sa.select(o.c.lease_expires_at).where(o.c.idempotency_key.in_(keys)))
+            )
+            # The database clock at the request's arrival: not at this query, which on a loaded machine
+            # may run a second or more later (a pooled connection to wait for, a slow query).
+            now = db_now(conn) - timedelta(seconds=time.monotonic() - arrived)
+        for expires in expiries:
+            assert isinstance(expires, datetime)
+            lease_left.append((expires - now).total_seconds())
 
     with run_fault_proxy(orbit.base_url) as (url, proxy):
         proxy.observer = observe
@@ -120,6 +126,37 @@ def test_on_a_slow_server_no_send_starts_after_its_lease_and_accepted_rows_never
     ) == 16
     if route == "single":
         assert _posts(proxy.seen)[:1] == ["batch"] and set(_posts(proxy.seen)[1:]) == {"single"}
+
+
+def test_a_slow_queue_check_never_lets_the_submission_start_after_its_lease(
+    biz: Biz, tables: OutboxTables, ns: Namespace, orbit: RunningServer, make_relay: RelayFactory
+) -> None:
+    """Regression (issue 30, the suite on a loaded machine): a single submission checks its queue first
+    (a request of its own); the lease was checked only before that check, so a slow check let the
+    submission start after the row's lease (seen as "2 sends after their lease" at load 8-9). Here the
+    check takes longer than the whole lease: the row is released unsent, claimed again, and sent at once
+    (its queue now known), inside its new lease."""
+    [row] = _enqueue(biz, tables, ns)
+    lease_left: list[float] = []
+
+    def observe(keys: list[str], arrived: float) -> None:
+        with biz.engine.connect() as conn:
+            o = tables.outbox
+            expires = conn.scalar(sa.select(o.c.lease_expires_at).where(o.c.idempotency_key == keys[0]))
+            now = db_now(conn) - timedelta(seconds=time.monotonic() - arrived)
+        assert isinstance(expires, datetime)
+        lease_left.append((expires - now).total_seconds())
+
+    with run_fault_proxy(orbit.base_url) as (url, proxy):
+        proxy.observer = observe
+        proxy.add("respond", path_contains="/tasks/batch", status=404, body=NOT_FOUND)
+        proxy.add("delay", method="GET", path_contains="/queues/", seconds=2.5, times=1)
+        relay = make_relay(base_url=url, timeout=5.0, lease_seconds=2.0)
+        relay.run_once()
+        relay.run_once()
+    assert _posts(proxy.seen) == ["batch", "single"]
+    assert len(lease_left) == 2 and min(lease_left) > 0, lease_left  # the refused batch, then the single one
+    assert Outbox(biz.engine, tables=tables).get(row).state == "DELIVERED" and task_count(orbit, ns.name) == 1
 
 
 def test_a_server_without_the_batch_route_gets_single_submissions(
