@@ -27,7 +27,7 @@ pytestmark = pytest.mark.mariadb
 EXPECTED = {
     "start": 4,  # lock and read task + attempt + clock; task and attempt (one UPDATE); task event; COMMIT
     "heartbeat": 3,  # lock and read; attempt; COMMIT
-    "complete": 7,  # lock and read; task and attempt; task event; result event; namespace+queue; subscriptions; COMMIT
+    "complete": 6,  # lock and read; task and attempt; task event; result event; namespace, queue and subscriptions; COMMIT
     "empty lease": 3,  # queue + gate + clock + "sweep due"; the claim; COMMIT
 }
 
