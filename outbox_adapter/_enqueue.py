@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import json
 import re
+import sys
 import uuid
 import weakref
 from collections.abc import Mapping
@@ -107,7 +108,7 @@ def _check_params(params: Any, max_params_bytes: int, label: str) -> None:
         )
 
 
-def _prepare(
+def prepare_task(
     *,
     namespace: str,
     queue: str,
@@ -204,7 +205,7 @@ def _common(
     }
 
 
-def _prepare_flow(
+def prepare_flow(
     *,
     namespace: str,
     flow: str,
@@ -344,7 +345,17 @@ def _plan(
     of an ``AsyncConnection``); ``None``: use ``Connection.execute``."""
     if connection.get_execution_options().get("schema_translate_map"):
         return None
-    dialect = connection.dialect
+    return plan_insert(t, values, connection.dialect)
+
+
+def plan_insert(t: OutboxTables, values: dict[str, Any], dialect: sa.Dialect) -> list[tuple[_Rendered, Any]]:
+    """The statements inserting the validated row ``values`` (from :func:`prepare_task` or
+    :func:`prepare_flow`) into ``t``, compiled for ``dialect``: ``(rendered, parameters)`` pairs in
+    order, to run on a DB-API cursor of that dialect's driver (``rendered.sql``; after the last one,
+    the id is ``cursor.fetchone()[0]`` when ``rendered.returning``, else ``cursor.lastrowid``).
+
+    The one definition of an outbox row's ``INSERT``: :func:`enqueue` runs it through a SQLAlchemy
+    connection, ``outbox_adapter.django.enqueue`` through a Django connection's cursor."""
     if values["ordering_key"] is None:
         stmt, params = insert_row(t, values, dialect.name)
         row = _rendered(t, "row", stmt, dialect)
@@ -359,8 +370,20 @@ def _row_id(rendered: _Rendered, result: sa.CursorResult[Any]) -> int:
     return _inserted_id((result.scalar_one() if rendered.returning else result.lastrowid,))
 
 
+def _refuse_inside_django_atomic() -> None:
+    """Refuse a SQLAlchemy enqueue while a Django ``transaction.atomic()`` block is open in this
+    thread (README "Django"): the row would commit apart from the Django transaction, so its rollback
+    would leave the row to be sent. Only looked at once Django is imported (``outbox_adapter.django``
+    holds the check; nothing here imports Django)."""
+    if "django.db" in sys.modules:
+        from outbox_adapter.django._guard import refuse_inside_atomic
+
+        refuse_inside_atomic()
+
+
 def _write(conn: Connection | Session, values: dict[str, Any], tables: OutboxTables | None) -> OutboxEntry:
     """Insert the validated row through ``conn`` (one statement; two with an ordering key)."""
+    _refuse_inside_django_atomic()
     t = tables or _default_tables()
     span = outbox_tracing.enqueue_span(values) if _TRACING else None
     try:
@@ -395,6 +418,7 @@ async def _write_async(
     """The asyncio twin of :func:`_write`."""
     from sqlalchemy.ext.asyncio import AsyncSession
 
+    _refuse_inside_django_atomic()
     t = tables or _default_tables()
     span = outbox_tracing.enqueue_span(values) if _TRACING else None
     try:
@@ -493,7 +517,7 @@ def enqueue(
             (:class:`OutboxSchemaError`). The caller's transaction is then unusable on
             PostgreSQL: roll it back.
     """
-    values = _prepare(
+    values = prepare_task(
         namespace=namespace,
         queue=queue,
         handler=handler,
@@ -530,7 +554,7 @@ async def enqueue_async(
     Same arguments, result and errors; it awaits the one ``INSERT`` and never commits.
     Needs ``sqlalchemy[asyncio]`` and an async driver (``aiomysql``, ``psycopg``, ``aiosqlite``).
     """
-    values = _prepare(
+    values = prepare_task(
         namespace=namespace,
         queue=queue,
         handler=handler,
@@ -595,7 +619,7 @@ def enqueue_flow(
         OutboxDatabaseError: as for :func:`enqueue` (a duplicate key, a missing table, or a table not
             yet migrated to ``outbox_0005``: run ``orbit-outbox migrate``).
     """
-    values = _prepare_flow(
+    values = prepare_flow(
         namespace=namespace,
         flow=flow,
         input=input,
@@ -626,7 +650,7 @@ async def enqueue_flow_async(
     max_params_bytes: int = DEFAULT_MAX_PARAMS_BYTES,
 ) -> OutboxEntry:
     """The asyncio twin of :func:`enqueue_flow`: same arguments, result and errors; never commits."""
-    values = _prepare_flow(
+    values = prepare_flow(
         namespace=namespace,
         flow=flow,
         input=input,

@@ -1,0 +1,16 @@
+"""Orbit for Django (``pip install 'orbit-tasks[django]'``, ``"outbox_adapter.django"`` in
+``INSTALLED_APPS``; README "Django").
+
+- :func:`enqueue` / :func:`enqueue_flow`: the outbox row written through Django's connection, in
+  ``transaction.atomic()`` with the model being saved (the same row as :func:`outbox_adapter.enqueue`).
+- ``outbox_adapter.django.backend.OrbitBackend``: a ``django.tasks`` backend (Django 6, or the
+  ``django-tasks`` backport on Django 4.2-5.2) that enqueues ``@task`` functions through the outbox.
+- ``python manage.py orbit_worker``: runs those functions as an Orbit worker, Django set up;
+  ``python manage.py orbit_outbox ...``: the ``orbit-outbox`` commands on a ``DATABASES`` alias.
+
+Only this subpackage imports Django (DESIGN §1).
+"""
+
+from outbox_adapter.django._enqueue import enqueue, enqueue_flow
+
+__all__ = ["enqueue", "enqueue_flow"]
