@@ -238,7 +238,11 @@ def test_django_is_imported_only_by_the_django_integration() -> None:
             if name == DJANGO_HOME or name.startswith(f"{DJANGO_HOME}."):
                 continue
             for node in _imports(ast.parse(path.read_text(encoding="utf-8"))):
-                targets = [a.name for a in node.names] if isinstance(node, ast.Import) else [node.module or ""]
-                if node.level == 0 and any(t.split(".")[0] in ("django", "django_tasks") for t in targets):
+                targets = (
+                    [a.name for a in node.names] if isinstance(node, ast.Import) else [node.module or ""]
+                )
+                if getattr(node, "level", 0) == 0 and any(
+                    t.split(".")[0] in ("django", "django_tasks") for t in targets
+                ):
                     bad.append(f"{name} imports {', '.join(targets)}")
     assert not bad, f"only {DJANGO_HOME} may import Django:\n" + "\n".join(bad)
