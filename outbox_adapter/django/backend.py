@@ -161,8 +161,9 @@ class OrbitBackend(BaseTaskBackend):
     supports_get_result = True
     supports_priority = False
 
-    #: Every task defined for a backend alias, by import path (what ``orbit_worker`` runs).
-    registry: ClassVar[dict[str, dict[str, Task]]] = {}  # type: ignore[type-arg]
+    #: Every task defined for an Orbit backend (any alias), by import path: what ``orbit_worker`` runs
+    #: (a task enqueued through any Orbit backend is dispatched by that path alone).
+    registry: ClassVar[dict[str, Task]] = {}  # type: ignore[type-arg]
 
     def __init__(self, alias: str, params: dict[str, Any]) -> None:
         super().__init__(alias, params)
@@ -208,7 +209,7 @@ class OrbitBackend(BaseTaskBackend):
             raise InvalidTask(
                 f"the task's import path {task.module_path!r} is longer than Orbit's 255 characters"
             )
-        self.registry.setdefault(self.alias, {})[task.module_path] = task
+        self.registry.setdefault(task.module_path, task)
 
     def enqueue(self, task: Task, args: Any, kwargs: Any) -> TaskResult:  # type: ignore[type-arg]
         """Write the task's outbox row in the current transaction of ``OPTIONS["DATABASE"]``.
@@ -274,8 +275,8 @@ class OrbitBackend(BaseTaskBackend):
             worker_ids=list(times.get("worker_ids") or []),
             orbit=detail,
         )
-        if "return_value" in times:
-            object.__setattr__(result, "_return_value", times["return_value"])
+        # Set whether or not the task succeeded: the API's slotted dataclass leaves it unset in a subclass.
+        object.__setattr__(result, "_return_value", times.get("return_value"))
         return result
 
     # --- results ----------------------------------------------------------------------------------

@@ -27,7 +27,7 @@ _ORBIT = {
 TASKS = {
     alias: {
         "BACKEND": "outbox_adapter.django.backend.OrbitBackend",
-        "QUEUES": ["default", "other"],
+        "QUEUES": ["default", "other", "nowhere"],  # "nowhere" does not exist on the server
         "OPTIONS": {**_ORBIT, "DATABASE": alias},
     }
     for alias in DATABASES

@@ -14,9 +14,9 @@ from tests.django_project.shop.models import Order
 
 
 @task()
-def fulfil(reference: str, *, note: str = "") -> dict[str, Any]:
-    """Marks the order fulfilled through the ORM; returns what it did."""
-    updated = Order.objects.filter(reference=reference).update(status="FULFILLED")
+def fulfil(reference: str, *, note: str = "", using: str = "default") -> dict[str, Any]:
+    """Marks the order (in database ``using``) fulfilled through the ORM; returns what it did."""
+    updated = Order.objects.using(using).filter(reference=reference).update(status="FULFILLED")
     return {"reference": reference, "updated": updated, "note": note}
 
 

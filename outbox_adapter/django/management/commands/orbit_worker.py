@@ -113,10 +113,10 @@ class Command(BaseCommand):
                 importlib.import_module(module)
             except ImportError as exc:
                 raise CommandError(f"--import {module!r} cannot be imported: {exc}") from exc
-        tasks = OrbitBackend.registry.get(backend.alias, {})
+        tasks = OrbitBackend.registry
         if not tasks:
             raise CommandError(
-                f"no task uses the backend {backend.alias!r}: define @task functions in an installed app's tasks.py, "
+                "no task uses an Orbit backend: define @task functions in an installed app's tasks.py, "
                 "or name their module with --import"
             )
         url = options["orbit_url"] or os.environ.get("ORBIT_URL") or backend.orbit_url
