@@ -8,7 +8,7 @@
 - ``python manage.py orbit_worker``: runs those functions as an Orbit worker, Django set up;
   ``python manage.py orbit_outbox ...``: the ``orbit-outbox`` commands on a ``DATABASES`` alias.
 
-Only this subpackage imports Django (DESIGN §1).
+Only this subpackage imports Django; the rest of Orbit never needs it.
 """
 
 from outbox_adapter.django._enqueue import enqueue, enqueue_flow
