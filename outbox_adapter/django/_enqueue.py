@@ -33,6 +33,7 @@ from outbox_adapter._enqueue import (
 from outbox_adapter._exceptions import OutboxDatabaseError, OutboxUsageError
 from outbox_adapter._models import OutboxEntry
 from outbox_adapter._tables import OutboxTables
+from outbox_adapter.django._sql import translate
 
 __all__ = ["enqueue", "enqueue_flow", "sqlalchemy_dialect"]
 
@@ -96,7 +97,7 @@ def write(using: str, values: dict[str, Any], tables: OutboxTables | None) -> Ou
                 cursor.execute(rendered.sql, params)
             row_id = _inserted_id((cursor.fetchone()[0] if rendered.returning else cursor.lastrowid,))
     except DatabaseError as exc:
-        error = _failed(exc, values["idempotency_key"], t)
+        error = _failed(exc, connection, values["idempotency_key"], t)
         if span is not None:
             outbox_tracing.enqueued(span, None, error)
         raise error from exc
@@ -106,7 +107,10 @@ def write(using: str, values: dict[str, Any], tables: OutboxTables | None) -> Ou
     return entry
 
 
-def _failed(exc: DatabaseError, key: str, t: OutboxTables) -> OutboxDatabaseError:
+def _failed(
+    exc: DatabaseError, connection: BaseDatabaseWrapper, key: str, t: OutboxTables
+) -> OutboxDatabaseError:
+    """The error for a failed insert: a duplicate key says so; anything else as the SQLAlchemy path says it."""
     if isinstance(exc, IntegrityError) and "idempotency_key" in str(exc):
         return OutboxDatabaseError(
             f"cannot enqueue: the idempotency key {key!r} already exists in the outbox table {t.name!r}; this "
@@ -114,10 +118,7 @@ def _failed(exc: DatabaseError, key: str, t: OutboxTables) -> OutboxDatabaseErro
             "to add: skip it, or give each distinct intent its own key; the enclosing transaction.atomic() block "
             "is marked for rollback (wrap the enqueue in an atomic block of its own to go on without it)"
         )
-    return OutboxDatabaseError(
-        f"cannot enqueue the row with key {key!r} into the outbox table {t.name!r}: {exc} (does the table "
-        'exist? create it with "python manage.py orbit_outbox migrate", README "Django"); nothing was written'
-    )
+    return translate(exc, connection, f"enqueue the row with key {key!r}")
 
 
 def enqueue(

@@ -148,3 +148,12 @@ def alias(request: pytest.FixtureRequest, django_project: Project) -> str:
     if request.param not in django_project.urls:
         pytest.skip(f"no {request.param} server reachable")
     return str(request.param)
+
+
+@pytest.fixture(autouse=True)
+def _nothing_due(request: pytest.FixtureRequest) -> None:
+    """Each test starts with every alias's outbox delivered, so its counts are its own."""
+    if "django_project" in request.fixturenames:
+        project: Project = request.getfixturevalue("django_project")
+        for name in project.urls:
+            project.deliver(name)

@@ -106,7 +106,11 @@ def test_a_rolled_back_savepoint_takes_only_its_own_row(django_project: Project,
             raise Boom
         with transaction.atomic(using=alias):
             _enqueue(django_project, alias, f"c-{tag}")
-    sent = {row["business_ref"] for row in _rows(django_project, alias) if row["business_ref"].endswith(tag)}
+    sent = {
+        row["business_ref"]
+        for row in _rows(django_project, alias)
+        if (row["business_ref"] or "").endswith(tag)
+    }
     assert sent == {f"a-{tag}", f"c-{tag}"}
     assert _deliver(django_project, alias) == 2
 
