@@ -22,7 +22,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import URL
 
 from orbit_client import OrbitClient, RetryPolicy
-from outbox_adapter import Backoff, Outbox, Relay
+from outbox_adapter import Backoff, Relay
 from tests.conftest import _scratch_database
 from tests.servers import RunningServer, run_server
 
@@ -130,10 +130,8 @@ def django_project(
         project = Project(orbit, namespace, keys, env=env)
         for alias in databases:
             project.urls[alias] = database_url(alias)
+            # The app's migration creates the outbox tables (the Alembic history) with the models'.
             call_command("migrate", database=alias, run_syncdb=True, verbosity=0)
-            engine = project.engine(alias)
-            Outbox(engine).migrate()
-            engine.dispose()
         yield project
         from django.db import connections
 
