@@ -151,8 +151,8 @@ def main(argv: list[str] | None = None) -> int:
 
         with OrbitClient(orbit_url, api_key=keys["admin"]) as admin:
             admin.create_subscription(NAMESPACE, SUBSCRIPTION, queues=[QUEUE])
+        # The shop's models and, by the outbox_adapter.django app's migration, the outbox and inbox tables.
         _run("examples.django_shop.manage", "migrate", "--verbosity", "0")
-        _run("examples.django_shop.manage", "orbit_outbox", "migrate")
 
         import django
 
