@@ -71,6 +71,13 @@ _STATUS = {
 }
 
 
+#: What ``refresh()`` reloads: the API's refreshed attributes and Orbit's detail.
+_REFRESHED = (
+    "errors", "_return_value", "finished_at", "started_at", "last_attempted_at", "status", "enqueued_at",
+    "worker_ids", "orbit",
+)  # fmt: skip
+
+
 @dataclass(frozen=True)
 class OrbitDetail:
     """Orbit's own view of a result, beyond the API's four statuses.
@@ -100,14 +107,17 @@ class OrbitTaskResult(TaskResult):  # type: ignore[type-arg]
 
     orbit: OrbitDetail | None = None
 
+    def _take(self, fresh: TaskResult) -> None:  # type: ignore[type-arg]
+        for attr in _REFRESHED:
+            object.__setattr__(self, attr, getattr(fresh, attr, None))
+
     def refresh(self) -> None:
-        super().refresh()
-        object.__setattr__(self, "orbit", self.task.get_backend().get_result(self.id).orbit)  # type: ignore[attr-defined]
+        """Reload the result (one ``get_result``), ``orbit`` included."""
+        self._take(self.task.get_backend().get_result(self.id))
 
     async def arefresh(self) -> None:
-        await super().arefresh()
-        fresh = await self.task.get_backend().aget_result(self.id)
-        object.__setattr__(self, "orbit", getattr(fresh, "orbit", None))
+        """Reload the result (one ``aget_result``), ``orbit`` included."""
+        self._take(await self.task.get_backend().aget_result(self.id))
 
 
 def _aware(value: Any) -> datetime | None:

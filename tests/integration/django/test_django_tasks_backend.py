@@ -129,16 +129,35 @@ def test_failures_map_to_failed_with_the_exception_and_retryable_ones_are_retrie
     ]
 
 
-def test_context_and_async_tasks_run(django_project: Project) -> None:
+def test_context_and_async_tasks_run_and_the_signals_are_sent(django_project: Project) -> None:
+    from django_tasks.signals import task_enqueued, task_finished, task_started
+
     from tests.django_project.shop.tasks import double, with_context
 
-    ctx = with_context.enqueue(7)
-    doubled = double.enqueue(21)
-    django_project.deliver("default")
-    with worker(django_project):
-        wait_until(lambda: _finished(ctx) and _finished(doubled))
+    seen: list[tuple[str, str, str]] = []
+    names = {task_enqueued: "enqueued", task_started: "started", task_finished: "finished"}
+
+    def record(sender: Any, signal: Any, task_result: Any, **kwargs: Any) -> None:
+        seen.append((names[signal], task_result.task.name, task_result.status.value))
+
+    for sig, name in names.items():
+        sig.connect(record, weak=False, dispatch_uid=f"t-{name}")
+    try:
+        ctx = with_context.enqueue(7)
+        doubled = double.enqueue(21)
+        django_project.deliver("default")
+        with worker(django_project):
+            wait_until(lambda: _finished(ctx) and _finished(doubled))
+    finally:
+        for sig, name in names.items():
+            sig.disconnect(dispatch_uid=f"t-{name}")
     assert ctx.return_value["value"] == 7 and ctx.return_value["attempt"] == 1
     assert doubled.return_value == 42
+    assert sorted(seen) == sorted([
+        ("enqueued", "with_context", "READY"), ("enqueued", "double", "READY"),
+        ("started", "with_context", "RUNNING"), ("started", "double", "RUNNING"),
+        ("finished", "with_context", "SUCCESSFUL"), ("finished", "double", "SUCCESSFUL"),
+    ])  # fmt: skip
 
 
 def test_run_after_becomes_orbits_available_at(django_project: Project) -> None:

@@ -11,6 +11,7 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import close_old_connections
+from django.utils import timezone
 from django.utils.module_loading import autodiscover_modules
 
 from orbit_client import OrbitClient, Worker
@@ -23,6 +24,8 @@ from outbox_adapter.django._tasks_api import (
     TaskResultStatus,
     normalize_json,
     task_backends,
+    task_finished,
+    task_started,
 )
 from outbox_adapter.django.backend import OrbitBackend
 
@@ -38,18 +41,27 @@ def handler_for(task: Task, backend: OrbitBackend) -> Callable[[OrbitContext], A
         params = ctx.params if isinstance(ctx.params, dict) else {}
         args, kwargs = list(params.get("args") or []), dict(params.get("kwargs") or {})
         close_old_connections()
+        now = timezone.now()
+        # The API's view of this attempt, for takes_context and the task_started/task_finished signals.
+        result: TaskResult = TaskResult(  # type: ignore[type-arg]
+            task=task, id=ctx.task.id, status=TaskResultStatus.RUNNING, enqueued_at=ctx.task.created_at,
+            started_at=now, finished_at=None, last_attempted_at=now, args=args, kwargs=kwargs,
+            backend=backend.alias, errors=[], worker_ids=[ctx.worker_id] * ctx.generation,
+        )  # fmt: skip
+        task_started.send(type(backend), task_result=result)
+        status = TaskResultStatus.FAILED
         try:
             if task.takes_context:
-                result: TaskResult = TaskResult(  # type: ignore[type-arg]
-                    task=task, id=ctx.task.id, status=TaskResultStatus.RUNNING, enqueued_at=ctx.task.created_at,
-                    started_at=None, finished_at=None, last_attempted_at=None, args=args, kwargs=kwargs,
-                    backend=backend.alias, errors=[], worker_ids=[ctx.worker_id] * ctx.generation,
-                )  # fmt: skip
                 value = task.call(TaskContext(task_result=result), *args, **kwargs)
             else:
                 value = task.call(*args, **kwargs)
-            return normalize_json(value)
+            value = normalize_json(value)
+            status = TaskResultStatus.SUCCESSFUL
+            return value
         finally:
+            object.__setattr__(result, "status", status)
+            object.__setattr__(result, "finished_at", timezone.now())
+            task_finished.send(type(backend), task_result=result)
             close_old_connections()
 
     return run
