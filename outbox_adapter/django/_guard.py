@@ -46,7 +46,11 @@ def refuse_inside_atomic() -> None:
     """
     if not settings.configured:
         return
-    open_aliases = [c.alias for c in connections.all(initialized_only=True) if c.in_atomic_block]
+    try:
+        made = connections.all(initialized_only=True)  # Django 4.1+: only the connections this thread made
+    except TypeError:  # an older Django (the app needs 4.2; the check still guards a plain outbox user)
+        made = connections.all()
+    open_aliases = [c.alias for c in made if c.in_atomic_block]
     if not open_aliases or orbit_settings().get(ALLOW_SETTING) is True:
         return
     raise OutboxUsageError(

@@ -104,6 +104,10 @@ class Command(BaseCommand):
         parser.add_argument(
             "--worker-id", default=None, help="The id leases are taken under (default host:pid:random)."
         )
+        parser.add_argument(
+            "--metrics-port", type=int, default=None,
+            help="Serve Prometheus metrics on this port (0: a free one, logged); needs the metrics extra.",
+        )  # fmt: skip
 
     def handle(self, *args: Any, **options: Any) -> None:
         try:
@@ -148,5 +152,6 @@ class Command(BaseCommand):
             worker = Worker(
                 client, backend.namespace, options["queue"], handlers, concurrency=options["concurrency"],
                 lease_seconds=options["lease_seconds"], worker_id=options["worker_id"],
+                metrics_port=options["metrics_port"],
             )  # fmt: skip
             worker.run()
