@@ -11,6 +11,15 @@
 Only this subpackage imports Django; the rest of Orbit never needs it.
 """
 
+try:
+    import django as _django  # noqa: F401
+except ModuleNotFoundError as _missing:  # a project without the extra: say which one
+    raise ModuleNotFoundError(
+        "outbox_adapter.django needs Django; install it with: pip install 'orbit-tasks[django]' "
+        '(README "Django")',
+        name="django",
+    ) from _missing
+
 from outbox_adapter.django._enqueue import enqueue, enqueue_flow
 
 __all__ = ["enqueue", "enqueue_flow"]

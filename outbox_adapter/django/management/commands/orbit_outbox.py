@@ -43,7 +43,11 @@ class Command(BaseCommand):
         if args[:1] in (["--help"], ["-h"]):
             self.print_help(argv[0], argv[1])
             args = ["--help"]
-        self.execute(*args, using=using, prog=f"{os.path.basename(argv[0])} {argv[1]}")
+        try:
+            self.execute(*args, using=using, prog=f"{os.path.basename(argv[0])} {argv[1]}")
+        except CommandError as exc:
+            sys.stderr.write(f"error: {exc}\n")
+            sys.exit(2)
 
     def execute(self, *args: Any, **options: Any) -> None:
         from outbox_adapter.cli import main
