@@ -275,3 +275,6 @@ def test_orbit_outbox_command_migrates_and_relays_the_django_database(
     )
     out = migrate.communicate(timeout=120)[0]
     assert migrate.returncode == 0, out
+    bad = _manage(django_project, "orbit_outbox", "--database", "nope", "status", stderr=subprocess.PIPE)
+    err = bad.communicate(timeout=120)[1]
+    assert bad.returncode == 2 and "--database: 'nope' is not a database alias" in err
