@@ -38,7 +38,9 @@ from sqlalchemy.orm import Session
 
 from orbit_client import (
     NAME_PATTERN,
+    OrbitUsageError,
     SubmitOptions,
+    TaskDefinition,
     TaskSubmission,
     _tracing,
     check_json_data,
@@ -111,9 +113,10 @@ def _check_params(params: Any, max_params_bytes: int, label: str) -> None:
 def prepare_task(
     *,
     namespace: str,
-    queue: str,
-    handler: str,
+    queue: str | None,
+    handler: str | None,
     params: Any,
+    task: TaskDefinition[Any] | None = None,
     idempotency_key: str | None,
     ordering_key: str | None,
     business_ref: str | None,
@@ -124,6 +127,25 @@ def prepare_task(
 ) -> dict[str, Any]:
     """Validate everything and return the row's values. Raises :class:`OutboxUsageError`; writes nothing."""
     _check_namespace(namespace)
+    if task is not None:
+        if not isinstance(task, TaskDefinition):
+            raise OutboxUsageError(
+                f"task must be an orbit_client.TaskDefinition, not {task!r}; nothing was written"
+            )
+        if handler is not None and handler != task.handler:
+            raise OutboxUsageError(
+                f"handler {handler!r} is not the task definition's {task.handler!r}: pass one of them; nothing was written"
+            )
+        handler, queue = task.handler, queue or task.queue
+        try:  # the definition's model checks the params; its options are the defaults of this row's
+            params = task.dump(params)
+            options = task.merged_options(options)
+        except OrbitUsageError as exc:
+            raise OutboxUsageError(f"{exc}; nothing was written") from None
+    if queue is None or handler is None:
+        raise OutboxUsageError(
+            "queue and handler are required (or a task definition, task=...); nothing was written"
+        )
     _check_params(params, max_params_bytes, "params")
     try:
         if options is not None and not isinstance(options, SubmitOptions):
@@ -452,9 +474,10 @@ def enqueue(
     conn: Connection | Session,
     *,
     namespace: str,
-    queue: str,
-    handler: str,
+    queue: str | None = None,
+    handler: str | None = None,
     params: Any,
+    task: TaskDefinition[Any] | None = None,
     idempotency_key: str | None = None,
     ordering_key: str | None = None,
     business_ref: str | None = None,
@@ -478,8 +501,13 @@ def enqueue(
         conn: a SQLAlchemy ``Connection`` or ORM ``Session`` of the business database.
         namespace: the Orbit namespace.
         queue: the queue's name; it must exist on the server when the relay sends
-            (otherwise the row ends ``DEAD``).
-        handler: the handler name workers dispatch on, e.g. ``"orders.fulfil"``.
+            (otherwise the row ends ``DEAD``). With ``task``, ``None`` means the definition's queue.
+        handler: the handler name workers dispatch on, e.g. ``"orders.fulfil"``; with ``task``,
+            leave it out (``None``).
+        task: a typed task definition (:class:`orbit_client.TaskDefinition`, README "Typed tasks"):
+            its handler and queue, its options under ``options``, and ``params`` (a model instance or
+            a mapping) validated against its model and stored as the model's JSON; wrong params
+            raise :class:`OutboxUsageError` naming each field, nothing written.
         params: JSON data for the task, at most ``max_params_bytes``, within the server's limits
             (:func:`orbit_client.check_json_data`: finite numbers, integers of at most 4300 digits,
             valid Unicode, at most 30 levels of nesting), checked here the same way on every database.
@@ -522,6 +550,7 @@ def enqueue(
         queue=queue,
         handler=handler,
         params=params,
+        task=task,
         idempotency_key=idempotency_key,
         ordering_key=ordering_key,
         business_ref=business_ref,
@@ -537,9 +566,10 @@ async def enqueue_async(
     conn: AsyncConnection | AsyncSession,
     *,
     namespace: str,
-    queue: str,
-    handler: str,
+    queue: str | None = None,
+    handler: str | None = None,
     params: Any,
+    task: TaskDefinition[Any] | None = None,
     idempotency_key: str | None = None,
     ordering_key: str | None = None,
     business_ref: str | None = None,
@@ -559,6 +589,7 @@ async def enqueue_async(
         queue=queue,
         handler=handler,
         params=params,
+        task=task,
         idempotency_key=idempotency_key,
         ordering_key=ordering_key,
         business_ref=business_ref,

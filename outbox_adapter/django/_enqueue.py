@@ -18,7 +18,7 @@ import sqlalchemy as sa
 from django.db import DEFAULT_DB_ALIAS, DatabaseError, IntegrityError, connections, transaction
 from django.db.backends.base.base import BaseDatabaseWrapper
 
-from orbit_client import SubmitOptions
+from orbit_client import SubmitOptions, TaskDefinition
 from outbox_adapter import _tracing as outbox_tracing
 from outbox_adapter._enqueue import (
     _TRACING,
@@ -124,9 +124,10 @@ def _failed(
 def enqueue(
     *,
     namespace: str,
-    queue: str,
-    handler: str,
+    queue: str | None = None,
+    handler: str | None = None,
     params: Any,
+    task: TaskDefinition[Any] | None = None,
     using: str = DEFAULT_DB_ALIAS,
     idempotency_key: str | None = None,
     ordering_key: str | None = None,
@@ -148,7 +149,7 @@ def enqueue(
     Args:
         using: the ``settings.DATABASES`` alias of the business database (the one the model being
             saved is written to). Default ``"default"``.
-        namespace, queue, handler, params, idempotency_key, ordering_key, business_ref,
+        namespace, queue, handler, params, task, idempotency_key, ordering_key, business_ref,
         available_at, max_attempts, options, tables, max_params_bytes: as for
             :func:`outbox_adapter.enqueue` (``params`` at most 64 KiB of JSON by default;
             ``available_at`` timezone-aware).
@@ -167,6 +168,7 @@ def enqueue(
         queue=queue,
         handler=handler,
         params=params,
+        task=task,
         idempotency_key=idempotency_key,
         ordering_key=ordering_key,
         business_ref=business_ref,
