@@ -539,7 +539,9 @@ def enqueue(
     Raises:
         ParamsTooLargeError: the params are too large; nothing was written.
         OutboxUsageError: any other invalid argument, e.g. params the server cannot hold (the message
-            names the limit); nothing was written.
+            names the limit), or a call inside a Django ``transaction.atomic()`` block, whose rollback
+            this row would outlive (use ``outbox_adapter.django.enqueue``, README "Django"); nothing
+            was written.
         OutboxDatabaseError: the insert failed, e.g. the key already exists in the outbox (the
             message says so; ``sqlalchemy.exc.IntegrityError`` is its ``__cause__``) or the table is missing
             (:class:`OutboxSchemaError`). The caller's transaction is then unusable on
@@ -646,7 +648,8 @@ def enqueue_flow(
     Raises:
         ParamsTooLargeError: the input is too large; nothing was written.
         OutboxUsageError: any other invalid argument (a bad flow name, an input that is not a JSON
-            object, a version below 1); nothing was written.
+            object, a version below 1), or a call inside a Django ``transaction.atomic()`` block (as
+            for :func:`enqueue`); nothing was written.
         OutboxDatabaseError: as for :func:`enqueue` (a duplicate key, a missing table, or a table not
             yet migrated to ``outbox_0005``: run ``orbit-outbox migrate``).
     """

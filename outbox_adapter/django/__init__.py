@@ -6,7 +6,11 @@
 - ``outbox_adapter.django.backend.OrbitBackend``: a ``django.tasks`` backend (Django 6, or the
   ``django-tasks`` backport on Django 4.2-5.2) that enqueues ``@task`` functions through the outbox.
 - ``python manage.py orbit_worker``: runs those functions as an Orbit worker, Django set up;
+  ``python manage.py orbit_consume``: result events applied through the ORM in the inbox row's
+  atomic block (:class:`~outbox_adapter.django.consumer.DjangoResultConsumer`);
   ``python manage.py orbit_outbox ...``: the ``orbit-outbox`` commands on a ``DATABASES`` alias.
+- ``python manage.py migrate`` creates the outbox and inbox tables (the Alembic history of
+  ``orbit-outbox migrate``, run by the app's migration).
 
 Only this subpackage imports Django; the rest of Orbit never needs it.
 """
