@@ -140,6 +140,7 @@ from orbit_client._task_models import (
     TaskStatus,
     TaskSubmission,
 )
+from orbit_client._task_types import TaskDefinition
 from orbit_client._thread_worker import Worker
 from orbit_client._version import __version__
 from orbit_client._worker import RetryableError, TaskCancelled, TaskContext
@@ -262,6 +263,7 @@ __all__ = [
     "Task",
     "TaskCancelled",
     "TaskContext",
+    "TaskDefinition",
     "TaskEvent",
     "TaskNode",
     "TaskPage",

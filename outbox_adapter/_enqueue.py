@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import json
 import re
+import sys
 import uuid
 import weakref
 from collections.abc import Mapping
@@ -37,7 +38,9 @@ from sqlalchemy.orm import Session
 
 from orbit_client import (
     NAME_PATTERN,
+    OrbitUsageError,
     SubmitOptions,
+    TaskDefinition,
     TaskSubmission,
     _tracing,
     check_json_data,
@@ -107,12 +110,13 @@ def _check_params(params: Any, max_params_bytes: int, label: str) -> None:
         )
 
 
-def _prepare(
+def prepare_task(
     *,
     namespace: str,
-    queue: str,
-    handler: str,
+    queue: str | None,
+    handler: str | None,
     params: Any,
+    task: TaskDefinition[Any] | None = None,
     idempotency_key: str | None,
     ordering_key: str | None,
     business_ref: str | None,
@@ -123,6 +127,25 @@ def _prepare(
 ) -> dict[str, Any]:
     """Validate everything and return the row's values. Raises :class:`OutboxUsageError`; writes nothing."""
     _check_namespace(namespace)
+    if task is not None:
+        if not isinstance(task, TaskDefinition):
+            raise OutboxUsageError(
+                f"task must be an orbit_client.TaskDefinition, not {task!r}; nothing was written"
+            )
+        if handler is not None and handler != task.handler:
+            raise OutboxUsageError(
+                f"handler {handler!r} is not the task definition's {task.handler!r}: pass one of them; nothing was written"
+            )
+        handler, queue = task.handler, queue or task.queue
+        try:  # the definition's model checks the params; its options are the defaults of this row's
+            params = task.dump(params)
+            options = task.merged_options(options)
+        except OrbitUsageError as exc:
+            raise OutboxUsageError(f"{exc}; nothing was written") from None
+    if queue is None or handler is None:
+        raise OutboxUsageError(
+            "queue and handler are required (or a task definition, task=...); nothing was written"
+        )
     _check_params(params, max_params_bytes, "params")
     try:
         if options is not None and not isinstance(options, SubmitOptions):
@@ -204,7 +227,7 @@ def _common(
     }
 
 
-def _prepare_flow(
+def prepare_flow(
     *,
     namespace: str,
     flow: str,
@@ -344,7 +367,17 @@ def _plan(
     of an ``AsyncConnection``); ``None``: use ``Connection.execute``."""
     if connection.get_execution_options().get("schema_translate_map"):
         return None
-    dialect = connection.dialect
+    return plan_insert(t, values, connection.dialect)
+
+
+def plan_insert(t: OutboxTables, values: dict[str, Any], dialect: sa.Dialect) -> list[tuple[_Rendered, Any]]:
+    """The statements inserting the validated row ``values`` (from :func:`prepare_task` or
+    :func:`prepare_flow`) into ``t``, compiled for ``dialect``: ``(rendered, parameters)`` pairs in
+    order, to run on a DB-API cursor of that dialect's driver (``rendered.sql``; after the last one,
+    the id is ``cursor.fetchone()[0]`` when ``rendered.returning``, else ``cursor.lastrowid``).
+
+    The one definition of an outbox row's ``INSERT``: :func:`enqueue` runs it through a SQLAlchemy
+    connection, ``outbox_adapter.django.enqueue`` through a Django connection's cursor."""
     if values["ordering_key"] is None:
         stmt, params = insert_row(t, values, dialect.name)
         row = _rendered(t, "row", stmt, dialect)
@@ -359,8 +392,20 @@ def _row_id(rendered: _Rendered, result: sa.CursorResult[Any]) -> int:
     return _inserted_id((result.scalar_one() if rendered.returning else result.lastrowid,))
 
 
+def _refuse_inside_django_atomic() -> None:
+    """Refuse a SQLAlchemy enqueue while a Django ``transaction.atomic()`` block is open in this
+    thread (README "Django"): the row would commit apart from the Django transaction, so its rollback
+    would leave the row to be sent. Only looked at once Django is imported (``outbox_adapter.django``
+    holds the check; nothing here imports Django)."""
+    if "django.db" in sys.modules:
+        from outbox_adapter.django._guard import refuse_inside_atomic
+
+        refuse_inside_atomic()
+
+
 def _write(conn: Connection | Session, values: dict[str, Any], tables: OutboxTables | None) -> OutboxEntry:
     """Insert the validated row through ``conn`` (one statement; two with an ordering key)."""
+    _refuse_inside_django_atomic()
     t = tables or _default_tables()
     span = outbox_tracing.enqueue_span(values) if _TRACING else None
     try:
@@ -395,6 +440,7 @@ async def _write_async(
     """The asyncio twin of :func:`_write`."""
     from sqlalchemy.ext.asyncio import AsyncSession
 
+    _refuse_inside_django_atomic()
     t = tables or _default_tables()
     span = outbox_tracing.enqueue_span(values) if _TRACING else None
     try:
@@ -428,9 +474,10 @@ def enqueue(
     conn: Connection | Session,
     *,
     namespace: str,
-    queue: str,
-    handler: str,
+    queue: str | None = None,
+    handler: str | None = None,
     params: Any,
+    task: TaskDefinition[Any] | None = None,
     idempotency_key: str | None = None,
     ordering_key: str | None = None,
     business_ref: str | None = None,
@@ -454,8 +501,13 @@ def enqueue(
         conn: a SQLAlchemy ``Connection`` or ORM ``Session`` of the business database.
         namespace: the Orbit namespace.
         queue: the queue's name; it must exist on the server when the relay sends
-            (otherwise the row ends ``DEAD``).
-        handler: the handler name workers dispatch on, e.g. ``"orders.fulfil"``.
+            (otherwise the row ends ``DEAD``). With ``task``, ``None`` means the definition's queue.
+        handler: the handler name workers dispatch on, e.g. ``"orders.fulfil"``; with ``task``,
+            leave it out (``None``).
+        task: a typed task definition (:class:`orbit_client.TaskDefinition`, README "Typed tasks"):
+            its handler and queue, its options under ``options``, and ``params`` (a model instance or
+            a mapping) validated against its model and stored as the model's JSON; wrong params
+            raise :class:`OutboxUsageError` naming each field, nothing written.
         params: JSON data for the task, at most ``max_params_bytes``, within the server's limits
             (:func:`orbit_client.check_json_data`: finite numbers, integers of at most 4300 digits,
             valid Unicode, at most 30 levels of nesting), checked here the same way on every database.
@@ -487,17 +539,20 @@ def enqueue(
     Raises:
         ParamsTooLargeError: the params are too large; nothing was written.
         OutboxUsageError: any other invalid argument, e.g. params the server cannot hold (the message
-            names the limit); nothing was written.
+            names the limit), or a call inside a Django ``transaction.atomic()`` block, whose rollback
+            this row would outlive (use ``outbox_adapter.django.enqueue``, README "Django"); nothing
+            was written.
         OutboxDatabaseError: the insert failed, e.g. the key already exists in the outbox (the
             message says so; ``sqlalchemy.exc.IntegrityError`` is its ``__cause__``) or the table is missing
             (:class:`OutboxSchemaError`). The caller's transaction is then unusable on
             PostgreSQL: roll it back.
     """
-    values = _prepare(
+    values = prepare_task(
         namespace=namespace,
         queue=queue,
         handler=handler,
         params=params,
+        task=task,
         idempotency_key=idempotency_key,
         ordering_key=ordering_key,
         business_ref=business_ref,
@@ -513,9 +568,10 @@ async def enqueue_async(
     conn: AsyncConnection | AsyncSession,
     *,
     namespace: str,
-    queue: str,
-    handler: str,
+    queue: str | None = None,
+    handler: str | None = None,
     params: Any,
+    task: TaskDefinition[Any] | None = None,
     idempotency_key: str | None = None,
     ordering_key: str | None = None,
     business_ref: str | None = None,
@@ -530,11 +586,12 @@ async def enqueue_async(
     Same arguments, result and errors; it awaits the one ``INSERT`` and never commits.
     Needs ``sqlalchemy[asyncio]`` and an async driver (``aiomysql``, ``psycopg``, ``aiosqlite``).
     """
-    values = _prepare(
+    values = prepare_task(
         namespace=namespace,
         queue=queue,
         handler=handler,
         params=params,
+        task=task,
         idempotency_key=idempotency_key,
         ordering_key=ordering_key,
         business_ref=business_ref,
@@ -591,11 +648,12 @@ def enqueue_flow(
     Raises:
         ParamsTooLargeError: the input is too large; nothing was written.
         OutboxUsageError: any other invalid argument (a bad flow name, an input that is not a JSON
-            object, a version below 1); nothing was written.
+            object, a version below 1), or a call inside a Django ``transaction.atomic()`` block (as
+            for :func:`enqueue`); nothing was written.
         OutboxDatabaseError: as for :func:`enqueue` (a duplicate key, a missing table, or a table not
             yet migrated to ``outbox_0005``: run ``orbit-outbox migrate``).
     """
-    values = _prepare_flow(
+    values = prepare_flow(
         namespace=namespace,
         flow=flow,
         input=input,
@@ -626,7 +684,7 @@ async def enqueue_flow_async(
     max_params_bytes: int = DEFAULT_MAX_PARAMS_BYTES,
 ) -> OutboxEntry:
     """The asyncio twin of :func:`enqueue_flow`: same arguments, result and errors; never commits."""
-    values = _prepare_flow(
+    values = prepare_flow(
         namespace=namespace,
         flow=flow,
         input=input,

@@ -22,14 +22,61 @@ from outbox_adapter._queries import (
 )
 from outbox_adapter._tables import InboxOutcome, OutboxTables
 
-__all__ = ["get_inbox_row", "inbox_contains", "insert_inbox_row", "list_inbox", "mark_inbox_processed"]
+__all__ = [
+    "get_inbox_row",
+    "inbox_contains",
+    "inbox_contains_statement",
+    "insert_inbox_row",
+    "insert_inbox_statement",
+    "list_inbox",
+    "mark_inbox_processed",
+    "mark_processed_statement",
+]
+
+
+def inbox_contains_statement(t: OutboxTables, *, subscription: str, event_id: str) -> sa.Select[Any]:
+    """The ``SELECT`` finding ``event_id``'s inbox row for ``subscription`` (a row: it is there)."""
+    i = t.inbox
+    return sa.select(i.c.id).where(i.c.subscription == subscription, i.c.event_id == event_id)
 
 
 def inbox_contains(conn: Connection, t: OutboxTables, *, subscription: str, event_id: str) -> bool:
     """Whether ``event_id`` is already in the inbox for ``subscription`` (applied or recorded ``FAILED``)."""
-    i = t.inbox
-    stmt = sa.select(i.c.id).where(i.c.subscription == subscription, i.c.event_id == event_id)
+    stmt = inbox_contains_statement(t, subscription=subscription, event_id=event_id)
     return conn.execute(stmt).first() is not None
+
+
+def insert_inbox_statement(
+    t: OutboxTables,
+    dialect_name: str,
+    *,
+    event_id: str,
+    subscription: str,
+    namespace: str,
+    task_id: str,
+    status: str,
+    outcome: InboxOutcome,
+    delivery_count: int,
+    error: str | None = None,
+    event: Mapping[str, Any] | None = None,
+    processed: bool = False,
+) -> sa.Insert:
+    """The ``INSERT`` of one event's inbox row (:func:`insert_inbox_row`; the Django consumer runs it
+    through Django's connection): one definition of the row."""
+    now = now_sql(dialect_name)
+    return t.inbox.insert().values(
+        event_id=event_id,
+        subscription=subscription,
+        namespace=namespace,
+        task_id=task_id,
+        status=status,
+        outcome=outcome.value,
+        delivery_count=delivery_count,
+        error=clip(error),
+        event=dict(event) if event is not None else None,
+        received_at=now,
+        processed_at=now if processed else None,
+    )
 
 
 def insert_inbox_row(
@@ -54,20 +101,20 @@ def insert_inbox_row(
         sqlalchemy.exc.IntegrityError: the event is already there for this subscription
             (on PostgreSQL the transaction is then aborted: the caller rolls back).
     """
-    now = now_sql(conn.dialect.name)
     result = conn.execute(
-        t.inbox.insert().values(
+        insert_inbox_statement(
+            t,
+            conn.dialect.name,
             event_id=event_id,
             subscription=subscription,
             namespace=namespace,
             task_id=task_id,
             status=status,
-            outcome=outcome.value,
+            outcome=outcome,
             delivery_count=delivery_count,
-            error=clip(error),
-            event=dict(event) if event is not None else None,
-            received_at=now,
-            processed_at=now if processed else None,
+            error=error,
+            event=event,
+            processed=processed,
         )
     )
     key = result.inserted_primary_key
@@ -75,10 +122,15 @@ def insert_inbox_row(
     return int(key[0])
 
 
+def mark_processed_statement(t: OutboxTables, dialect_name: str, row_id: int) -> sa.Update:
+    """The ``UPDATE`` setting ``processed_at`` of inbox row ``row_id`` to the database's now."""
+    i = t.inbox
+    return sa.update(i).where(i.c.id == row_id).values(processed_at=now_sql(dialect_name))
+
+
 def mark_inbox_processed(conn: Connection, t: OutboxTables, row_id: int) -> None:
     """Set ``processed_at`` of inbox row ``row_id`` to the database's now (the handler returned)."""
-    i = t.inbox
-    conn.execute(sa.update(i).where(i.c.id == row_id).values(processed_at=now_sql(conn.dialect.name)))
+    conn.execute(mark_processed_statement(t, conn.dialect.name, row_id))
 
 
 def get_inbox_row(conn: Connection, t: OutboxTables, *, subscription: str, event_id: str) -> InboxRow | None:

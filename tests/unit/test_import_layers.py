@@ -223,3 +223,26 @@ def test_server_arrows_point_down() -> None:
             if target_layer not in LAYER_ARROWS[layer]:
                 bad.append(f"{module} ({layer}) imports {target} ({target_layer})")
     assert not bad, "arrows DESIGN §1 does not draw:\n" + "\n".join(bad)
+
+
+#: The one place Django may be imported (DESIGN §1: the Django integration; "django from anywhere else" never).
+DJANGO_HOME = "outbox_adapter.django"
+
+
+def test_django_is_imported_only_by_the_django_integration() -> None:
+    """``django`` (and the ``django_tasks`` backport) only under ``outbox_adapter.django``: a user without
+    the ``django`` extra never needs it, and the core outbox never depends on it."""
+    bad = []
+    for package in PACKAGES:
+        for name, path in _modules(package).items():
+            if name == DJANGO_HOME or name.startswith(f"{DJANGO_HOME}."):
+                continue
+            for node in _imports(ast.parse(path.read_text(encoding="utf-8"))):
+                targets = (
+                    [a.name for a in node.names] if isinstance(node, ast.Import) else [node.module or ""]
+                )
+                if getattr(node, "level", 0) == 0 and any(
+                    t.split(".")[0] in ("django", "django_tasks") for t in targets
+                ):
+                    bad.append(f"{name} imports {', '.join(targets)}")
+    assert not bad, f"only {DJANGO_HOME} may import Django:\n" + "\n".join(bad)

@@ -8,6 +8,7 @@ tests/unit/test_public_surface.py``) and says so in its commit; a refactor never
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 from collections.abc import Iterator
@@ -69,8 +70,19 @@ def test_outbox_commands_and_options_are_unchanged() -> None:
     _check("orbit-outbox-help.txt", _help_of("orbit-outbox", main))
 
 
-@pytest.mark.parametrize("package", ["orbit_client", "outbox_adapter", "orbit_server"])
+@pytest.mark.parametrize(
+    "package",
+    [
+        "orbit_client",
+        "outbox_adapter",
+        "orbit_server",
+        # The Django integration (``[django]`` extra): what a Django project imports from it.
+        "outbox_adapter.django",
+        "outbox_adapter.django.backend",
+        "outbox_adapter.django.consumer",
+    ],
+)
 def test_exported_names_are_unchanged(package: str) -> None:
-    module = __import__(package)
+    module = importlib.import_module(package)
     names = sorted(getattr(module, "__all__", []))
     _check(f"{package}-all.txt", "\n".join(names) + "\n")
