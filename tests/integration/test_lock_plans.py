@@ -90,7 +90,9 @@ def test_batch_statements_lock_tasks_and_attempts_through_the_primary_key(api: A
     statements = {statement for statement, _ in captured}
     assert any(s.lstrip().startswith("UPDATE tasks") for s in statements), statements
     # an attempt update: of its own, or with its task in one statement (the single path on MariaDB)
-    assert any(re.match(r"\s*UPDATE (tasks FORCE INDEX \(PRIMARY\), )?task_attempts", s) for s in statements), statements
+    assert any(
+        re.match(r"\s*UPDATE (tasks FORCE INDEX \(PRIMARY\), )?task_attempts", s) for s in statements
+    ), statements
     assert any("FOR UPDATE" in s for s in statements), statements
     with engine.connect() as conn:
         for statement, parameters in captured:
