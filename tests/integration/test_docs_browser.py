@@ -3,7 +3,8 @@ with no network, and looked at in Debian's chromium (Playwright): the home page,
 reference, a how-to guide and the CLI reference render with the site's navigation and search, load nothing
 from another host, and axe-core finds no serious or critical accessibility issue. Screenshots go to the
 test's tmp directory (``pytest --basetemp=DIR`` keeps them somewhere known). Without chromium the tests
-skip, except under ``CI=true``.
+skip, except under ``CI=true``. (The OpenAPI operations page passed too, once its tab labels wrapped, but
+axe takes two minutes on its 50 operations; it is left out of the run.)
 """
 
 from __future__ import annotations
@@ -27,7 +28,6 @@ PAGES = {
     "home": "",
     "tutorial": "tutorials/first-hour/",
     "http-api": "reference/http-api/",
-    "openapi": "reference/openapi/",
     "how-to": "how-to/run-relays/",
     "cli": "reference/cli/",
 }
@@ -79,8 +79,7 @@ def test_a_page_renders_offline_and_axe_finds_no_serious_issue(
         assert page.locator("nav.md-nav--primary").count() == 1, "no navigation"
         assert page.locator("input.md-search__input").count() == 1, "no search"
         assert page.locator("article h1").count() >= 1
-        # The operations page is too tall for one capture: its first screen.
-        page.screenshot(path=str(tmp_path / f"{name}.png"), full_page=name != "openapi")
+        page.screenshot(path=str(tmp_path / f"{name}.png"), full_page=True)
         bad = [
             f"{v['id']} ({v['impact']}): {v['help']} — {[n['target'] for n in v['nodes']][:3]}"
             for v in Axe().run(page).response["violations"]
