@@ -175,3 +175,27 @@ def test_the_site_loads_nothing_from_the_network() -> None:
     assert config["strict"] is True
     for name, text in _all_pages().items():
         assert not re.search(r"<(script|link|img)[^>]+(src|href)=\"https?://", text), name
+
+
+def test_every_readme_section_a_message_cites_has_a_page() -> None:
+    """Messages, log lines and docstrings cite the README by section (``README "Tracing"``); the README's
+    index of those sections names the page each one lives on now."""
+    index = dict(
+        re.findall(
+            r"^\| ([^|]+?) \| \[[^]]+\]\(([^)]+)\) \|$",
+            README.split("## Sections named in messages")[1],
+            re.M,
+        )
+    )
+    for target in index.values():
+        assert (REPO / target.split("#")[0]).exists(), target
+    cited = set()
+    for root in ("orbit_client", "orbit_server", "outbox_adapter", "examples"):
+        for path in (REPO / root).rglob("*.py"):
+            # One line, with adjacent string literals and comment continuations joined.
+            text = " ".join(path.read_text(encoding="utf-8").split())
+            text = re.sub(r"""(['"]) \1""", "", re.sub(r" #:? ", " ", text))
+            cited |= {(path.name, name) for name in re.findall(r'README "([^"]+)"', text)}
+            cited |= {(path.name, name) for name in re.findall(r"README, ([A-Z][a-z ]+[a-z])", text)}
+    missing = sorted(f"{file}: {name}" for file, name in cited if name not in index)
+    assert missing == [], missing

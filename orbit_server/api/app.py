@@ -29,7 +29,7 @@ from orbit_server.api.json_bodies import JsonContentTypeMiddleware
 from orbit_server.api.lifespan import lifespan
 from orbit_server.api.metrics import Metrics
 from orbit_server.api.middleware import RequestContextMiddleware
-from orbit_server.api.openapi import _finish_openapi
+from orbit_server.api.openapi import _finish_openapi, operation_id
 from orbit_server.api.problems import install_problem_handlers, problem_response
 from orbit_server.api.wakeup import Wakeup
 from orbit_server.console import console_router
@@ -62,6 +62,8 @@ def create_app(settings: ServerSettings | None = None, *, engine: Engine | None 
         lifespan=lifespan,
         docs_url=None,  # served from the package, in a sandbox (orbit_server.api.docs)
         redoc_url=None,
+        # Short, stable operationIds for generated clients: the route function's name (`submit_task`).
+        generate_unique_id_function=operation_id,
     )
     state = app.state
     state.engine = the_engine
