@@ -219,6 +219,7 @@ class Sender:
                 retry_after=checked.retry_after,
                 misconfigured=checked.misconfigured,
                 unreachable=checked.unreachable,
+                cause=checked.cause,
             )
         try:
             result = self.client.submit_task(
