@@ -293,3 +293,30 @@ def test_list_piped_is_tab_separated_with_a_header_and_a_delivered_row_has_no_du
     assert rows[sent.id]["state"] == "DELIVERED" and rows[sent.id]["available at (UTC)"] == ""
     assert rows[sent.id]["key"] == sent.idempotency_key  # whole, never cut or wrapped
     assert rows[waiting.id]["available at (UTC)"].startswith("2099-01-01")
+
+
+def test_huge_ids_and_durations_long_actors_and_a_missing_directory_are_usage_errors(
+    biz: Biz, tmp_path: Any
+) -> None:
+    """Issue 30: each of these printed a traceback, and a SQLite file in a directory that does not exist
+    was reported as a database that 'may be down or busy'."""
+    table = f"cli_{uuid.uuid4().hex[:8]}"
+    db = ["--database-url", biz.url.render_as_string(hide_password=False), "--table", table]
+    assert _run("migrate", *db).exit_code == 0
+    big = str(2**63)
+    for args in (
+        ("show", *db, big),
+        ("abandon", *db, big, "--reason", "r"),
+        ("retry", *db, big),
+        ("list", *db, "--after-id", big),
+        ("purge", *db, "--delivered-older-than", "99999999999d"),
+        ("purge", *db, "--dead-older-than", "0s", "--row", big, "--reason", "r"),
+        ("retry", *db, "--all-dead", "--actor", "a" * 256),
+    ):
+        result = CliRunner().invoke(main, list(args))  # a traceback: exit 1 with the exception
+        assert "Traceback" not in result.output and result.exit_code == 2, (args, result.output)
+    assert "36500d" in _run("purge", *db, "--delivered-older-than", "99999999999d").stderr
+    missing = tmp_path / "no-such-dir" / "shop.db"
+    result = _run("status", "--database-url", f"sqlite:///{missing}")
+    assert result.exit_code == 2 and "directory that does not exist" in result.stderr, result.output
+    assert "down or busy" not in result.stderr
