@@ -349,3 +349,13 @@ def test_a_retry_with_a_deadline_already_past_is_refused(http: httpx.Client) -> 
         assert "later deadline" in problem["detail"]
     assert http.post(f"/tasks/{failed['id']}/retry", json={"reason": "r", "deadline": "2999-01-01T00:00:00Z"}
                      ).status_code == 201  # fmt: skip
+
+
+def test_a_flow_graph_error_names_the_node_as_written_not_pydantics_union_tag(http: httpx.Client) -> None:
+    """Pydantic's internals leaked: ``graph.nodes.b.task.handler`` (the tag it picked) and "Input tag 'x'
+    found using 'type' does not match any of the expected tags"."""
+    graph = {"start": "a", "nodes": {"a": {"type": "nope"}, "b": {"type": "task", "queue": "default"}}}
+    problem = _problem(http.post("/flows/f/versions", json={"graph": graph}), 422, "validation_error")
+    locs = [".".join(map(str, e["loc"])) for e in problem["errors"]]
+    assert "body.graph.nodes.b.handler" in locs and not [loc for loc in locs if ".task." in loc], locs
+    assert "type 'nope' is not a node type" in problem["detail"] and "Input tag" not in problem["detail"]
