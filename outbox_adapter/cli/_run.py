@@ -315,7 +315,12 @@ def consume(
                 try:
                     stats = consumer.run(once=once)
                 except OrbitError as exc:
-                    _fail(f"{exc}{lease_hint(exc)}", EXIT_ORBIT)
+                    which = (  # a refused key: say which one (its first characters), never all of it
+                        f" (the key {api_key[:12]}…, ORBIT_API_KEY)"
+                        if getattr(exc, "status_code", None) in (401, 403)
+                        else ""
+                    )
+                    _fail(f"{exc}{lease_hint(exc)}{which}", EXIT_ORBIT)
         finally:
             consumer.close()
     finally:
