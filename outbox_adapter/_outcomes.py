@@ -21,6 +21,10 @@ any other 4xx (400, 404 incl. unknown queue, 413,  ``DEAD``            ``DEAD`` 
 422 validation), or a misuse caught by the client
 anything unexpected                                ``UNKNOWN``         as for a timeout: it may have been sent
 =================================================  ==================  ===============================
+
+When the server gave no answer (connection refused or lost, a timeout) or a 503 (``unreachable``), the
+row spends no backoff of its own: it is due at once (a 503's ``Retry-After`` still holds), counted or
+given back as the table says, and the relay waits the outage out as one condition (``_relay``).
 """
 
 from __future__ import annotations
