@@ -10,6 +10,7 @@ import getpass
 import json
 import os
 import re
+import sqlite3
 import sys
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -48,13 +49,14 @@ def _engine(
 ) -> Iterator[Engine]:
     """An engine for one command.
 
-    With ``ensure_schema``, an existing SQLite file is migrated first, a missing one stops the
-    command with exit code 1 (a typo in the URL must not make a new, empty database: ``migrate``
-    and ``serve``, which passes ``create_sqlite``, create it), and any other database must already be at the newest revision,
-    or the command stops with exit code 1 and says to run ``orbit-server migrate``. A database
-    that answers but is none (SQLite's "file is not a database") stops it with exit code 1. A database that cannot be used
-    (``sqlalchemy.exc.OperationalError``: unreachable, refusing statements) stops the command
-    with exit code 3, or, with ``raise_unreachable``, raises that error to the caller.
+    With ``ensure_schema``, an existing SQLite file is migrated first and a missing one stops the
+    command with exit code 1 (a typo in the URL must not make a new, empty database; ``migrate``,
+    and ``serve`` through ``create_sqlite``, create it); any other database must already be at
+    the newest revision, or the command stops with exit code 1 and says to run ``orbit-server
+    migrate``. A SQLite file that is no database stops it with exit code 1. A database that
+    cannot be used (``sqlalchemy.exc.OperationalError``: unreachable, refusing statements)
+    stops the command with exit code 3, or, with ``raise_unreachable``, raises that error to
+    the caller.
     """
     import sqlalchemy as sa
 
@@ -98,7 +100,10 @@ def _engine(
             f"error: cannot use the database at {sa.make_url(url).render_as_string()}: {exc.orig}", err=True
         )
         sys.exit(3)
-    except sa.exc.DatabaseError as exc:  # e.g. SQLite's "file is not a database": reached, but not one
+    except sa.exc.DatabaseError as exc:
+        # SQLite's "file is not a database" (exactly DatabaseError: not an IntegrityError and the like)
+        if not is_sqlite(url) or type(exc.orig) is not sqlite3.DatabaseError:
+            raise
         click.echo(
             f"error: {sa.make_url(url).render_as_string()} is not an Orbit database ({exc.orig}); check "
             "--database-url (ORBIT_DATABASE_URL)",
