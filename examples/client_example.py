@@ -15,9 +15,11 @@ with OrbitClient(os.environ["ORBIT_URL"], api_key=os.environ["ORBIT_API_KEY"], t
             "shop", "fulfilment", "orders.fulfil", {"order_id": 1001, "amount": "59.90"}, idempotency_key=key
         )
     except OrbitError as exc:
-        if exc.outcome_known:
-            print(f"not accepted ({exc}); safe to try again later with the same key")
-        else:
+        if not exc.outcome_known:
             print("outcome unknown; look it up before deciding:", client.find_submission("shop", key))
+        elif exc.retryable:  # 429, 503, a refused connection: nothing was created
+            print(f"not accepted ({exc}); safe to try again later with the same key")
+        else:  # 401/403 (the key), 404 (the queue), 422 (the body): trying again cannot help
+            print(f"refused ({exc}); fix the cause before trying again")
         raise
     print(result.task.id, result.task.status, "replayed" if result.replayed else "new")

@@ -59,6 +59,7 @@ def main() -> int:
     DEMO_DIR.mkdir()
     database_url = f"sqlite:///{DEMO_DIR / 'orbit.db'}"
     console.rule("1. Set up a namespace, a queue and an API key")
+    orbit_server("migrate", database_url=database_url)
     orbit_server("namespace", "create", "shop", database_url=database_url)
     orbit_server("queue", "create", "shop", "fulfilment", database_url=database_url)
     api_key = orbit_server("api-key", "create", "shop", "--role", "submit", database_url=database_url)

@@ -100,7 +100,7 @@ class LeaseRequest(_Wire):
     worker_id: str = Field(min_length=1, max_length=255)
     max_tasks: StrictInt = Field(default=1, ge=1, le=100)
     lease_seconds: LeaseSeconds = 30.0
-    wait_seconds: StrictFloat = Field(default=0.0, ge=0, le=60)
+    wait_seconds: StrictFloat = Field(default=0.0, ge=0, le=60, allow_inf_nan=False)
     start: StrictBool = False
 
 

@@ -41,6 +41,7 @@ from ._flow_models import (
     FlowVersion,
 )
 from ._models import NAME_PATTERN
+from ._problems import readable_errors
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable
@@ -95,8 +96,7 @@ def _dump(model: type[BaseModel], what: str, **fields: Any) -> dict[str, Any]:
         value = model(**fields)
     except ValidationError as exc:
         problems = "; ".join(
-            f"{'.'.join(map(str, e['loc'])) or 'value'}: {e['msg'].removeprefix('Value error, ')}"
-            for e in exc.errors(include_url=False, include_input=False)
+            f"{'.'.join(map(str, e['loc'])) or 'value'}: {e['msg']}" for e in readable_errors(exc.errors())
         )
         raise OrbitUsageError(f"invalid {what}, nothing was sent: {problems}") from None
     return value.model_dump(mode="json", exclude_unset=True)

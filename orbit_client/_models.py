@@ -171,4 +171,4 @@ class _Wire(BaseModel):
 
 
 #: A lease duration in seconds: at least 0.1 s, at most one hour.
-LeaseSeconds = Annotated[StrictFloat, Field(ge=0.1, le=3600)]
+LeaseSeconds = Annotated[StrictFloat, Field(ge=0.1, le=3600, allow_inf_nan=False)]

@@ -67,13 +67,14 @@ class ScheduleCreate(_Wire):
     in ``timezone``) and ``interval_seconds`` (every N seconds of UTC from ``start_at``, or from
     the creation time) must be given. ``start_at``/``end_at`` bound the fire times (inclusive,
     UTC). ``misfire_grace_seconds``: a fire time found due later than this is missed and handled
-    by ``misfire_policy``. ``options`` are the options of every task the schedule creates.
+    by ``misfire_policy``. ``params`` (default ``{}``, as for a submission) and ``options`` are
+    those of every task the schedule creates.
     """
 
     name: str = Field(pattern=NAME_PATTERN)
     queue: str = Field(pattern=NAME_PATTERN)
     handler: str = Field(min_length=1, max_length=255, pattern=_HANDLER)
-    params: JsonData = None
+    params: JsonData = Field(default_factory=dict)
     cron: str | None = Field(default=None, min_length=1, max_length=255)
     interval_seconds: StrictInt | None = Field(default=None, ge=1, le=MAX_INTERVAL_SECONDS)
     timezone: str = Field(default="UTC", min_length=1, max_length=64)
@@ -100,7 +101,9 @@ class ScheduleUpdate(_Wire):
 
     Giving ``cron`` drops ``interval_seconds`` and the reverse; giving both is an error. Any
     change makes a new ``version``; a changed trigger, time zone or bound recomputes
-    ``next_fire_at`` from now (fire times already past are not fired again).
+    ``next_fire_at`` from now (fire times already past are not fired again). ``null`` clears a
+    field a schedule may be without (``params``, ``cron`` or ``interval_seconds``, ``start_at``,
+    ``end_at``, ``options``); for any other field it is refused (422 ``invalid_schedule``).
     """
 
     queue: str | None = Field(default=None, pattern=NAME_PATTERN)

@@ -91,8 +91,8 @@ class SubmitOptions(_Wire):
     available_at: UTCDateTime | None = None
     deadline: UTCDateTime | None = None
     retry_safe: StrictBool | None = None
-    backoff_base_seconds: StrictFloat | None = Field(default=None, ge=0, le=86400)
-    backoff_cap_seconds: StrictFloat | None = Field(default=None, ge=0, le=7 * 86400)
+    backoff_base_seconds: StrictFloat | None = Field(default=None, ge=0, le=86400, allow_inf_nan=False)
+    backoff_cap_seconds: StrictFloat | None = Field(default=None, ge=0, le=7 * 86400, allow_inf_nan=False)
     concurrency_key: str | None = Field(default=None, min_length=1, max_length=255, pattern=r"^[\x21-\x7e]+$")
 
 

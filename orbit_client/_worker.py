@@ -158,10 +158,27 @@ def _log_failure(
         logger.info("task %s attempt %s (generation %d) stopped: cancelled", task.id, attempt_id, generation)
         return
     logger.warning(
-        "task %s (%s) attempt %s (generation %d) failed: %s: %s",
-        task.id, task.handler, attempt_id, generation, error.type, error.message,
+        "task %s (%s) attempt %s (generation %d) failed: %s: %s%s",
+        task.id, task.handler, attempt_id, generation, error.type, error.message, retry_note(error),
         exc_info=exc,
     )  # fmt: skip
+
+
+#: Error types the worker reports itself (not a handler's exception): raising RetryableError is no remedy.
+_WORKER_ERRORS = frozenset({"cancelled", "unknown_handler", "invalid_result"})
+
+
+def retry_note(error: AttemptError) -> str:
+    """What becomes of a failed attempt, for a log line: ``"; not retried: raise RetryableError to retry"``
+    for a handler's exception that is not retryable (README "Workers"), ``"; retryable"`` for one that is,
+    ``""`` for an error the worker reported itself."""
+    if error.type in _WORKER_ERRORS:
+        return ""
+    return (
+        "; retryable (another attempt if any are left)"
+        if error.retryable
+        else ("; not retried: raise RetryableError to retry")
+    )
 
 
 def _default_worker_id() -> str:

@@ -6,6 +6,7 @@ from __future__ import annotations
 __all__ = [
     "AttemptNotFound",
     "ConcurrentUpdate",
+    "DeadlinePassed",
     "DeliveryNotFound",
     "FlowInstanceFinished",
     "FlowInstanceNotFound",
@@ -18,6 +19,8 @@ __all__ = [
     "IdempotencyKeyReused",
     "InvalidCursor",
     "InvalidTransition",
+    "ItemIdempotencyKeyInvalid",
+    "ItemIdempotencyKeyMissing",
     "LeaseLost",
     "NameTaken",
     "NamespaceNotFound",
@@ -25,6 +28,7 @@ __all__ = [
     "OrbitServerError",
     "PayloadTooLarge",
     "QueueNotFound",
+    "ReportConflict",
     "RequestInProgress",
     "SubmissionNotFound",
     "SubscriptionExists",
@@ -104,6 +108,18 @@ class IdempotencyKeyInvalid(OrbitServerError):
     status, code, title = 400, "idempotency_key_invalid", "Malformed Idempotency-Key header"
 
 
+class ItemIdempotencyKeyMissing(IdempotencyKeyMissing):
+    """A batch item without its ``idempotency_key`` field (the same code as the missing header)."""
+
+    title = "The item's idempotency_key is required"
+
+
+class ItemIdempotencyKeyInvalid(IdempotencyKeyInvalid):
+    """A batch item whose ``idempotency_key`` field is malformed (the same code as a malformed header)."""
+
+    title = "Malformed idempotency_key of the item"
+
+
 class IdempotencyKeyReused(OrbitServerError):
     status, code, title = 422, "idempotency_key_reused", "Idempotency key already used for another request"
 
@@ -148,6 +164,20 @@ class LeaseLost(OrbitServerError):
         super().__init__(detail, extra=extra)
 
 
+class ReportConflict(OrbitServerError):
+    """A second report of an attempt that already reported its outcome, with another result or error
+    (a repeat of the same report answers 200): the attempt's outcome never changes; the first such
+    report is kept on the attempt as evidence (``evidence_recorded``), as a late one is."""
+
+    status, code, title = 409, "report_conflict", "The attempt already reported another outcome"
+
+    #: Commit before answering: the refusal may have recorded evidence.
+    keep_writes = True
+
+    def __init__(self, detail: str | None = None, *, evidence_recorded: bool = False) -> None:
+        super().__init__(detail, extra={"evidence_recorded": evidence_recorded})
+
+
 class InvalidTransition(OrbitServerError):
     """409: the task's state does not allow this (§2 of the reliability model)."""
 
@@ -158,6 +188,12 @@ class FlowInstanceFinished(InvalidTransition):
     """409 ``invalid_transition``: the flow instance is finished (README "Flows: running them")."""
 
     title = "The flow instance is finished"
+
+
+class DeadlinePassed(OrbitServerError):
+    """A manual retry whose new deadline is not in the future: its task could only fail at once."""
+
+    status, code, title = 422, "deadline_passed", "The deadline has already passed"
 
 
 class SuccessorExists(OrbitServerError):

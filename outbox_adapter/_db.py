@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
 import random
 import sqlite3
 import time
@@ -166,9 +167,9 @@ def create_engine(url: str | URL, *, pool_size: int = 5) -> Engine:
         MySQL/MariaDB connections run at ``READ COMMITTED``. The caller disposes of it.
 
     Raises:
-        OutboxUsageError: the URL is malformed, names an unsupported database or an
-            in-memory SQLite database (each connection would see its own empty one),
-            or its driver is not installed.
+        OutboxUsageError: the URL is malformed, names an unsupported database, an
+            in-memory SQLite database (each connection would see its own empty one) or a
+            SQLite file in a directory that does not exist, or its driver is not installed.
     """
     try:
         parsed = make_url(url)
@@ -181,6 +182,13 @@ def create_engine(url: str | URL, *, pool_size: int = 5) -> Engine:
                 raise OutboxUsageError(
                     "the outbox needs a SQLite file shared with the application, e.g. sqlite:///./shop.db, "
                     "not an in-memory database"
+                )
+            folder = os.path.dirname(os.path.abspath(parsed.database))
+            if not parsed.database.startswith("file:") and not os.path.isdir(folder):
+                # SQLite would answer "unable to open database file", which reads as an outage.
+                raise OutboxUsageError(
+                    f"the SQLite database {parsed.database!r} is in a directory that does not exist ({folder}); "
+                    "check the database URL (--database-url, ORBIT_OUTBOX_DATABASE_URL)"
                 )
             engine = sa.create_engine(
                 parsed, connect_args={"timeout": 30, "check_same_thread": False}, hide_parameters=True

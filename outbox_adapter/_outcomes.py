@@ -15,11 +15,16 @@ what came back                                     verdict             the row
                                                                        budget spent → ``NEEDS_RECONCILE``
 ``retryable`` and known (refused, 429, 503, 409     ``NOT_SENT``        ``PENDING`` + backoff (Retry-After
 in progress)                                                           honoured), attempt given back
-401 / 403 (the relay's API key is wrong)            ``NOT_SENT``        as above, and logged as an error
+401 / 403 (the relay's API key is wrong)            ``NOT_SENT``        ``PENDING``, due now, attempt given
+                                                                       back; the relay stops (exits non-zero)
 any other 4xx (400, 404 incl. unknown queue, 413,  ``DEAD``            ``DEAD`` with the error
 422 validation), or a misuse caught by the client
 anything unexpected                                ``UNKNOWN``         as for a timeout: it may have been sent
 =================================================  ==================  ===============================
+
+When the server gave no answer (connection refused or lost, a timeout) or a 503 (``unreachable``), the
+row spends no backoff of its own: it is due at once (a 503's ``Retry-After`` still holds), counted or
+given back as the table says, and the relay waits the outage out as one condition (``_relay``).
 """
 
 from __future__ import annotations
@@ -82,6 +87,7 @@ class SendOutcome:
         misconfigured: ``True`` when the relay's own configuration is at fault (401/403).
         unreachable: ``True`` when no answer came from the server (connection refused or
             lost, timeout) or it answered 503: the server, not the row, is the problem.
+        cause: the error a ``misconfigured`` outcome came from (the relay raises it), else ``None``.
     """
 
     verdict: Verdict
@@ -92,6 +98,7 @@ class SendOutcome:
     retry_after: float | None = None
     misconfigured: bool = False
     unreachable: bool = False
+    cause: OrbitError | None = field(default=None, compare=False, repr=False)
 
     @property
     def orbit_unavailable(self) -> bool:
@@ -210,6 +217,7 @@ def classify_error(error: BaseException) -> SendOutcome:
             status_code=status,
             error=f"{message} (the relay's API key is at fault, not the row)",
             misconfigured=True,
+            cause=error,
         )
     if isinstance(error, OrbitAPIError | OrbitUsageError):
         return SendOutcome(verdict=Verdict.DEAD, status_code=status, error=message)

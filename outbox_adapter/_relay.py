@@ -48,6 +48,7 @@ from outbox_adapter._models import DeliveredRow, RelayStats
 from outbox_adapter._outcomes import (
     Backoff,
     Outage,
+    SendOutcome,
     Verdict,
     classify_error,
 )
@@ -78,6 +79,91 @@ def _spread(claims: list[q.Claim], slots: int) -> list[list[q.Claim]]:
     return dealt
 
 
+def _key_prefix(client: OrbitClient) -> str:
+    """The first characters of the client's API key, as ``orbit-server api-key list`` shows them (never
+    the whole key)."""
+    headers = getattr(client, "_headers", None)
+    bearer = headers.get("Authorization", "") if headers is not None else ""
+    key = bearer.removeprefix("Bearer ")
+    return f"{key[:12]}…" if key else "(none)"
+
+
+class _OrbitDown:
+    """The Orbit server not answering (connection refused or lost, timeout, 503) as one condition of
+    the relay, not of each row: logged once when it begins and once when it ends; meanwhile the relay
+    claims nothing and probes the server (``GET`` a queue of the first row it could not send) after
+    each wait of ``backoff``; the rows wait due now, without spending their own backoff."""
+
+    def __init__(self, backoff: Backoff, *, probing: bool = True) -> None:
+        self.backoff = backoff
+        self.probing = probing
+        self.active = False
+        self.failures = 0
+        self.rows = 0
+        self._since = 0.0
+        self._probe_at = 0.0
+        self._target: tuple[str, str] = ("", "")
+
+    def begin(self, claim: q.Claim, outcome: SendOutcome, rows: int) -> None:
+        """Count ``rows`` not sent because the server did not answer (``outcome``, for ``claim``)."""
+        self.rows += rows
+        if self.active:
+            return
+        self.active, self.failures, self._since = True, 1, time.monotonic()
+        self._target = (claim.namespace, claim.queue)
+        self._probe_at = self._since + self.backoff.delay(1, outcome.retry_after)
+        if not self.probing:  # a --once run: the rows stay due for the next run, which the run's end reports
+            log.warning(
+                "the Orbit server is unreachable (%s); the rows it does not take stay due for the next run",
+                outcome.error,
+                extra={"event": "orbit_unavailable", "status_code": outcome.status_code},
+            )
+            return
+        log.warning(
+            "the Orbit server is unreachable (%s); the relay sends nothing until it answers: it asks again "
+            "every %.1f s at most, and then every waiting row is due at once (no row spends its own backoff "
+            "on the outage)",
+            outcome.error,
+            self.backoff.cap,
+            extra={"event": "orbit_unavailable", "status_code": outcome.status_code},
+        )
+
+    def wait_left(self) -> float:
+        """Seconds until the next probe is due."""
+        return max(0.0, self._probe_at - time.monotonic())
+
+    def probe(self, client: OrbitClient) -> SendOutcome | None:
+        """Ask the server once (when due): ``None`` while it still does not answer (next probe scheduled)
+        or when it answered (the outage ends, logged); a ``misconfigured`` outcome when it refused the key."""
+        if self.wait_left() > 0:
+            return None
+        try:
+            client.get_queue(*self._target)
+        except OrbitError as exc:
+            outcome = classify_error(exc)
+            if outcome.misconfigured:
+                self._end()
+                return outcome
+            if outcome.unreachable:
+                self.failures += 1
+                delay = self.backoff.delay(self.failures, outcome.retry_after)
+                self._probe_at = time.monotonic() + delay
+                log.debug("the Orbit server still does not answer (%s); asking again in %.1f s", exc, delay)
+                return None
+        self._end()
+        return None
+
+    def _end(self) -> None:
+        log.warning(
+            "the Orbit server answers again after %.1f s (%d tries); resuming the %d rows that waited",
+            time.monotonic() - self._since,
+            self.failures,
+            self.rows,
+            extra={"event": "orbit_recovered", "failures": self.failures, "rows": self.rows},
+        )
+        self.active, self.failures, self.rows = False, 0, 0
+
+
 class Relay:
     """Delivers outbox rows to Orbit: every committed row becomes exactly one task (README "Outbox").
 
@@ -104,14 +190,22 @@ class Relay:
 
     **Outcomes** (README "Outbox", per row, also per item of a batch; the table is in
     ``_outcomes``): accepted (201/200) → ``DELIVERED`` with the task id; definitely not
-    accepted (connection refused, 429, 503, 409 ``request_in_progress``, and 401/403,
-    which blame the relay's key) → ``PENDING`` after a backoff, ``Retry-After`` honoured;
+    accepted (429, 409 ``request_in_progress``) → ``PENDING`` after a backoff, ``Retry-After`` honoured;
     outcome unknown (read timeout, connection reset, 5xx; for a whole batch request, every
     row in it) → ``PENDING`` after a backoff with the **same key**, and once the budget is
     spent ``NEEDS_RECONCILE``, never ``DEAD``; permanently refused (400, 404 including an
     unknown namespace or queue, 413, 422) → ``DEAD``, or ``NEEDS_RECONCILE`` when an
     earlier send of the row had an unknown outcome (the task may exist); 422
     ``idempotency_key_reused`` → ``NEEDS_RECONCILE``.
+
+    **The server down is one condition, not one per row.** A send that got no answer (connection
+    refused or lost, timeout) or a 503 leaves its rows ``PENDING`` and due at once (the attempt
+    given back when nothing was sent); the relay logs one warning, claims nothing more and asks the
+    server (``GET`` a queue of those rows) after each wait of ``orbit_backoff``; as soon as it
+    answers, one line says so and every waiting row goes out: no row spends its own backoff on the
+    outage (a 503's ``Retry-After`` still holds). **A refused key stops the relay:** a 401/403 is a configuration error, not an outage:
+    the relay claims nothing more, leaves the rows ``PENDING`` and due with their attempts given
+    back, logs which key (its first characters) and what to do, and :meth:`run` raises the error.
 
     **How attempts count.** ``attempts`` is the number of sends that may have been
     accepted: each claim adds 1 *before* sending (so a relay that dies mid-send has
@@ -151,6 +245,9 @@ class Relay:
             is the test switch.
         db_backoff: waits while the business database is unreachable; ``None`` means
             ``Backoff(base=0.5, cap=30)``.
+        orbit_backoff: waits between two probes while the Orbit server does not answer (a
+            ``Retry-After`` of a 503 is honoured); ``None`` means ``Backoff(base=0.5, cap=5)``, so
+            rows go out at most about 5 s after the server is back.
         queue_cache_ttl: seconds a found queue is remembered (a missing one: at most 5 s),
             for one-by-one submissions; a batch needs no separate check (an item for a
             missing queue is answered 404 ``queue_not_found`` and creates nothing).
@@ -194,6 +291,7 @@ class Relay:
         max_attempts: int = DEFAULT_MAX_ATTEMPTS,
         backoff: Backoff | None = None,
         db_backoff: Backoff | None = None,
+        orbit_backoff: Backoff | None = None,
         queue_cache_ttl: float = 60.0,
         owner: str | None = None,
         on_delivered: Callable[[Connection, DeliveredRow], None] | None = None,
@@ -266,6 +364,9 @@ class Relay:
         self._events: queue.SimpleQueue[Done | None] = queue.SimpleQueue()
         self._stopping = threading.Event()
         self._database = Outage("database", "business database", self.db_backoff, log)
+        self._orbit = _OrbitDown(orbit_backoff or Backoff(base=0.5, cap=5.0))
+        #: The refusal of the relay's key (401/403) that stops :meth:`run`, if one came.
+        self._refused: SendOutcome | None = None
         self._owned_client: OrbitClient | None = None
 
     @classmethod
@@ -364,8 +465,13 @@ class Relay:
                 it, only a non-transient database failure (e.g. missing tables:
                 :class:`OutboxSchemaError`). Transient failures are waited out, logged once
                 per backoff.
+            OrbitAPIError: the server refused the relay's API key (``AuthenticationError`` 401,
+                ``PermissionDeniedError`` 403): raised once in-flight sends are recorded; the rows
+                stay ``PENDING`` with their attempts given back.
         """
         self._stopping.clear()
+        self._refused = None
+        self._orbit = _OrbitDown(self._orbit.backoff, probing=not once)
         self._recorder.unavailable.clear()
         stats = RelayStats()
         observing = self._start_metrics()
@@ -397,6 +503,15 @@ class Relay:
                     )
                     if not self._record_all(finished, stats, once=once):
                         continue
+                if self._refused is not None:
+                    break  # a configuration error: claim nothing more (the in-flight sends finish below)
+                if self._orbit.active and not once:
+                    self._refused = self._orbit.probe(self.client)
+                    if self._refused is None and self._orbit.active:
+                        self._collect(
+                            outstanding, finished, timeout=self._orbit.wait_left(), at_least_one=True
+                        )
+                    continue
                 claimed = 0
                 limit = self.batch_size if self._sender.batch_route else self.concurrency - len(outstanding)
                 if len(outstanding) < self.concurrency:
@@ -436,6 +551,19 @@ class Relay:
             stats.to_dict(),
             extra={"event": "relay_stopped", **stats.to_dict()},
         )
+        if self._refused is not None:
+            refused = self._refused
+            log.error(
+                "the Orbit server refused the relay's API key %s (%s): a configuration error, so the relay "
+                "stopped; the rows stay PENDING with their attempts intact; set ORBIT_API_KEY to a submit "
+                "(or admin) key of the rows' namespace (`orbit-server api-key create NAMESPACE --role submit`) "
+                'and start the relay again (README "Outbox")',
+                _key_prefix(self.client),
+                refused.error,
+                extra={"event": "api_key_refused", "status_code": refused.status_code},
+            )
+            assert refused.cause is not None
+            raise refused.cause
         return stats
 
     # --- metrics -------------------------------------------------------------------------------------
@@ -561,8 +689,22 @@ class Relay:
                 continue
             outstanding.pop(id(item.batch), None)
             finished.append(item)
+            self._notice(item)
             at_least_one = False
             deadline = None
+
+    def _notice(self, done: Done) -> None:
+        """Take note of a refused key or of a server that did not answer, once per finished send."""
+        for claim, outcome in zip(done.batch.claims, done.outcomes, strict=True):
+            if outcome is None:
+                continue
+            if outcome.misconfigured and outcome.cause is not None:
+                if self._refused is None:
+                    self._refused = outcome
+                return
+            if outcome.unreachable and outcome.verdict in (Verdict.NOT_SENT, Verdict.UNKNOWN):
+                self._orbit.begin(claim, outcome, sum(o is not None for o in done.outcomes))
+                return
 
     # --- recording -----------------------------------------------------------------------------------
 

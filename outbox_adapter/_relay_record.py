@@ -235,7 +235,14 @@ class Recorder:
                 "may exist: run `orbit-outbox reconcile`"
             )
         if verdict in (Verdict.NOT_SENT, Verdict.UNKNOWN):
-            due = now + timedelta(seconds=self.backoff.delay(claim.send_count, outcome.retry_after))
+            # The server down or refusing the relay's key is one condition of the relay, not of the row:
+            # the row spends no backoff of its own (the relay probes, or stops); a Retry-After is still
+            # the server's word.
+            due = (
+                None
+                if outcome.orbit_unavailable and outcome.retry_after is None
+                else now + timedelta(seconds=self.backoff.delay(claim.send_count, outcome.retry_after))
+            )
             finish = q.Finish(row_id=claim.id, state=q.PENDING, available_at=due, error=error, status_code=code,
                               give_back=verdict is Verdict.NOT_SENT)  # fmt: skip
             return "retry", finish, None
@@ -307,7 +314,8 @@ class Recorder:
         elif kind == "retry":
             assert outcome is not None
             stats.retried += 1
-            level = logging.ERROR if outcome.misconfigured else logging.WARNING
+            # Orbit unreachable or refusing the key: the relay logs that once, not once per row.
+            level = logging.DEBUG if outcome.orbit_unavailable else logging.WARNING
             log.log(
                 level,
                 "row %d (key %s) will be retried (%s): %s",

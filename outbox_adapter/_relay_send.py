@@ -228,6 +228,7 @@ class Sender:
                 retry_after=checked.retry_after,
                 misconfigured=checked.misconfigured,
                 unreachable=checked.unreachable,
+                cause=checked.cause,
             )
         if batch is not None and not self.may_send(batch):
             return None

@@ -239,8 +239,7 @@ def main(argv: list[str] | None = None) -> int:
         }
 
     console.rule("Set up Orbit and the business database")
-    if not orbit_db_url.startswith("sqlite"):
-        run_cli("orbit_server", "migrate", "--database-url", orbit_db_url)
+    run_cli("orbit_server", "migrate", "--database-url", orbit_db_url)
     run_cli("orbit_server", "namespace", "create", NAMESPACE, "--database-url", orbit_db_url)
     run_cli("orbit_server", "queue", "create", NAMESPACE, QUEUE, "--database-url", orbit_db_url)
     keys = {

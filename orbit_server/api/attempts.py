@@ -186,7 +186,8 @@ def complete_attempt(
 
     409 ``lease_lost`` when the attempt no longer holds the lease; with the right token
     the result is kept on the attempt as evidence (``evidence_recorded``). 409
-    ``invalid_transition`` before ``start``. The same body again answers 200. Requires ``work``.
+    ``invalid_transition`` before ``start``. The same body again answers 200; another result after
+    the attempt reported its outcome, 409 ``report_conflict``. Requires ``work``.
     """
     authorize(caller, namespace, "work")
     return _answer(
@@ -207,7 +208,8 @@ def fail_attempt(
 ) -> Response:
     """Report a failure: the task waits for a retry, fails, or (after a cancel request) is cancelled.
 
-    409 ``lease_lost`` as for ``complete``. The same body again answers 200. Requires ``work``.
+    409 ``lease_lost`` and ``report_conflict`` as for ``complete``. The same body again answers 200.
+    Requires ``work``.
     """
     authorize(caller, namespace, "work")
     state = transact(

@@ -80,9 +80,11 @@ def _check_item(index: int, raw: Any) -> Pending | errors.OrbitServerError | lis
     if isinstance(raw, dict):
         key = raw.get("idempotency_key")
         if key is None or key == "":
-            return errors.IdempotencyKeyMissing("give every item a unique idempotency_key")
+            return errors.ItemIdempotencyKeyMissing("give every item a unique idempotency_key")
         if not isinstance(key, str) or not is_valid_idempotency_key(key):
-            return errors.IdempotencyKeyInvalid("an idempotency_key is 1 to 255 printable ASCII characters")
+            return errors.ItemIdempotencyKeyInvalid(
+                "an idempotency_key is 1 to 255 printable ASCII characters"
+            )
         fields = {name: value for name, value in raw.items() if name not in _NOT_SUBMISSION}
         traceparent, tracestate = (
             _tracing.clean(raw["traceparent"], raw.get("tracestate"))

@@ -38,6 +38,7 @@ from orbit_client import (
 )
 from orbit_server import errors
 from orbit_server.api.auth import Caller, authorize
+from orbit_server.api.deps import STRICT_QUERY
 from orbit_server.db import flow_hooks
 from orbit_server.db.engine import BIGINT_MAX
 from orbit_server.db.transact import transact
@@ -175,7 +176,9 @@ def flows_router(*, engine_: Engine, settings: ServerSettings, on_created: Calla
         response.headers["Location"] = f"/v1/namespaces/{namespace}/flow-instances/{instance_id}"
         return instance(caller, instance_id)
 
-    @router.get("/flow-instances", response_model=FlowInstancePage, responses=_ERRORS)
+    @router.get(
+        "/flow-instances", response_model=FlowInstancePage, responses=_ERRORS, dependencies=STRICT_QUERY
+    )
     def list_instances(
         namespace: NamespaceName, caller: Caller,
         flow: Annotated[str | None, Query(pattern=NAME_PATTERN)] = None,
@@ -205,7 +208,12 @@ def flows_router(*, engine_: Engine, settings: ServerSettings, on_created: Calla
         authorize(caller, namespace, "read")
         return instance(caller, instance_id)
 
-    @router.get("/flow-instances/{instance_id}/history", response_model=FlowHistoryPage, responses=_ERRORS)
+    @router.get(
+        "/flow-instances/{instance_id}/history",
+        response_model=FlowHistoryPage,
+        responses=_ERRORS,
+        dependencies=STRICT_QUERY,
+    )
     def get_history(
         namespace: NamespaceName, instance_id: str, caller: Caller, cursor: str | None = None,
         limit: Annotated[int, Query(ge=1, le=1000)] = 100,

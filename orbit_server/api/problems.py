@@ -16,6 +16,7 @@ from orbit_client import (
     JSON_MAX_INTEGER_DIGITS,
     Problem,
 )
+from orbit_client._problems import readable_errors
 from orbit_server import errors
 from orbit_server.api.json_bodies import invalid_json
 
@@ -69,14 +70,7 @@ async def _validation_error(request: Request, exc: RequestValidationError) -> JS
         return problem_response(400, "invalid_json", "The body is not JSON", not_json, _request_id(request))
     # Report where and why, never the offending input (it may hold params). A validator's own
     # message (e.g. "node 'a': next 'b' is not a node of the graph") loses pydantic's prefix.
-    problems = [
-        {
-            "loc": list(e.get("loc", ())),
-            "msg": e.get("msg", "").removeprefix("Value error, "),
-            "type": e.get("type", ""),
-        }
-        for e in exc.errors()
-    ]
+    problems = readable_errors(exc.errors())
     detail = "; ".join(f"{'.'.join(map(str, p['loc']))}: {p['msg']}" for p in problems)
     return problem_response(
         422, "validation_error", "The request is not valid", detail, _request_id(request), errors=problems

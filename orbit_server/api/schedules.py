@@ -6,14 +6,21 @@ Create, update, pause, resume and delete need an ``admin`` key and are audited
 
 from __future__ import annotations
 
-from datetime import datetime
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Path, Query, Response
 
-from orbit_client import NAME_PATTERN, Problem, Schedule, ScheduleCreate, ScheduleOccurrence, ScheduleUpdate
+from orbit_client import (
+    NAME_PATTERN,
+    Problem,
+    Schedule,
+    ScheduleCreate,
+    ScheduleOccurrence,
+    ScheduleUpdate,
+    UTCDateTime,
+)
 from orbit_server.api.auth import Caller, authorize
-from orbit_server.api.deps import EngineDep
+from orbit_server.api.deps import STRICT_QUERY, EngineDep
 from orbit_server.db.transact import transact
 from orbit_server.schedules import schedules
 
@@ -42,7 +49,7 @@ def create_schedule(
     return transact(engine, schedules.create_schedule, caller, body)
 
 
-@router.get("", response_model=list[Schedule], responses=_ERRORS)
+@router.get("", response_model=list[Schedule], responses=_ERRORS, dependencies=STRICT_QUERY)
 def list_schedules(
     engine: EngineDep,
     namespace: NamespaceName,
@@ -103,7 +110,12 @@ def delete_schedule(
     return Response(status_code=204)
 
 
-@router.get("/{name}/occurrences", response_model=list[ScheduleOccurrence], responses=_ERRORS)
+@router.get(
+    "/{name}/occurrences",
+    response_model=list[ScheduleOccurrence],
+    responses=_ERRORS,
+    dependencies=STRICT_QUERY,
+)
 def list_occurrences(
     engine: EngineDep,
     namespace: NamespaceName,
@@ -111,7 +123,10 @@ def list_occurrences(
     caller: Caller,
     limit: Annotated[int, Query(ge=1, le=1000)] = 100,
     before: Annotated[
-        datetime | None, Query(description="Only fire times before this (RFC 3339, paging).")
+        UTCDateTime | None,
+        Query(
+            description="Only fire times before this (RFC 3339 with an offset, e.g. 2026-01-01T00:00:00Z; paging)."
+        ),
     ] = None,
 ) -> list[ScheduleOccurrence]:
     """The schedule's occurrences, newest fire time first: ``scheduled_at``, ``task_id``

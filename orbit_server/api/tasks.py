@@ -30,6 +30,7 @@ from orbit_server.api.auth import Caller, authorize
 from orbit_server.api.deps import (
     _CONFLICTS,
     _PROBLEMS,
+    STRICT_QUERY,
     EngineDep,
     MetricsDep,
     NamespaceName,
@@ -159,7 +160,7 @@ def find_submission(
 
 
 @router.get("/v1/namespaces/{namespace}/tasks", response_model=TaskPage, tags=["tasks"],
-         responses={**_PROBLEMS})  # fmt: skip
+         responses={**_PROBLEMS}, dependencies=STRICT_QUERY)  # fmt: skip
 def list_tasks(
     engine: EngineDep,
     namespace: NamespaceName,

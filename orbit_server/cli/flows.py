@@ -35,6 +35,7 @@ from orbit_client import (
     SignalNode,
     is_valid_idempotency_key,
 )
+from orbit_client._problems import readable_errors
 from orbit_server.cli.options import (
     _actor,
     _actor_option,
@@ -57,8 +58,7 @@ __all__ = ["flow"]
 
 def _problems(exc: ValidationError) -> str:
     return "; ".join(
-        f"{'.'.join(map(str, e['loc'])) or 'value'}: {e['msg'].removeprefix('Value error, ')}"
-        for e in exc.errors(include_url=False, include_input=False)
+        f"{'.'.join(map(str, e['loc'])) or 'value'}: {e['msg']}" for e in readable_errors(exc.errors())
     )
 
 

@@ -69,7 +69,7 @@ def api_key_list(namespace_name: str | None, as_json: bool, database_url: str) -
 
 
 @api_key.command("revoke")
-@click.argument("key_id", metavar="ID", type=int)
+@click.argument("key_id", metavar="ID", type=click.IntRange(1, 2**63 - 1))
 @click.option("--reason", default=None, help="Why (logged).")
 @_actor_option
 @_database_url_option
@@ -77,8 +77,10 @@ def api_key_revoke(key_id: int, reason: str | None, actor: str | None, database_
     """Revoke API key ID: servers refuse it within ORBIT_API_KEY_CACHE_SECONDS."""
     who = _actor(actor) + (f" ({reason})" if reason else "")
     with _engine(database_url) as engine, engine.begin() as conn:
+        before = next((k for k in admin.list_api_keys(conn, None) if k.id == key_id), None)
         key = admin.revoke_api_key(conn, None, key_id, actor=who)
-    click.echo(
-        f"API key {key.id} ({key.role}, namespace {key.namespace!r}) revoked at {_cell(key.revoked_at)} UTC",
-        err=True,
-    )
+    what = f"API key {key.id} ({key.role}, namespace {key.namespace!r})"
+    if before is not None and before.revoked_at is not None:
+        click.echo(f"{what} was already revoked at {_cell(key.revoked_at)} UTC; nothing changed", err=True)
+        return
+    click.echo(f"{what} revoked at {_cell(key.revoked_at)} UTC", err=True)

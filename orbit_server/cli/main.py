@@ -184,7 +184,7 @@ def _wait_for_database(database_url: str, seconds: float) -> None:
     deadline = time.monotonic() + seconds
     while True:
         try:
-            with _engine(database_url, raise_unreachable=time.monotonic() < deadline):
+            with _engine(database_url, raise_unreachable=time.monotonic() < deadline, create_sqlite=True):
                 return
         except sa.exc.OperationalError as exc:
             logging.getLogger("orbit_server").warning(

@@ -8,7 +8,9 @@ from __future__ import annotations
 import dataclasses
 import getpass
 import json
+import os
 import re
+import sqlite3
 import sys
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -42,20 +44,35 @@ def _database_url_option(func: F) -> F:
 
 
 @contextmanager
-def _engine(url: str, *, ensure_schema: bool = True, raise_unreachable: bool = False) -> Iterator[Engine]:
+def _engine(
+    url: str, *, ensure_schema: bool = True, raise_unreachable: bool = False, create_sqlite: bool = False
+) -> Iterator[Engine]:
     """An engine for one command.
 
-    With ``ensure_schema``, SQLite is migrated first (so a fresh file just works) and any
-    other database must already be at the newest revision, or the command stops with
-    exit code 1 and says to run ``orbit-server migrate``. A database that cannot be used
-    (``sqlalchemy.exc.OperationalError``: unreachable, refusing statements) stops the command
-    with exit code 3, or, with ``raise_unreachable``, raises that error to the caller.
+    With ``ensure_schema``, an existing SQLite file is migrated first and a missing one stops the
+    command with exit code 1 (a typo in the URL must not make a new, empty database; ``migrate``,
+    and ``serve`` through ``create_sqlite``, create it); any other database must already be at
+    the newest revision, or the command stops with exit code 1 and says to run ``orbit-server
+    migrate``. A SQLite file that is no database stops it with exit code 1. A database that
+    cannot be used (``sqlalchemy.exc.OperationalError``: unreachable, refusing statements)
+    stops the command with exit code 3, or, with ``raise_unreachable``, raises that error to
+    the caller.
     """
     import sqlalchemy as sa
 
     from orbit_server.db import migrate as _migrate
     from orbit_server.db.engine import create_engine, is_sqlite
 
+    if ensure_schema and is_sqlite(url) and not create_sqlite:
+        path = sa.make_url(url).database
+        if path and path != ":memory:" and not path.startswith("file:") and not os.path.exists(path):
+            # A typo in ORBIT_DATABASE_URL made a new, empty database here.
+            click.echo(
+                f"error: there is no SQLite database at {os.path.abspath(path)}; check --database-url "
+                "(ORBIT_DATABASE_URL), or create it with `orbit-server migrate` (`orbit-server serve` does it too)",
+                err=True,
+            )
+            sys.exit(1)
     try:
         engine = create_engine(url, pool_size=2)
     except (ValueError, sa.exc.ArgumentError, ImportError) as exc:
@@ -83,6 +100,16 @@ def _engine(url: str, *, ensure_schema: bool = True, raise_unreachable: bool = F
             f"error: cannot use the database at {sa.make_url(url).render_as_string()}: {exc.orig}", err=True
         )
         sys.exit(3)
+    except sa.exc.DatabaseError as exc:
+        # SQLite's "file is not a database" (exactly DatabaseError: not an IntegrityError and the like)
+        if not is_sqlite(url) or type(exc.orig) is not sqlite3.DatabaseError:
+            raise
+        click.echo(
+            f"error: {sa.make_url(url).render_as_string()} is not an Orbit database ({exc.orig}); check "
+            "--database-url (ORBIT_DATABASE_URL)",
+            err=True,
+        )
+        sys.exit(1)
     finally:
         engine.dispose()
 
@@ -119,13 +146,26 @@ def _json_option(func: F) -> F:
     )(func)
 
 
+#: Longest ``--actor``: the audit trail's ``actor`` column.
+ACTOR_MAX_LENGTH = 255
+
+
+def _check_actor(_ctx: click.Context, _param: click.Parameter, value: str | None) -> str | None:
+    if value is not None and len(value) > ACTOR_MAX_LENGTH:
+        raise click.BadParameter(
+            f"is {len(value)} characters long; at most {ACTOR_MAX_LENGTH} fit the audit trail"
+        )
+    return value
+
+
 def _actor_option(func: F) -> F:
     return click.option(
         "--actor",
         envvar="ORBIT_ADMIN_ACTOR",
         show_envvar=True,
         default=None,
-        help="Who acts, for the task's history. Default: cli:<login name>.",
+        callback=_check_actor,
+        help="Who acts, for the task's history. Default: cli:<login name> (at most 255 characters).",
     )(func)
 
 
@@ -207,6 +247,8 @@ def _age(seconds: float | None) -> str:
 
 _RELATIVE = re.compile(r"(\d+(?:\.\d+)?)\s*([smhd])")
 _UNITS = {"s": "seconds", "m": "minutes", "h": "hours", "d": "days"}
+#: The longest age taken: back from the database clock it is still a date (99999999999d was a traceback).
+_MAX_AGE = timedelta(days=36_500)
 
 
 class _Since(click.ParamType):  # type: ignore[type-arg]
@@ -221,12 +263,23 @@ class _Since(click.ParamType):  # type: ignore[type-arg]
         text = str(value).strip()
         relative = _RELATIVE.fullmatch(text)
         if relative:
-            return timedelta(**{_UNITS[relative.group(2)]: float(relative.group(1))})
+            try:
+                age = timedelta(**{_UNITS[relative.group(2)]: float(relative.group(1))})
+            except OverflowError:
+                age = _MAX_AGE * 2
+            if age > _MAX_AGE:
+                self.fail(
+                    f"{text!r} is older than 36500d (100 years), the longest age taken; give a time instead"
+                )
+            return age
         try:
             parsed = datetime.fromisoformat(text)
         except ValueError:
             self.fail(f"{text!r}: give an age such as 30m, 2h, 1d or a time such as 2026-12-01T09:30 (UTC)")
-        return parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)
+        try:
+            return parsed.astimezone(UTC) if parsed.tzinfo else parsed.replace(tzinfo=UTC)
+        except OverflowError:
+            self.fail(f"{text!r} is not a time in UTC's years 1-9999")
 
 
 def _namespace_id(conn: Any, name: str | None) -> int | None:

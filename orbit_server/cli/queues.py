@@ -9,6 +9,8 @@ the API answers it. Exit codes: 0 done, 1 refused (unknown namespace or queue), 
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import click
@@ -196,14 +198,27 @@ def queue_update(
     with _engine(database_url) as engine:
         with engine.begin() as conn:
             namespace_id = _namespace(conn, namespace_name)
-        found = transact(
-            engine, permits.set_limits, namespace_id, name, changes, actor=_actor(actor), reason=reason
-        )
+        with _named(namespace_name):
+            found = transact(
+                engine, permits.set_limits, namespace_id, name, changes, actor=_actor(actor), reason=reason
+            )
     if as_json:
         _show(found, True)
         return
     click.echo(f"queue {name!r} limits: per key {found.max_concurrency_per_key or 'none'}, "
                f"in queue {found.max_concurrency or 'none'}", err=True)  # fmt: skip
+
+
+@contextmanager
+def _named(namespace_name: str) -> Iterator[None]:
+    """Name the namespace in a missing queue's error (the API's says "this namespace": its caller knows it)."""
+    try:
+        yield
+    except errors.QueueNotFound as exc:
+        raise errors.QueueNotFound(
+            str(exc).replace("in this namespace", f"in namespace {namespace_name!r}")
+            + f"; see `orbit-server queue list --namespace {namespace_name}`"
+        ) from None
 
 
 def _gate_command(paused: bool) -> Any:
@@ -227,15 +242,16 @@ def _gate_command(paused: bool) -> Any:
         with _engine(database_url) as engine:
             with engine.begin() as conn:
                 namespace_id = _namespace(conn, namespace_name)
-            found = transact(
-                engine,
-                permits.set_paused,
-                namespace_id,
-                name,
-                paused=paused,
-                actor=_actor(actor),
-                reason=reason,
-            )
+            with _named(namespace_name):
+                found = transact(
+                    engine,
+                    permits.set_paused,
+                    namespace_id,
+                    name,
+                    paused=paused,
+                    actor=_actor(actor),
+                    reason=reason,
+                )
         if as_json:
             _show(found, True)
             return

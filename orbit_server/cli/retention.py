@@ -229,6 +229,8 @@ def purge(
                 _print_json({"dry_run": True, **found.as_dict()})
             else:
                 _print_inventory(found, title="dry run: a purge would delete")
+            # On stderr whatever stdout is (piped, the table has no title): nothing was deleted.
+            click.echo("dry run: nothing was deleted; run it again without --dry-run to purge", err=True)
             return
         who = _actor(actor)
         if sys.stderr.isatty():

@@ -15,7 +15,8 @@ import click
 from pydantic import BaseModel, ValidationError
 
 from orbit_client import MisfirePolicy, OverlapPolicy, Schedule, ScheduleCreate
-from orbit_server.cli.options import _database_url_option, _engine
+from orbit_client._problems import readable_errors
+from orbit_server.cli.options import _database_url_option, _engine, _table
 from orbit_server.schedules import schedules
 from orbit_server.tasks import store
 
@@ -40,8 +41,12 @@ def _emit(value: BaseModel | Sequence[BaseModel], as_json: bool, text: str) -> N
         click.echo(text)
 
 
+def _trigger(s: Schedule) -> str:
+    return f"cron {s.cron!r} in {s.timezone}" if s.cron else f"every {s.interval_seconds} s (UTC)"
+
+
 def _describe(s: Schedule) -> str:
-    trigger = f"cron {s.cron!r} in {s.timezone}" if s.cron else f"every {s.interval_seconds} s (UTC)"
+    trigger = _trigger(s)
     state = "paused" if s.paused else "active"
     next_fire = s.next_fire_at.isoformat().replace("+00:00", "Z") if s.next_fire_at else "none (ended)"
     return (
@@ -63,7 +68,7 @@ def schedule() -> None:
 @click.argument("name")
 @click.option("--queue", required=True, help="Queue of the tasks it creates.")
 @click.option("--handler", required=True, help="Handler name of the tasks it creates.")
-@click.option("--params", default="null", show_default=True, help="Task params, as JSON.")
+@click.option("--params", default="{}", show_default=True, help="Task params, as JSON.")
 @click.option("--cron", default=None, help="Five-field cron expression, evaluated in --timezone.")
 @click.option("--interval", "interval_seconds", type=click.IntRange(min=1), default=None,
               help="Fire every N seconds (UTC) from --start-at instead of a cron expression.")  # fmt: skip
@@ -94,9 +99,9 @@ def schedule_create(namespace: str, name: str, params: str, start_at: datetime |
     try:
         body = ScheduleCreate(name=name, **fields)
     except ValidationError as exc:
-        problems = "; ".join(
-            f"{'.'.join(map(str, e['loc'])) or 'value'}: {e['msg']}"
-            for e in exc.errors(include_url=False, include_input=False)
+        problems = "; ".join(  # the option's name, and the message without pydantic's "Value error, "
+            (f"--{'-'.join(map(str, e['loc'])).replace('_', '-')}: " if e["loc"] else "") + e["msg"]
+            for e in readable_errors(exc.errors())
         )
         raise click.UsageError(problems) from None
     with _engine(database_url) as engine, engine.begin() as conn:
@@ -113,7 +118,17 @@ def schedule_list(namespace: str, limit: int, as_json: bool, database_url: str) 
     """List the schedules of NAMESPACE, by name."""
     with _engine(database_url) as engine, engine.begin() as conn:
         found = schedules.list_schedules(conn, _principal(conn, namespace), limit=limit)
-    _emit(found, as_json, "\n".join(_describe(s) for s in found) or "no schedules")
+    if as_json:
+        _emit(found, as_json, "")
+        return
+    _table(
+        ["name", "state", "trigger", "queue", "handler", "next fire (UTC)", "misfire", "overlap", "version"],
+        [
+            [s.name, "paused" if s.paused else "active", _trigger(s), s.queue, s.handler, s.next_fire_at,
+             s.misfire_policy.value, s.overlap_policy.value, s.version]
+            for s in found
+        ],
+    )  # fmt: skip
 
 
 @schedule.command("show")

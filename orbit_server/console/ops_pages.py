@@ -25,6 +25,7 @@ from pydantic import ValidationError
 from starlette.concurrency import run_in_threadpool
 
 from orbit_client import FlowSignal
+from orbit_client._problems import readable_errors
 from orbit_server import errors
 from orbit_server.console.flow_pages import ConsoleKit
 from orbit_server.db.transact import transact
@@ -231,7 +232,10 @@ def add_ops_pages(router: APIRouter, kit: ConsoleKit) -> None:
                 action_error=f"The payload is not JSON (line {exc.lineno}, column {exc.colno}: {exc.msg}).", **kept,
             )  # fmt: skip
         except ValidationError as exc:
-            problem = "; ".join(str(e["msg"]) for e in exc.errors())
+            problem = "; ".join(
+                f"{'.'.join(map(str, e['loc']))}: {e['msg']}" if e["loc"] else e["msg"]
+                for e in readable_errors(exc.errors())
+            )
             return await signals_response(
                 request, principal, session, instance_id, 422, action_error=f"Not a valid signal: {problem}.",
                 **kept,

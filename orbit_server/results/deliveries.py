@@ -141,8 +141,12 @@ def create_subscription(
     existing = _find_subscription(conn, namespace_id, name)
     if existing is not None:
         if existing.queues != wanted:
+
+            def which(names: list[str] | None) -> str:
+                return "every queue" if names is None else "queues " + ", ".join(map(repr, names))
+
             raise errors.SubscriptionExists(
-                f"subscription {name!r} already exists with queues {existing.queues!r}; "
+                f"subscription {name!r} already exists for {which(existing.queues)}, not {which(wanted)}; "
                 "choose another name to receive other queues"
             )
         return _subscription(namespace, existing), False

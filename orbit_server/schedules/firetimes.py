@@ -31,7 +31,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from functools import lru_cache
-from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError, available_timezones
 
 from cronsim import CronSim, CronSimError
 
@@ -54,17 +54,33 @@ def zone(name: str) -> ZoneInfo:
         ) from exc
 
 
+#: Files of the time zone database that are no zone a schedule may name: ``localtime`` is the host's
+#: zone (a different one on each server), ``Factory`` a placeholder ("-00") of installers.
+_NOT_ZONES = frozenset({"localtime", "Factory", "posixrules"})
+
+
+@lru_cache(maxsize=1)
+def _known_zones() -> frozenset[str]:
+    return frozenset(available_timezones()) - _NOT_ZONES
+
+
 def bad_timezone(name: str) -> str | None:
-    """Why ``name`` is not an IANA time zone, or ``None`` if it is one."""
+    """Why ``name`` is not an IANA time zone, or ``None`` if it is one (any name of the time zone
+    database but ``localtime``, ``Factory`` and ``posixrules``)."""
     try:
         zone(name)
     except ValueError as exc:
         return str(exc)
+    if name not in _known_zones():
+        return f"unknown time zone {name!r}; use an IANA name such as 'Europe/Berlin' or 'UTC'"
     return None
 
 
 def bad_cron(expression: str) -> str | None:
     """Why ``expression`` is not a valid five-field cron expression, or ``None`` if it is."""
+    fields = len(expression.split())
+    if fields != 5:
+        return f"invalid cron expression {expression!r}: it has {fields} fields, not 5"
     try:
         CronSim(expression, datetime(2000, 1, 1, tzinfo=UTC))
     except CronSimError as exc:

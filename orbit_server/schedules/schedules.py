@@ -296,8 +296,14 @@ def update_schedule(conn: Connection, principal: Principal, name: str, body: Sch
                   "misfire_grace_seconds"):  # fmt: skip
         if field in given:
             values[field] = getattr(body, field)
+    # null clears what a schedule may be without (params, cron or interval, bounds, options); a field
+    # it cannot be without refuses null, the same for each (leaving the field out keeps it).
+    for field in ("queue", "handler", "timezone", "misfire_policy", "overlap_policy", "catch_up_max",
+                  "misfire_grace_seconds"):  # fmt: skip
+        if field in given and getattr(body, field) is None:
+            raise InvalidSchedule(f"{field} cannot be null; leave it out to keep it")
     for field in ("misfire_policy", "overlap_policy"):
-        if field in given and getattr(body, field) is not None:
+        if field in given:
             values[field] = getattr(body, field).value
     if "cron" in given and body.cron is not None:
         values["interval_seconds"] = None
@@ -310,9 +316,6 @@ def update_schedule(conn: Connection, principal: Principal, name: str, body: Sch
         values["options"] = body.options.model_dump(mode="json", exclude_none=True) if body.options else None
     if "queue" in given and body.queue is not None:
         values["queue_id"] = _queue_id(conn, principal, body.queue)
-    for field in ("handler", "timezone", "catch_up_max", "misfire_grace_seconds"):
-        if field in values and values[field] is None:
-            raise InvalidSchedule(f"{field} cannot be null")
     merged = dict(row) | values
     if merged["cron"] is None and merged["interval_seconds"] is None:
         raise InvalidSchedule("a schedule needs a cron expression or interval_seconds; it would have neither")

@@ -633,7 +633,8 @@ def revoke_api_key(conn: Connection, namespace_id: int | None, key_id: int, *, a
 def api_key_principal(conn: Connection, key_hash: str) -> store.Principal | None:
     """The principal of the unrevoked key whose SHA-256 (hex) is ``key_hash``, or ``None``.
 
-    The console keeps only this digest in its session cookie, never the key.
+    The digest is how the server finds a key without storing it (the console's session cookie holds a
+    random session token, never the key nor this digest: ``orbit_server.console._session``).
     """
     row = conn.execute(
         sa.select(api_keys.c.id, api_keys.c.role, namespaces.c.id.label("ns_id"), namespaces.c.name)

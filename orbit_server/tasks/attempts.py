@@ -156,6 +156,26 @@ def _keep_late_report(
     return bool(done.rowcount == 1)
 
 
+def _reported(
+    conn: Connection, attempt: Mapping[Any, Any], now: datetime, report: dict[str, Any]
+) -> errors.ReportConflict | None:
+    """The conflict of ``report`` with an outcome the attempt's worker already reported (a success, or a
+    failure with its error), the report kept as evidence; else ``None`` (a live attempt, or one that
+    ended otherwise: its lease was lost)."""
+    status = attempt["status"]
+    ended = (AttemptStatus.FAILED.value, AttemptStatus.CANCELLED.value)
+    if status != AttemptStatus.SUCCEEDED.value and not (status in ended and attempt["error"] is not None):
+        return None
+    kept = _keep_late_report(conn, attempt, now, report)
+    return errors.ReportConflict(
+        f"attempt {attempt['generation']} already reported {status} with another "
+        f"{'result' if status == AttemptStatus.SUCCEEDED.value else 'error'}: an attempt's outcome never "
+        "changes (the same report again answers 200); this one was "
+        + ("kept as evidence" if kept else "not kept: evidence was already recorded"),
+        evidence_recorded=kept,
+    )
+
+
 def complete_attempt(
     conn: Connection, namespace_id: int, attempt_id: str, lease_token: str, result: Any
 ) -> AttemptState:
@@ -168,6 +188,7 @@ def complete_attempt(
     Raises:
         errors.AttemptNotFound: no such attempt in the namespace (404).
         errors.InvalidTransition: the attempt was never started (409).
+        errors.ReportConflict: the attempt already reported another result or a failure (409).
         errors.LeaseLost: wrong token, or the attempt is no longer live (409). With the right
             token the report is kept on the attempt as late evidence; the task is unchanged.
     """
@@ -176,6 +197,8 @@ def complete_attempt(
     status = attempt["status"]
     if status == AttemptStatus.SUCCEEDED.value and _canonical(attempt["result"]) == _canonical(result):
         return _state(task, attempt)
+    if (conflict := _reported(conn, attempt, now, {"outcome": "succeeded", "result": result})) is not None:
+        raise conflict
     if (lapsed := _lapsed(conn, task, attempt, now)) is not None:
         kept = _keep_late_report(conn, attempt, now, {"outcome": "succeeded", "result": result})
         raise _lost(attempt, lapsed, kept=kept)
@@ -221,6 +244,7 @@ def fail_attempt(
 
     Raises:
         errors.AttemptNotFound: no such attempt in the namespace (404).
+        errors.ReportConflict: the attempt already reported a success or another error (409).
         errors.LeaseLost: wrong token, or the attempt is no longer live (409). With the right
             token the report is kept on the attempt as late evidence; the task is unchanged.
     """
@@ -230,6 +254,8 @@ def fail_attempt(
     finished = (AttemptStatus.FAILED.value, AttemptStatus.CANCELLED.value)
     if attempt["status"] in finished and _canonical(attempt["error"]) == _canonical(reported):
         return _state(task, attempt)
+    if (conflict := _reported(conn, attempt, now, {"outcome": "failed", "error": reported})) is not None:
+        raise conflict
     if (lapsed := _lapsed(conn, task, attempt, now)) is not None:
         kept = _keep_late_report(conn, attempt, now, {"outcome": "failed", "error": reported})
         raise _lost(attempt, lapsed, kept=kept)

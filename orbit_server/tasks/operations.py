@@ -5,7 +5,7 @@ history; the rules are in :mod:`orbit_server.tasks.transitions`.
 from __future__ import annotations
 
 import uuid
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
 import sqlalchemy as sa
@@ -199,6 +199,7 @@ def retry_task(
         errors.NotRetryable: the task is not ``FAILED`` or ``CANCELLED``, or it is a flow step's
             task (its flow applies the result; 409, with ``flow_instance_id``).
         errors.SuccessorExists: the task was retried already (409, with ``successor_id``).
+        errors.DeadlinePassed: ``deadline`` is not after the database's now (422).
     """
     old = _lock_task_in(conn, namespace_id, task_id)
     if old["flow_instance_id"] is not None:
@@ -222,6 +223,11 @@ def retry_task(
             f"task {task_id} was already retried as {successor}", successor_id=successor
         )
     now = db_now(conn)
+    if deadline is not None and deadline.astimezone(UTC).replace(tzinfo=None) <= now:
+        raise errors.DeadlinePassed(
+            f"the deadline {deadline.astimezone(UTC):%Y-%m-%dT%H:%M:%SZ} is not after now (database clock): "
+            "the new task could only fail at once; give a later deadline, or none"
+        )
     source = conn.execute(sa.select(tasks).where(tasks.c.id == task_id)).mappings().one()
     new_id = str(uuid.uuid4())
     try:

@@ -14,24 +14,34 @@ import click
 
 from outbox_adapter._exceptions import OutboxUsageError
 
-__all__ = ["metrics_options", "parse_duration", "setting"]
+__all__ = ["ROW_ID", "metrics_options", "parse_duration", "setting"]
 
 F = TypeVar("F", bound=Callable[..., Any])
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
 _DURATION = re.compile(r"(\d+(?:\.\d+)?)([smhdw]?)")
 
 
+#: An outbox row id on the command line: what a BIGINT column holds (a larger one was a traceback).
+ROW_ID = click.IntRange(1, 2**63 - 1)
+
+#: The longest duration taken, in seconds: 100 years (365-day), back from now still a date.
+MAX_DURATION = 36_500 * 86400
+
+
 def parse_duration(text: str) -> float:
     """``"7d"`` → ``604800.0``: a number with an optional unit ``s``, ``m``, ``h``, ``d`` or ``w``
-    (no unit: seconds).
+    (no unit: seconds), at most :data:`MAX_DURATION` (36,500 days).
 
     Raises:
-        OutboxUsageError: not a duration.
+        OutboxUsageError: not a duration, or a longer one.
     """
     match = _DURATION.fullmatch(text.strip().lower())
     if match is None:
         raise OutboxUsageError(f"{text!r} is not a duration; write e.g. 90s, 30m, 12h, 7d or 2w")
-    return float(match.group(1)) * _UNITS[match.group(2) or "s"]
+    seconds = float(match.group(1)) * _UNITS[match.group(2) or "s"]
+    if seconds > MAX_DURATION:
+        raise OutboxUsageError(f"{text!r} is longer than 36500d (100 years), the longest duration taken")
+    return seconds
 
 
 class _Duration(click.ParamType):  # type: ignore[type-arg]
@@ -106,13 +116,26 @@ def _json_option(func: F) -> F:
     )(func)
 
 
+#: Longest ``--actor``: the audit trail's ``actor`` column.
+ACTOR_MAX_LENGTH = 255
+
+
+def _check_actor(_ctx: click.Context, _param: click.Parameter, value: str | None) -> str | None:
+    if value is not None and len(value) > ACTOR_MAX_LENGTH:
+        raise click.BadParameter(
+            f"is {len(value)} characters long; at most {ACTOR_MAX_LENGTH} fit the audit trail"
+        )
+    return value
+
+
 def _actor_option(func: F) -> F:
     return click.option(
         "--actor",
         envvar="ORBIT_OUTBOX_ACTOR",
         show_envvar=True,
         default=None,
-        help="Who acts, for the audit trail. Default: operator:<login name>.",
+        callback=_check_actor,
+        help="Who acts, for the audit trail. Default: operator:<login name> (at most 255 characters).",
     )(func)
 
 

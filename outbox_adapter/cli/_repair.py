@@ -26,6 +26,7 @@ from outbox_adapter.cli._common import (
     out,
 )
 from outbox_adapter.cli._options import (
+    ROW_ID,
     _actor,
     _actor_option,
     _database_options,
@@ -39,7 +40,7 @@ __all__ = ["abandon", "purge", "reconcile", "resolve", "retry"]
 
 @click.command()
 @_database_options
-@click.argument("row_id", type=int, required=False)
+@click.argument("row_id", type=ROW_ID, required=False)
 @click.option("--all-dead", is_flag=True, help="Retry every DEAD row.")
 @click.option(
     "--reason", default="retried by an operator", show_default=True, help="Why, for the audit trail."
@@ -162,7 +163,7 @@ def _reconcile_summary(decisions: list[ReconcileDecision], *, dry_run: bool) -> 
 @_orbit_options(
     "Orbit API key of the row's namespace (read role); needed only with --delivered-as.", required=False
 )
-@click.argument("row_id", type=int)
+@click.argument("row_id", type=ROW_ID)
 @click.option(
     "--delivered-as",
     metavar="TASK_ID",
@@ -245,7 +246,7 @@ def resolve(
 @click.option(
     "--row",
     "rows",
-    type=int,
+    type=ROW_ID,
     multiple=True,
     help="With --dead-older-than: only this DEAD row (repeatable), e.g. --dead-older-than 0s --row 42.",
 )
@@ -306,7 +307,7 @@ def purge(
 
 @click.command()
 @_database_options
-@click.argument("row_id", type=int)
+@click.argument("row_id", type=ROW_ID)
 @click.option("--reason", required=True, help="Why the row must never be sent, for the audit trail.")
 @_actor_option
 @_json_option

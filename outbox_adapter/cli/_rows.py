@@ -21,6 +21,7 @@ from outbox_adapter.cli._common import (
     out,
 )
 from outbox_adapter.cli._options import (
+    ROW_ID,
     _database_options,
     _json_option,
 )
@@ -74,7 +75,7 @@ def status(database_url: str, table: str, as_json: bool) -> None:
 )
 @click.option("--limit", type=click.IntRange(1, 10_000), default=50, show_default=True)
 @click.option(
-    "--after-id", type=click.IntRange(min=0), default=0, help="Only rows with a larger id (paging)."
+    "--after-id", type=click.IntRange(0, 2**63 - 1), default=0, help="Only rows with a larger id (paging)."
 )
 @_json_option
 def list_command(
@@ -91,7 +92,7 @@ def list_command(
 
 @click.command()
 @_database_options
-@click.argument("row_id", type=int)
+@click.argument("row_id", type=ROW_ID)
 @click.option("--params", "with_params", is_flag=True, help="Also print the row's params.")
 @_json_option
 def show(database_url: str, table: str, row_id: int, with_params: bool, as_json: bool) -> None:

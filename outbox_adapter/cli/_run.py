@@ -60,7 +60,8 @@ def migrate(database_url: str, table: str, inbox_table: str | None) -> None:
     "--once",
     is_flag=True,
     help="Deliver what is due now, then exit 0 (4 if rows were left unsent because the Orbit server was "
-    "unreachable or refused the key).",
+    "unreachable). Without it the relay runs until SIGTERM; either way it exits 4 when the server refuses "
+    "the API key (401/403).",
 )
 @setting(
     "--batch-size",
@@ -130,7 +131,17 @@ def relay(as_json: bool, once: bool, **options: Any) -> None:
         the_relay = Relay.from_settings(settings, install_signal_handlers=True)
     try:
         with _errors():
-            stats = the_relay.run(once=once)
+            try:
+                stats = the_relay.run(once=once)
+            except OrbitError as exc:  # the key was refused (401/403): a configuration error
+                key = settings.api_key.get_secret_value()[:12] if settings.api_key is not None else ""
+                _fail(
+                    f"the Orbit server at {settings.orbit_url} refused the relay's API key {key}… ({exc}); the "
+                    "relay stopped and the rows stay PENDING with their attempts intact; set ORBIT_API_KEY to a "
+                    "submit (or admin) key of the rows' namespace (`orbit-server api-key create NAMESPACE --role "
+                    'submit`), then start the relay again (README "Outbox")',
+                    EXIT_ORBIT,
+                )
     finally:
         the_relay.close()
     if as_json:
@@ -304,7 +315,12 @@ def consume(
                 try:
                     stats = consumer.run(once=once)
                 except OrbitError as exc:
-                    _fail(f"{exc}{lease_hint(exc)}", EXIT_ORBIT)
+                    which = (  # a refused key: say which one (its first characters), never all of it
+                        f" (the key {api_key[:12]}…, ORBIT_API_KEY)"
+                        if getattr(exc, "status_code", None) in (401, 403)
+                        else ""
+                    )
+                    _fail(f"{exc}{lease_hint(exc)}{which}", EXIT_ORBIT)
         finally:
             consumer.close()
     finally:

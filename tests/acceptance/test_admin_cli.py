@@ -235,3 +235,62 @@ def test_queue_list_shows_whether_each_queue_is_paused(server: RunningServer, se
     assert next(q for q in cli_json(server, "queue", "list", "--namespace", "shop") if q["name"] == queue)[
         "paused"
     ]
+
+
+# ---------------------------------------------- issue 30: what the last bad-input pass left
+
+
+def test_huge_ages_big_ids_and_long_actors_are_usage_errors_not_tracebacks(server: RunningServer) -> None:
+    for args in (
+        ("task", "list", "--since", "99999999999d"),
+        ("task", "list", "--since", "36501d"),
+        ("retention", "inventory", "--before", "99999999999d"),
+        ("retention", "inventory", "--before", "0001-01-01T00:00:00+14:00"),
+        ("purge", "--tasks-older-than", "99999999999d"),
+        ("api-key", "revoke", str(2**63)),
+        ("task", "cancel", "x", "--reason", "r", "--actor", "a" * 256),
+    ):
+        assert "Traceback" not in cli(server, *args, code=2), args  # a traceback was exit 1
+    assert "36500d" in cli(server, "task", "list", "--since", "99999999999d", code=2)
+    assert "at most 255" in cli(server, "task", "cancel", "x", "--reason", "r", "--actor", "a" * 256, code=2)
+    cli(server, "task", "list", "--since", "36500d")
+
+
+def test_a_second_revoke_says_it_changed_nothing(server: RunningServer) -> None:
+    url = server.database_url.render_as_string(hide_password=False)
+    created = CliRunner().invoke(main, ["api-key", "create", "shop", "--role", "read", "--database-url", url])
+    key_id = json.loads(cli(server, "api-key", "list", "--namespace", "shop", "--json"))[-1]["id"]
+    assert created.exit_code == 0
+    first = CliRunner().invoke(main, ["api-key", "revoke", str(key_id), "--database-url", url])
+    again = CliRunner().invoke(main, ["api-key", "revoke", str(key_id), "--database-url", url])
+    assert first.exit_code == again.exit_code == 0
+    assert "revoked at" in first.stderr and "already" not in first.stderr
+    assert "already revoked" in again.stderr and "nothing changed" in again.stderr
+
+
+def test_schedule_list_prints_tab_separated_rows_when_piped(server: RunningServer) -> None:
+    cli(server, "schedule", "create", "shop", "nightly", "--queue", "default", "--handler", "h", "--cron",
+        "0 3 * * *", "--timezone", "Europe/Berlin")  # fmt: skip
+    header, *rows = cli(server, "schedule", "list", "shop").splitlines()
+    assert header.split("\t")[:3] == ["name", "state", "trigger"]
+    [row] = [r.split("\t") for r in rows if r.startswith("nightly\t")]
+    assert row[1] == "active" and "Europe/Berlin" in row[2]
+    shown = json.loads(cli(server, "schedule", "show", "shop", "nightly", "--json"))
+    assert shown["params"] == {}  # no --params: {} as a submission without params gets
+    message = cli(server, "schedule", "create", "shop", "both", "--queue", "default", "--handler", "h",
+                  "--cron", "0 3 * * *", "--interval", "60", code=2)  # fmt: skip
+    assert "Value error" not in message and "exactly one of cron and interval_seconds" in message
+
+
+def test_queue_pause_of_a_missing_queue_names_the_namespace(server: RunningServer) -> None:
+    message = cli(server, "queue", "pause", "shop", "nosuch", code=1)
+    assert "'nosuch' does not exist in namespace 'shop'" in message, message
+
+
+def test_purge_dry_run_says_it_was_one(server: RunningServer) -> None:
+    url = server.database_url.render_as_string(hide_password=False)
+    result = CliRunner().invoke(
+        main, ["purge", "--tasks-older-than", "30d", "--dry-run", "--database-url", url]
+    )
+    assert result.exit_code == 0, result.output
+    assert "dry run: nothing was deleted" in result.stderr

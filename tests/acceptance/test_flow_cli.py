@@ -203,6 +203,7 @@ def test_flow_commands_as_a_real_process(make_database: DatabaseFactory, tmp_pat
         return subprocess.run([sys.executable, "-m", "orbit_server", *args], env=env, input=stdin,
                               capture_output=True, text=True, timeout=60)  # fmt: skip
 
+    assert run("migrate").returncode == 0
     assert run("namespace", "create", "shop").returncode == 0
     assert run("queue", "create", "shop", "fulfilment").returncode == 0
     published = run("flow", "publish", "-", "--flow", "approval", stdin=json.dumps(GRAPH))
@@ -227,7 +228,7 @@ def test_the_documented_flow_commands_run(make_database: DatabaseFactory, tmp_pa
     assert "export ORBIT_DATABASE_URL" not in block
     script = f"export ORBIT_DATABASE_URL={url}\n{block}"
     env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
-    setup = f"orbit-server namespace create shop --database-url {url} && " \
+    setup = f"orbit-server migrate --database-url {url} && orbit-server namespace create shop --database-url {url} && " \
             f"orbit-server queue create shop fulfilment --database-url {url}"  # fmt: skip
     assert subprocess.run(["bash", "-c", setup], env=env, capture_output=True, timeout=60).returncode == 0
     done = subprocess.run(["bash", "-euo", "pipefail", "-c", script], cwd=repo, env=env, capture_output=True,

@@ -30,8 +30,7 @@ def _run(*args: str) -> tuple[int, str, str]:
 @pytest.mark.parametrize("kind", ["sqlite", pytest.param("mariadb", marks=pytest.mark.mariadb)])
 def test_admin_commands(make_database: DatabaseFactory, kind: str) -> None:
     url = make_database(kind).render_as_string(hide_password=False)
-    if kind != "sqlite":
-        assert _run("migrate", "--database-url", url)[0] == 0
+    assert _run("migrate", "--database-url", url)[0] == 0
     assert _run("namespace", "create", "shop", "--database-url", url)[0] == 0
     code, _, err = _run("namespace", "create", "shop", "--database-url", url)
     assert code == 1 and "already exists" in err
@@ -67,6 +66,7 @@ def test_a_too_long_api_key_label_is_refused_naming_the_limit(
 
 def test_database_url_from_environment(tmp_path: Path) -> None:
     url = f"sqlite:///{tmp_path / 'env.db'}"
+    assert CliRunner(env={"ORBIT_DATABASE_URL": url}).invoke(main, ["migrate"]).exit_code == 0
     result = CliRunner(env={"ORBIT_DATABASE_URL": url}).invoke(main, ["namespace", "create", "from-env"])
     assert result.exit_code == 0, result.output
     assert (tmp_path / "env.db").exists()
@@ -292,3 +292,18 @@ def test_serve_with_two_worker_processes_answers_accepts_and_wakes_long_polls(
         proc.send_signal(signal.SIGTERM)
         output, _ = proc.communicate(timeout=60)
     assert proc.returncode in (0, -signal.SIGTERM), output
+
+
+def test_admin_commands_never_make_a_new_sqlite_database_nor_read_a_file_that_is_none(tmp_path: Path) -> None:
+    """Issue 30: a typo in ORBIT_DATABASE_URL made a new, empty database (the README says an unmigrated
+    database exits 1), and a file that is no database printed a traceback."""
+    typo = tmp_path / "orbt.db"
+    result = CliRunner().invoke(main, ["namespace", "list", "--database-url", f"sqlite:///{typo}"])
+    assert result.exit_code == 1 and f"no SQLite database at {typo}" in result.stderr, result.output
+    assert "orbit-server migrate" in result.stderr and not typo.exists()
+    text = tmp_path / "notes.txt"
+    text.write_text("not a database, just some text that is long enough " * 40)
+    for args in (["namespace", "list"], ["migrate"]):
+        result = CliRunner().invoke(main, [*args, "--database-url", f"sqlite:///{text}"])
+        assert result.exit_code == 1 and "is not an Orbit database" in result.stderr, (args, result.output)
+        assert "Traceback" not in result.output

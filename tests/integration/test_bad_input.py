@@ -227,3 +227,135 @@ def test_other_methods_share_one_metrics_label(server: RunningServer) -> None:
     # Any token a pure-Python HTTP parser (h11) lets through is counted the same way.
     assert {method_label(f"MADEUP{n}") for n in range(200)} == {"OTHER"}
     assert method_label("GET") == "GET" and method_label("HEAD") == "HEAD"
+
+
+# ---------------------------------------------- issue 30: what the last bad-input pass left
+
+
+def _schedule(http: httpx.Client, **fields: Any) -> dict[str, Any]:
+    body = {"name": f"s-{uuid.uuid4().hex[:8]}", "queue": "default", "handler": "h", "interval_seconds": 3600,
+            **fields}  # fmt: skip
+    created = http.post("/schedules", json=body)
+    assert created.status_code == 201, created.text
+    schedule: dict[str, Any] = created.json()
+    return schedule
+
+
+def test_occurrences_before_takes_only_an_rfc3339_time_that_exists_in_utc(http: httpx.Client) -> None:
+    """``before=0001-01-01T00:00:00+14:00`` answered 500 (before year 1 in UTC); naive, date-only and
+    epoch values were taken as UTC or seconds."""
+    path = f"/schedules/{_schedule(http)['name']}/occurrences"
+    for before in ("0001-01-01T00:00:00+14:00", "9999-12-31T23:59:59-14:00", "2026-01-01T00:00:00",
+                   "2026-01-01", "1700000000"):  # fmt: skip
+        problem = _problem(http.get(path, params={"before": before}), 422, "validation_error")
+        assert problem["errors"][0]["loc"] == ["query", "before"], problem
+    assert http.get(path, params={"before": "9999-12-31T23:59:59Z"}).json() == []
+
+
+def test_a_schedule_names_five_cron_fields_and_a_real_time_zone(http: httpx.Client) -> None:
+    """A six-field cron was read with seconds first, and ``localtime``/``Factory`` were time zones."""
+    for cron in ("0 0 * * * *", "0 0 * *"):
+        problem = _problem(http.post("/schedules", json={"name": "c", "queue": "default", "handler": "h",
+                                                         "cron": cron}), 422, "invalid_cron")  # fmt: skip
+        assert "five fields" in problem["detail"]
+    for zone in ("localtime", "Factory", "posixrules"):
+        _problem(http.post("/schedules", json={"name": "z", "queue": "default", "handler": "h",
+                                               "cron": "0 0 * * *", "timezone": zone}), 422, "unknown_timezone")  # fmt: skip
+    assert http.get("/schedules/c").status_code == 404 and http.get("/schedules/z").status_code == 404
+    assert _schedule(http, interval_seconds=None, cron="0 0 * * *", timezone="Europe/Berlin")
+
+
+def test_a_schedule_without_params_gives_its_tasks_an_empty_object_as_a_submission_does(
+    http: httpx.Client,
+) -> None:
+    assert _schedule(http)["params"] == {}
+
+
+def test_schedule_patch_treats_null_alike_for_every_field_it_cannot_be_without(http: httpx.Client) -> None:
+    """``null`` was ignored for queue and the policies but refused for handler and timezone."""
+    schedule = _schedule(http)
+    path = f"/schedules/{schedule['name']}"
+    for field in ("queue", "handler", "timezone", "misfire_policy", "overlap_policy", "catch_up_max",
+                  "misfire_grace_seconds"):  # fmt: skip
+        problem = _problem(http.patch(path, json={field: None}), 422, "invalid_schedule")
+        assert f"{field} cannot be null" in problem["detail"]
+    assert http.get(path).json()["version"] == schedule["version"]  # nothing was written
+    cleared = http.patch(path, json={"params": None, "end_at": None})
+    assert cleared.status_code == 200 and cleared.json()["params"] is None
+
+
+def test_a_nan_lease_duration_is_refused_as_not_finite(http: httpx.Client) -> None:
+    raw = '{"worker_id": "w", "lease_seconds": NaN}'
+    problem = _problem(http.post("/queues/default/leases", content=raw,
+                                 headers={"Content-Type": "application/json"}), 422, "validation_error")  # fmt: skip
+    assert "finite" in problem["detail"] and "less than" not in problem["detail"]
+
+
+def test_a_list_refuses_a_filter_given_twice_or_one_it_does_not_know(http: httpx.Client) -> None:
+    """``?status=A&status=B`` kept the last, and ``?stauts=A`` listed everything."""
+    problem = _problem(http.get("/tasks", params=[("status", "FAILED"), ("status", "WAITING")]), 422,
+                       "validation_error")  # fmt: skip
+    assert problem["errors"][0]["loc"] == ["query", "status"] and "more than once" in problem["detail"]
+    problem = _problem(http.get("/tasks", params={"stauts": "FAILED"}), 422, "validation_error")
+    assert problem["errors"][0]["loc"] == ["query", "stauts"] and "status" in problem["detail"]
+    for path in ("/schedules", "/flow-instances"):
+        _problem(http.get(path, params={"nosuch": "1"}), 422, "validation_error")
+    assert http.get("/tasks", params={"status": "FAILED", "limit": 1}).status_code == 200
+
+
+def test_a_batch_item_with_a_bad_key_field_is_not_told_about_a_header(http: httpx.Client) -> None:
+    items = [
+        {"queue": "default", "handler": "h"},
+        {"idempotency_key": "\x01", "queue": "default", "handler": "h"},
+    ]
+    answer = http.post("/tasks/batch", json={"items": items})
+    assert answer.status_code == 200, answer.text
+    errors = [item["error"] for item in answer.json()["items"]]
+    assert [e["code"] for e in errors] == ["idempotency_key_missing", "idempotency_key_invalid"]
+    assert not [e for e in errors if "header" in e["title"].lower()], errors
+
+
+def test_a_subscription_conflict_names_both_sets_of_queues(http: httpx.Client) -> None:
+    name = f"sub-{uuid.uuid4().hex[:6]}"
+    assert http.post("/subscriptions", json={"name": name}).status_code == 201
+    problem = _problem(http.post("/subscriptions", json={"name": name, "queues": ["default"]}), 409,
+                       "subscription_exists")  # fmt: skip
+    assert "None" not in problem["detail"] and "every queue" in problem["detail"], problem
+
+
+def test_another_result_for_a_succeeded_attempt_is_a_report_conflict(http: httpx.Client) -> None:
+    """It answered ``lease_lost``, which tells a worker its lease lapsed: it did not."""
+    while http.post("/queues/default/leases", json={"worker_id": "w", "max_tasks": 100}).json():
+        pass
+    attempt_id, token = _running_attempt(http)
+    assert http.post(f"/attempts/{attempt_id}/complete", json={"lease_token": token, "result": 1}).is_success
+    assert http.post(f"/attempts/{attempt_id}/complete", json={"lease_token": token, "result": 1}).is_success
+    for call, body in (("complete", {"result": 2}), ("fail", {"error": {"type": "E"}})):
+        _problem(http.post(f"/attempts/{attempt_id}/{call}", json={"lease_token": token, **body}), 409,
+                 "report_conflict")  # fmt: skip
+        batch = http.post(f"/attempts/{call}", json={"items": [{"attempt_id": attempt_id, "lease_token": token,
+                                                                **body}]})  # fmt: skip
+        assert batch.json()["items"][0]["error"]["code"] == "report_conflict", batch.text
+    _problem(http.post(f"/attempts/{attempt_id}/complete", json={"lease_token": "forged", "result": 2}), 409,
+             "lease_lost")  # fmt: skip
+
+
+def test_a_retry_with_a_deadline_already_past_is_refused(http: httpx.Client) -> None:
+    failed = _submit(http, options={"max_attempts": 1})
+    assert http.post(f"/tasks/{failed['id']}/cancel", json={"reason": "r"}).status_code == 200
+    for deadline in ("2001-01-01T00:00:00Z", "2001-01-01T00:00:00+02:00"):
+        problem = _problem(http.post(f"/tasks/{failed['id']}/retry", json={"reason": "r", "deadline": deadline}),
+                           422, "deadline_passed")  # fmt: skip
+        assert "later deadline" in problem["detail"]
+    assert http.post(f"/tasks/{failed['id']}/retry", json={"reason": "r", "deadline": "2999-01-01T00:00:00Z"}
+                     ).status_code == 201  # fmt: skip
+
+
+def test_a_flow_graph_error_names_the_node_as_written_not_pydantics_union_tag(http: httpx.Client) -> None:
+    """Pydantic's internals leaked: ``graph.nodes.b.task.handler`` (the tag it picked) and "Input tag 'x'
+    found using 'type' does not match any of the expected tags"."""
+    graph = {"start": "a", "nodes": {"a": {"type": "nope"}, "b": {"type": "task", "queue": "default"}}}
+    problem = _problem(http.post("/flows/f/versions", json={"graph": graph}), 422, "validation_error")
+    locs = [".".join(map(str, e["loc"])) for e in problem["errors"]]
+    assert "body.graph.nodes.b.handler" in locs and not [loc for loc in locs if ".task." in loc], locs
+    assert "type 'nope' is not a node type" in problem["detail"] and "Input tag" not in problem["detail"]

@@ -262,3 +262,37 @@ def test_a_flow_instance_page_draws_the_graph_links_the_steps_and_pauses(
     assert page.locator("#instance-status").inner_text() == "PAUSED"
     assert "instance_paused" in page.locator("#history").inner_text()
     shot(page, "flow-instance-paused")
+
+
+@pytest.mark.parametrize("width", [800, 1024, 1280, 1600])
+def test_the_queue_gate_buttons_fit_in_the_overview_at_any_width(
+    browser: Any, server: RunningServer, seed: Seeder, tmp_path: Path, width: int
+) -> None:
+    """Issue 30: the queues table was wider than its box at every window width, and the pause/resume
+    buttons (its last column) were cut off."""
+    seed.queue()
+    context = browser.new_context(base_url=server.base_url, viewport={"width": width, "height": 900})
+    tab = context.new_page()
+    tab.shots = tmp_path
+    try:
+        sign_in(tab, server.keys["admin"])
+        box = tab.locator("main .scroll").first
+        overflow = box.evaluate("e => e.scrollWidth - e.clientWidth")
+        right = box.bounding_box()["x"] + box.bounding_box()["width"]
+        buttons = tab.locator("form.queue-control button")
+        assert buttons.count() >= 1
+        edges = [b["x"] + b["width"] for b in (buttons.nth(i).bounding_box() for i in range(buttons.count()))]
+        shot(tab, f"overview-{width}")
+        assert max(edges) <= right, (width, max(edges), right)  # the buttons are in view, at every width
+        assert width < 1280 or overflow <= 0, (width, overflow)  # from 1280 px on, the whole table fits
+    finally:
+        context.close()
+
+
+def test_a_failed_tasks_page_says_a_plain_exception_is_not_retried(
+    page: Any, server: RunningServer, seed: Seeder
+) -> None:
+    failed = seed.failed("order-not-retried")  # KeyError, not retryable
+    sign_in(page, server.keys["read"])
+    page.goto(f"/ui/tasks/{failed}")
+    assert "raise RetryableError to retry" in page.locator("#not-retried").inner_text()

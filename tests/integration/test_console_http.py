@@ -39,7 +39,10 @@ def test_pages_need_a_session(server: RunningServer) -> None:
         for path in ("/ui/", "/ui/tasks", "/ui/review", "/ui/api-keys", "/ui/tasks/x"):
             r = anonymous.get(path)
             assert r.status_code == 303 and r.headers["location"].startswith("/ui/login?next="), path
-        assert anonymous.get("/ui/login").status_code == 200
+        login = anonymous.get("/ui/login")
+        assert login.status_code == 200
+        # It said the cookie held "a hash of the key" (issue 30): it holds a random session token.
+        assert "hash of the key" not in login.text and "never the key" in login.text
         bad = anonymous.post("/ui/login", data={"api_key": "orbit_nope"})
         assert bad.status_code == 401 and "unknown or revoked" in bad.text
     with httpx.Client(base_url=server.base_url, cookies={COOKIE: "forged.value.sig"}) as forged:

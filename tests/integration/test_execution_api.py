@@ -308,7 +308,8 @@ def test_repeated_reports_answer_alike_and_a_different_one_is_evidence(api: Api)
     assert api.ok(grant, "start")["status"] == "RUNNING"  # a repeated start changes nothing
     first = api.ok(grant, "complete", result={"v": 1})
     assert api.ok(grant, "complete", result={"v": 1}) == first
-    body = _problem(api.call(grant, "complete", result={"v": 2}), 409, "lease_lost")
+    # Another result is a conflicting duplicate (issue 30: it answered lease_lost), kept as evidence.
+    body = _problem(api.call(grant, "complete", result={"v": 2}), 409, "report_conflict")
     assert body["evidence_recorded"] is True
     task = api.task(grant["task"]["id"])
     assert task["result"] == {"v": 1} and task["state_version"] == 4

@@ -308,6 +308,7 @@ def test_purge_refuses_bad_input_and_changes_nothing(make_database: DatabaseFact
         result = CliRunner().invoke(main, [*args, "--database-url", url])
         return result.exit_code, result.output
 
+    assert run("migrate")[0] == 0
     assert run("purge")[0] == 2  # nothing to purge named
     code, output = run("purge", "--before", "2999-01-01T00:00")
     assert code == 2 and "in the future" in output

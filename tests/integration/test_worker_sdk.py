@@ -196,6 +196,9 @@ def test_a_failed_attempt_is_logged_at_warning_with_its_ids_and_traceback(
         record.levelno == logging.WARNING and f"attempt {task.current_attempt_id} (generation 1)" in message
     )
     assert "KeyError: 'order_id'" in message and record.exc_info is not None  # the traceback goes to the log
+    # A plain exception fails the task at once (issue 30: the log said nothing of why no retry came).
+    assert task.attempt_count == 1 and task.max_attempts > 1
+    assert message.endswith("; not retried: raise RetryableError to retry"), message
 
 
 def test_a_long_traceback_keeps_its_end_within_the_bound(env: Env) -> None:

@@ -155,18 +155,32 @@ def test_relay_once_exits_4_when_orbit_is_unreachable_or_refuses_the_key(
         row = enqueue(
             conn, namespace=ns.name, queue="default", handler="h", params={}, tables=OutboxTables(name=table)
         )
-    for env in (
-        {"ORBIT_URL": f"http://127.0.0.1:{closed_port()}", "ORBIT_API_KEY": ns.keys["submit"]},
-        {"ORBIT_URL": orbit.base_url, "ORBIT_API_KEY": "not-a-key"},  # 401
-        {"ORBIT_URL": orbit.base_url, "ORBIT_API_KEY": ns.keys["read"]},  # 403: the wrong role
-    ):
-        failed = _run(
-            "relay", *db, "--once", "--json", "--timeout", "2", env={**env, "ORBIT_OUTBOX_BACKOFF_BASE": "0"}
-        )
-        assert failed.exit_code == 4, (env, failed.output)
-        assert json.loads(failed.stdout)["orbit_unavailable"] == 1
-        assert "1 due row(s) were not delivered" in failed.stderr and "ORBIT_API_KEY" in failed.stderr
-        assert _json(_run("show", *db, str(row.id), "--json"))["row"]["state"] == "PENDING"
+    unreachable = {"ORBIT_URL": f"http://127.0.0.1:{closed_port()}", "ORBIT_API_KEY": ns.keys["submit"]}
+    failed = _run(
+        "relay",
+        *db,
+        "--once",
+        "--json",
+        "--timeout",
+        "2",
+        env={**unreachable, "ORBIT_OUTBOX_BACKOFF_BASE": "0"},
+    )
+    assert failed.exit_code == 4, failed.output
+    assert json.loads(failed.stdout)["orbit_unavailable"] == 1
+    assert "1 due row(s) were not delivered" in failed.stderr and "ORBIT_API_KEY" in failed.stderr
+    assert _json(_run("show", *db, str(row.id), "--json"))["row"]["state"] == "PENDING"
+    # A refused key is a configuration error: with --once or without, the relay stops and exits 4,
+    # naming the key by its first characters and the fix; the row keeps its attempts.
+    for key in ("orbit_not-a-key", ns.keys["read"]):  # 401, and 403: the wrong role
+        env = {"ORBIT_URL": orbit.base_url, "ORBIT_API_KEY": key}
+        for once in (["--once"], []):
+            failed = _run("relay", *db, *once, "--timeout", "2", env=env)
+            assert failed.exit_code == 4, (key, once, failed.output)
+            assert f"refused the relay's API key {key[:12]}…" in failed.stderr, failed.stderr
+            assert "api-key create" in failed.stderr and "ORBIT_API_KEY" in failed.stderr
+            assert key not in failed.stderr
+            shown = _json(_run("show", *db, str(row.id), "--json"))["row"]
+            assert (shown["state"], shown["attempts"]) == ("PENDING", 0)
     env = {"ORBIT_URL": orbit.base_url, "ORBIT_API_KEY": ns.keys["submit"], "ORBIT_OUTBOX_BACKOFF_BASE": "0"}
     with biz.engine.begin() as conn:  # a row the server refuses for good still lets the run exit 0
         enqueue(
@@ -279,3 +293,30 @@ def test_list_piped_is_tab_separated_with_a_header_and_a_delivered_row_has_no_du
     assert rows[sent.id]["state"] == "DELIVERED" and rows[sent.id]["available at (UTC)"] == ""
     assert rows[sent.id]["key"] == sent.idempotency_key  # whole, never cut or wrapped
     assert rows[waiting.id]["available at (UTC)"].startswith("2099-01-01")
+
+
+def test_huge_ids_and_durations_long_actors_and_a_missing_directory_are_usage_errors(
+    biz: Biz, tmp_path: Any
+) -> None:
+    """Issue 30: each of these printed a traceback, and a SQLite file in a directory that does not exist
+    was reported as a database that 'may be down or busy'."""
+    table = f"cli_{uuid.uuid4().hex[:8]}"
+    db = ["--database-url", biz.url.render_as_string(hide_password=False), "--table", table]
+    assert _run("migrate", *db).exit_code == 0
+    big = str(2**63)
+    for args in (
+        ("show", *db, big),
+        ("abandon", *db, big, "--reason", "r"),
+        ("retry", *db, big),
+        ("list", *db, "--after-id", big),
+        ("purge", *db, "--delivered-older-than", "99999999999d"),
+        ("purge", *db, "--dead-older-than", "0s", "--row", big, "--reason", "r"),
+        ("retry", *db, "--all-dead", "--actor", "a" * 256),
+    ):
+        result = CliRunner().invoke(main, list(args))  # a traceback: exit 1 with the exception
+        assert "Traceback" not in result.output and result.exit_code == 2, (args, result.output)
+    assert "36500d" in _run("purge", *db, "--delivered-older-than", "99999999999d").stderr
+    missing = tmp_path / "no-such-dir" / "shop.db"
+    result = _run("status", "--database-url", f"sqlite:///{missing}")
+    assert result.exit_code == 2 and "directory that does not exist" in result.stderr, result.output
+    assert "down or busy" not in result.stderr

@@ -275,6 +275,10 @@ def test_orbit_outbox_consume(
     assert runner.invoke(main, ["migrate", "--database-url", url, "--table", table]).exit_code == 0
     missing = runner.invoke(main, [*consume, *handler], env=env)
     assert missing.exit_code == 4 and "create the subscription first" in missing.stderr  # no subscription yet
+    for key in ("orbit_not-a-key", ns.keys["submit"]):  # 401, and 403 (the wrong role): stop, naming the key
+        refused = runner.invoke(main, [*consume, *handler], env={**env, "ORBIT_API_KEY": key})
+        assert refused.exit_code == 4 and f"the key {key[:12]}…" in refused.stderr, refused.output
+        assert "work (or admin) key" in refused.stderr and key not in refused.stderr
     with OrbitClient(orbit.base_url, api_key=ns.keys["admin"]) as admin:
         admin.create_subscription(ns.name, "cli-results")
     tasks = [finished_task(orbit, ns, succeed=True), finished_task(orbit, ns, succeed=False)]

@@ -7,6 +7,7 @@ import logging
 import threading
 from typing import Any
 
+import httpx
 import pytest
 import sqlalchemy as sa
 
@@ -124,4 +125,59 @@ def test_a_connection_lost_while_reading_the_isolation_level_is_a_transient_data
         pass
     assert caught.value.retryable is True
     assert isinstance(caught.value.__cause__, sa.exc.OperationalError)
+    engine.dispose()
+
+
+def test_rows_go_out_as_soon_as_the_orbit_server_answers_again(
+    make_database: DatabaseFactory, orbit: RunningServer
+) -> None:
+    """The Orbit server down is one condition of the relay (issue 30): logged once, probed, and every
+    waiting row goes out as soon as it answers. The relay used to log a warning per row per retry and
+    spread the rows over their own backoff (a minute here), so they went out long after the server
+    was back."""
+    engine = sa.create_engine(make_database("sqlite"))
+    Outbox(engine).migrate()
+    keys = orbit.add_namespace("orbit-outage", ("default",))
+    server = httpx.URL(orbit.base_url)
+    proxy = TcpProxy(server.host, server.port or 80)  # not up yet: connections are refused
+    handler = _Events()
+    adapter_log = logging.getLogger("outbox_adapter")
+    adapter_log.addHandler(handler)
+    level = adapter_log.level
+    adapter_log.setLevel(logging.INFO)
+    client = OrbitClient(f"http://127.0.0.1:{proxy.port}", api_key=keys["submit"], timeout=5,
+                         retry=RetryPolicy(max_attempts=1))  # fmt: skip
+    relay = Relay(
+        client=client,
+        engine=engine,
+        batch_size=1,
+        concurrency=1,
+        backoff=Backoff(base=60.0, cap=60.0, random=lambda: 1.0),  # a row's own backoff: a minute
+        orbit_backoff=Backoff(base=0.1, cap=0.2, random=lambda: 1.0),
+        poll_interval=0.05,
+    )
+    with engine.begin() as conn:
+        for n in range(3):
+            enqueue(conn, namespace="orbit-outage", queue="default", handler="h", params={"n": n})
+    thread = threading.Thread(target=relay.run)
+    thread.start()
+    try:
+        handler.wait_for("orbit_unavailable")
+        proxy.up()
+        handler.wait_for("delivered", count=3, timeout=20)  # well inside the rows' own minute of backoff
+        handler.wait_for("orbit_recovered")
+    finally:
+        relay.stop()
+        thread.join(20)
+        relay.close()
+        client.close()
+        proxy.down()
+        adapter_log.removeHandler(handler)
+        adapter_log.setLevel(level)
+    assert not thread.is_alive()
+    rows = Outbox(engine).list_rows()
+    # Each row counts one send: the refused ones were given back.
+    assert [(r.state, r.attempts) for r in rows] == [("DELIVERED", 1)] * 3
+    assert handler.count("orbit_unavailable") == 1 and handler.count("orbit_recovered") == 1
+    assert handler.count("retry") == 0  # no warning per row
     engine.dispose()

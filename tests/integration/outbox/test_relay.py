@@ -6,9 +6,10 @@ from __future__ import annotations
 import threading
 from typing import Any
 
+import pytest
 import sqlalchemy as sa
 
-from orbit_client import OrbitClient, RetryPolicy
+from orbit_client import AuthenticationError, OrbitClient, RetryPolicy
 from orbit_server.tasks import store
 from outbox_adapter import Outbox, OutboxTables, enqueue
 from outbox_adapter._db import db_now
@@ -273,7 +274,10 @@ def test_unknown_api_key_blames_the_relay_not_the_rows(
 
     [row_id] = _enqueue(biz, tables, ns)
     with OrbitClient(orbit.base_url, api_key="wrong", retry=RetryPolicy(max_attempts=1)) as client:
-        stats = Relay(client=client, engine=biz.engine, tables=tables, backoff=Backoff.no_wait()).run_once()
-    assert (stats.retried, stats.dead) == (1, 0)
-    row = Outbox(biz.engine, tables=tables).get(row_id)
+        relay = Relay(client=client, engine=biz.engine, tables=tables, backoff=Backoff(base=60, cap=60))
+        with pytest.raises(AuthenticationError):
+            relay.run_once()
+    outbox = Outbox(biz.engine, tables=tables)
+    row = outbox.get(row_id)
     assert row.state == "PENDING" and row.attempts == 0 and row.last_status_code == 401
+    assert row.available_at <= row.updated_at  # due now: no backoff spent on the relay's key

@@ -15,7 +15,7 @@ import httpx
 import pytest
 import sqlalchemy as sa
 
-from orbit_client import OrbitClient, RetryPolicy
+from orbit_client import AuthenticationError, OrbitClient, PermissionDeniedError, RetryPolicy
 from outbox_adapter import (
     Backoff,
     InvalidStateError,
@@ -155,8 +155,10 @@ def test_one_send_per_outcome_class(
     row = Outbox(engine).get(row_id)
     assert (row.state, row.attempts, row.send_count, row.last_status_code) == (state, attempts, 1, status)
     assert row.lease_token is None and row.lease_owner is None
-    if state == "PENDING":  # backoff from the database clock: Retry-After when given, else the jittered bound
-        expected = 30.0 if status == 429 else 5.0
+    # Backoff from the database clock: Retry-After when given, else the jittered bound; none after a
+    # 503: the server is down, which the relay waits out itself, not each row.
+    if state == "PENDING":
+        expected = {429: 30.0, 503: 0.0}.get(status, 5.0)
         assert abs((row.available_at - row.updated_at).total_seconds() - expected) < 0.01
 
 
@@ -297,8 +299,6 @@ def test_operator_errors_name_the_row_and_the_fix(engine: sa.Engine) -> None:
     ("submit", "unavailable"),
     [
         (lambda r: (_ for _ in ()).throw(httpx.ConnectError("[Errno 111] Connection refused", request=r)), 1),
-        (lambda r: problem(401, "unauthenticated"), 1),
-        (lambda r: problem(403, "forbidden"), 1),
         (lambda r: problem(503, "unavailable"), 1),
         (lambda r: problem(429, "rate_limited"), 0),
         (lambda r: problem(422, "validation_error"), 0),  # DEAD: drained, not unavailable
@@ -312,6 +312,42 @@ def test_rows_left_unsent_because_orbit_is_unavailable_are_counted(
     add(engine)
     stats = relay(engine, FakeServer(submit), backoff=Backoff(base=5.0, cap=5.0)).run_once()
     assert stats.orbit_unavailable == unavailable and stats.to_dict()["orbit_unavailable"] == unavailable
+
+
+@pytest.mark.parametrize(("status", "error"), [(401, AuthenticationError), (403, PermissionDeniedError)])
+def test_a_refused_key_stops_the_relay_and_the_rows_stay_due_with_their_attempts(
+    engine: sa.Engine, status: int, error: type[Exception], caplog: pytest.LogCaptureFixture
+) -> None:
+    """A 401/403 is a configuration error, not an outage (issue 30): the relay that runs until stopped
+    claims nothing more, says once which key and what to do, and raises; it used to retry every row for
+    ever, logging an error per row."""
+    ids = add(engine, 3)
+    server = FakeServer(lambda r: problem(status, "unauthenticated" if status == 401 else "forbidden"))
+    the_relay = relay(engine, server, batch_size=1, concurrency=1, backoff=Backoff(base=60, cap=60))
+    raised: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            the_relay.run()
+        except BaseException as exc:
+            raised.append(exc)
+
+    caplog.set_level(logging.DEBUG, "outbox_adapter")
+    thread = threading.Thread(target=run)
+    thread.start()
+    thread.join(10)
+    if thread.is_alive():
+        the_relay.stop()
+        thread.join(10)
+        pytest.fail("the relay kept running with a refused key")
+    assert len(raised) == 1 and isinstance(raised[0], error)
+    assert len(server.posts) == 1  # nothing more was claimed or sent
+    rows = [Outbox(engine).get(i) for i in ids]
+    assert [(r.state, r.attempts) for r in rows] == [("PENDING", 0)] * 3
+    assert all(r.available_at <= r.updated_at for r in rows)  # due: no backoff spent on the relay's key
+    errors = [r for r in caplog.records if r.levelno >= logging.ERROR]
+    assert [getattr(r, "event", None) for r in errors] == ["api_key_refused"]
+    assert "k…" in errors[0].getMessage() and "ORBIT_API_KEY" in errors[0].getMessage()
 
 
 def test_a_row_refused_then_delivered_in_the_same_run_is_not_counted_unavailable(engine: sa.Engine) -> None:
