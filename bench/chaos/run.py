@@ -18,7 +18,7 @@ import tempfile
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -864,6 +864,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--drain-timeout", type=float, default=900.0, help="seconds to wait for the drain")
     parser.add_argument("--keep", action="store_true", help="keep the run directory (datadirs, logs)")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
+    parser.add_argument("--json-file", help="also write the run's figures, with date, commit, command and load "
+                                            "averages, to this file (bench/results/chaos-*.json: the docs quote it)")  # fmt: skip
     args = parser.parse_args(argv)
     if args.orders < 1 or args.faults < 0:
         parser.error("--orders must be at least 1 and --faults at least 0")
@@ -874,6 +876,7 @@ def main(argv: list[str] | None = None) -> int:
         raise KeyboardInterrupt(f"signal {signum}")  # run() then stops every process it started
 
     signal.signal(signal.SIGTERM, interrupted)
+    started, load = time.time(), list(os.getloadavg())
     crashes = args.db_crashes if args.db_crashes is not None else max(1, args.faults // 50)
     root = Path(tempfile.mkdtemp(prefix="orbit-chaos-"))
     servers = args.servers or (3 if args.cluster else 2)
@@ -886,8 +889,66 @@ def main(argv: list[str] | None = None) -> int:
         console.log(f"logs and datadirs kept under {root}")
     else:
         shutil.rmtree(root, ignore_errors=True)
+    if args.json_file:
+        results_file(Path(args.json_file), summary, started, load, argv if argv is not None else sys.argv[1:])
     if args.json:
         print(json.dumps(summary, indent=2, default=str))
     else:
         show(summary)
     return 1 if summary["violations"] else 0
+
+
+#: The figures of a results file (:func:`results_file`): (summary key, name, unit, target when one is set).
+_FIGURES = (
+    ("orders", "orders placed", "orders", None),
+    ("acknowledged_orders", "orders acknowledged", "orders", None),
+    ("faults_total", "faults injected", "faults", None),
+    ("node_faults", "node faults (cluster)", "faults", None),
+    ("lost", "lost", "orders", "0"),
+    ("duplicated", "duplicated", "tasks", "0"),
+    ("double_charged", "double-charged", "orders", "0"),
+    ("results_applied_twice", "results applied twice", "results", "0"),
+    ("live_attempt_overlaps", "two live attempts at once", "tasks", "0"),
+    ("tasks", "tasks", "tasks", None),
+    ("attempts", "attempts", "attempts", None),
+    ("attempts_expired", "attempts expired", "attempts", None),
+    ("resent_rows", "outbox rows sent more than once", "rows", None),
+    ("cert_failures_per_1000_tasks", "certification failures per 1,000 tasks (cluster)", "", None),
+    ("bf_aborts_per_1000_tasks", "brute-force aborts per 1,000 tasks (cluster)", "", None),
+)
+
+
+def results_file(
+    path: Path, summary: dict[str, Any], started: float, load: list[float], argv: Sequence[str]
+) -> None:
+    """Write ``summary`` as a results file: ``figures`` (the invariants with their target of 0 and the
+    run's size), ``summary`` as :func:`run` returned it, and ``meta`` (date, commit, command, machine, load
+    averages), the shape ``bench/results/README.md`` describes."""
+    import platform
+
+    commit = subprocess.run(
+        ["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=False
+    ).stdout.strip()
+    figures = [
+        {"section": "chaos" + (f" ({summary['cluster']})" if summary.get("cluster") else ""), "name": name,
+         "value": summary[key], "unit": unit, "note": "", "base": None, "ratio": None, "target": target,
+         "passed": None if target is None else summary[key] == 0}
+        for key, name, unit, target in _FIGURES
+        if isinstance(summary.get(key), int | float)
+    ]  # fmt: skip
+    figures.append({"section": figures[0]["section"], "name": "invariant violations", "value": len(summary["violations"]),
+                    "unit": "", "note": "", "base": None, "ratio": None, "target": "0",
+                    "passed": not summary["violations"]})  # fmt: skip
+    meta = {
+        "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(started)),
+        "commit": commit or None,
+        "command": " ".join(["python -m bench.chaos", *argv]),
+        "machine": {"platform": platform.platform(), "cores": os.cpu_count()},
+        "loadavg_at_start": load,
+        "loadavg_at_end": list(os.getloadavg()),
+        "seconds": round(time.time() - started, 1),
+    }
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(
+        json.dumps({"figures": figures, "summary": summary, "meta": meta}, indent=2, default=str) + "\n"
+    )
