@@ -55,10 +55,20 @@ def render(path: Path, repo: Path | None = None) -> str:
             if "loadavg_at_start" in meta
             else "not recorded"
         ),
-        f"- **Orbit's database**: MariaDB `{json.dumps(meta.get('mariadb', 'not recorded'))}`",
-        f"- **The peer's database**: PostgreSQL `{json.dumps(meta.get('postgres', 'not recorded'))}`",
-        f"- **Run settings**: `n={meta.get('n')}`, `concurrency={meta.get('concurrency')}`, "
-        f"sections `{','.join(meta.get('sections', []))}`",
+        *([f"- **Orbit's database**: MariaDB `{json.dumps(meta['mariadb'])}`"] if "mariadb" in meta else []),
+        *(
+            [f"- **The peer's database**: PostgreSQL `{json.dumps(meta['postgres'])}`"]
+            if "postgres" in meta
+            else []
+        ),
+        *(
+            [
+                f"- **Run settings**: `n={meta.get('n')}`, `concurrency={meta.get('concurrency')}`, "
+                f"sections `{','.join(meta.get('sections', []))}`"
+            ]
+            if "n" in meta
+            else []
+        ),
         *(
             [
                 f"- **Settings that differ from a default**, both sides: {'; '.join(f'{k}: {v}' for k, v in settings.items())}"
