@@ -28,8 +28,12 @@ from tests.integration.conftest import BACKENDS
 from tests.integration.test_worker_sdk import FAST, Env, running
 from tests.servers import run_server
 
-#: Long enough never to be what ends a batch here: batches end when every task in flight reported.
-PATIENT = 0.5
+#: Long enough never to be what ends a batch here: batches end when every task in flight reported. A
+#: CI run at load 7-10 once took more than 0.5 s between the first and the last of 8 handlers' returns,
+#: and the linger, not the last report, closed the batch ([4, 4] instead of [8]).
+PATIENT = 1.0  # the most a Worker accepts
+#: The same for tests whose leases are short (1.5-2 s): a linger must stay well inside a lease.
+PATIENT_SHORT_LEASE = 0.5
 #: These tests count the calls of the explicit-start path (``lease_and_start=False``, and the path a
 #: server without lease-and-start gets): lease, then a batched start, then the reports.
 EXPLICIT_START = {**FAST, "lease_and_start": False}
@@ -297,7 +301,7 @@ def test_a_lost_lease_answer_never_leaves_a_task_running(env: Env) -> None:
     # The lost grants lapse after their lease; the second grants must keep theirs under load (CI, 3 test
     # processes on 2 cores: a 0.5 s lease, as long as the report linger, once ran out mid-report).
     drain(env, lambda client: Worker(
-        client, env.ns, queue, {"echo": echo}, concurrency=2, lease_seconds=2, report_linger=PATIENT, **FAST
+        client, env.ns, queue, {"echo": echo}, concurrency=2, lease_seconds=2, report_linger=PATIENT_SHORT_LEASE, **FAST
     ), recorder, ids)  # fmt: skip
     for task_id in ids:
         first, second = env.admin.list_attempts(env.ns, task_id)
@@ -361,7 +365,14 @@ def test_heartbeats_due_together_share_one_call(env: Env) -> None:
     ids = [env.submit(queue, "held") for _ in range(4)]
     recorder = Recorder()
     worker_for = lambda client: Worker(  # noqa: E731
-        client, env.ns, queue, {"held": held}, concurrency=4, lease_seconds=1.5, report_linger=PATIENT, **FAST
+        client,
+        env.ns,
+        queue,
+        {"held": held},
+        concurrency=4,
+        lease_seconds=1.5,
+        report_linger=PATIENT_SHORT_LEASE,
+        **FAST,
     )
     with counted_client(env, recorder) as client, running(worker_for(client)):
         assert recorder.shared_heartbeat.wait(10), recorder.sent
