@@ -107,8 +107,10 @@ async def lease_tasks(
     sighted = False
     while True:
         signal = wakeup.current()
-        if await request.is_disconnected():
-            return []  # the worker gave up waiting: granting now would strand the task until expiry
+        # After a wait, the worker may have given up: granting then would strand the task until its lease
+        # lapses. Before the first try it has just sent the request (the check costs a receive).
+        if sighted and await request.is_disconnected():
+            return []
         started_ns = time.time_ns()
         grants = await run_in_threadpool(
             transact,

@@ -101,6 +101,42 @@ def _find_queue_statement(conn: Connection) -> sa.Executable:
     return statement
 
 
+#: :func:`_claim_one_statement`'s statements, by ``(start, limited)``.
+_CLAIM_ONE: dict[tuple[bool, bool], sa.Executable] = {}
+_INSERT_EVENTS = task_events.insert()
+_INSERT_ATTEMPTS = task_attempts.insert()
+
+
+def _claim_one_statement(start: bool, limited: bool) -> sa.Executable:
+    """The conditional UPDATE that grants one task (``:b_id`` at ``:b_version``, still ``WAITING``) its
+    attempt ``:b_attempt_id`` at ``:b_now``: the many-row UPDATE of :func:`lease_tasks` for one row, built
+    once (it changes nothing but the ``IN`` lists, so a one-grant lease skips building and keying it)."""
+    statement = _CLAIM_ONE.get((start, limited))
+    if statement is None:
+        status: Any = (
+            sa.case((tasks.c.retry_safe, TaskStatus.RUNNING.value), else_=TaskStatus.LEASED.value)
+            if start else TaskStatus.LEASED.value
+        )  # fmt: skip
+        steps: Any = sa.case((tasks.c.retry_safe, 2), else_=1) if start else 1
+        statement = _CLAIM_ONE[(start, limited)] = (
+            by_primary_key(tasks.update())
+            .where(
+                tasks.c.id == sa.bindparam("b_id"),
+                tasks.c.state_version == sa.bindparam("b_version"),
+                tasks.c.status == TaskStatus.WAITING.value,
+            )
+            .values(
+                status=status,
+                state_version=tasks.c.state_version + steps,
+                attempt_count=tasks.c.attempt_count + 1,
+                current_attempt_id=sa.bindparam("b_attempt_id", type_=tasks.c.current_attempt_id.type),
+                updated_at=sa.bindparam("b_now", type_=tasks.c.updated_at.type),
+                **({"holds_permit": True} if limited else {}),
+            )
+        )
+    return statement
+
+
 def lease_tasks(
     conn: Connection,
     namespace_id: int,
@@ -191,26 +227,38 @@ def lease_tasks(
         if start else TaskStatus.LEASED.value
     )  # fmt: skip
     steps: Any = sa.case((tasks.c.retry_safe, 2), else_=1) if start else 1  # versions: leased (and started)
-    claimed = conn.execute(
-        by_primary_key(tasks.update())
-        .where(
-            # The plain ``id IN`` lets MariaDB read a range of the key for one row as for many: with one
-            # tuple alone it reads the whole index (db/engine.by_primary_key).
-            tasks.c.id.in_([row["id"] for row in due]),
-            sa.tuple_(tasks.c.id, tasks.c.state_version).in_(
-                [(row["id"], row["state_version"]) for row in due]
-            ),
-            tasks.c.status == TaskStatus.WAITING.value,
+    if len(due) == 1:  # the common grant (a worker at concurrency 1, a long-poll woken): built once
+        (row,) = due
+        claimed = conn.execute(
+            _claim_one_statement(start, limited),
+            {
+                "b_id": row["id"],
+                "b_version": row["state_version"],
+                "b_attempt_id": attempt_ids[row["id"]],
+                "b_now": now,
+            },
         )
-        .values(
-            status=running_status,
-            state_version=tasks.c.state_version + steps,
-            attempt_count=tasks.c.attempt_count + 1,
-            current_attempt_id=sa.case(attempt_ids, value=tasks.c.id),
-            updated_at=now,
-            **({"holds_permit": True} if limited else {}),
+    else:
+        claimed = conn.execute(
+            by_primary_key(tasks.update())
+            .where(
+                # The plain ``id IN`` lets MariaDB read a range of the key for one row as for many: with
+                # one tuple alone it reads the whole index (db/engine.by_primary_key).
+                tasks.c.id.in_([row["id"] for row in due]),
+                sa.tuple_(tasks.c.id, tasks.c.state_version).in_(
+                    [(row["id"], row["state_version"]) for row in due]
+                ),
+                tasks.c.status == TaskStatus.WAITING.value,
+            )
+            .values(
+                status=running_status,
+                state_version=tasks.c.state_version + steps,
+                attempt_count=tasks.c.attempt_count + 1,
+                current_attempt_id=sa.case(attempt_ids, value=tasks.c.id),
+                updated_at=now,
+                **({"holds_permit": True} if limited else {}),
+            )
         )
-    )
     if claimed.rowcount != len(due):
         raise errors.ConcurrentUpdate("a claimed task changed while it was being leased")
     actor = f"worker:{worker_id}"
@@ -261,8 +309,8 @@ def lease_tasks(
             id=attempt_id, generation=generation, lease_token=token, lease_expires_at=_at(expires)
         )
         grants.append(LeaseGrant(task=task, attempt=lease))
-    conn.execute(task_events.insert(), events)
-    conn.execute(task_attempts.insert(), attempts)
+    conn.execute(_INSERT_EVENTS, events)
+    conn.execute(_INSERT_ATTEMPTS, attempts)
     if limited:  # the permits, taken in this transaction under the gate's lock (§5 "领取 … 取得额度")
         conn.execute(
             concurrency_permits.insert(),
