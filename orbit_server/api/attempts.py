@@ -106,7 +106,7 @@ async def lease_tasks(
     give_up = loop.time() + body.wait_seconds
     sighted = False
     while True:
-        signal = wakeup.current()
+        signal = wakeup.current((caller.namespace_id, queue))
         if await request.is_disconnected():
             return []  # the worker gave up waiting: granting now would strand the task until expiry
         started_ns = time.time_ns()
