@@ -26,6 +26,7 @@ from orbit_server.db.engine import create_engine
 from orbit_server.db.pg_notify import CHANNEL, decode
 from orbit_server.db.schema import worker_sightings
 from tests.conftest import DatabaseFactory
+from tests.flow_support import FlowApi
 from tests.server_processes import ServerProcess, prepare
 
 pytestmark = pytest.mark.postgres
@@ -212,3 +213,33 @@ def test_a_burst_of_submissions_sends_one_notification_per_interval(setup: Setup
     assert len(wakes) == 1 and next(iter(wakes)).queues is not None, wakes  # the one queue, named
     assert len(payloads) <= elapsed / interval + 2, (len(payloads), elapsed)
     assert len(payloads) <= submissions / 4, (len(payloads), elapsed)
+
+
+def test_a_step_result_on_one_server_runs_the_flow_loop_of_the_other(setup: Setup) -> None:
+    """B runs no flow loop and A's passes 30 s apart, and both poll leases every 30 s: a step completed
+    through B reaches A's loop (flow wake-up), whose next step task reaches a long-poll on B (lease wake-up)."""
+    slow = {"ORBIT_LEASE_POLL_INTERVAL_SECONDS": SLOW_POLL}
+    setup.spawn(setup.url, setup.tmp / "a.log", ORBIT_FLOW_INTERVAL_SECONDS="30", **slow)
+    b = setup.spawn(setup.url, setup.tmp / "b.log", ORBIT_FLOW_INTERVAL_SECONDS="0", **slow)
+    _await(lambda: len(_listener_pids(setup.url)) == 2, "both servers listen")
+    api = FlowApi(b.base_url, NS, setup.keys)
+    try:
+        graph = {"start": "one", "nodes": {
+            "one": {"type": "task", "queue": QUEUE, "handler": "one", "next": "two"},
+            "two": {"type": "task", "queue": QUEUE, "handler": "two", "next": "end"},
+            "end": {"type": "end"}}}  # fmt: skip
+        api.publish("pair", graph)
+        started = api.start("pair")
+        [first] = api.lease(QUEUE, 1, wait=5)  # made by the start itself, on B
+        assert first["task"]["handler"] == "one"
+        completed = time.monotonic()
+        api.finish(first, ("complete", {"done": 1}))
+        [second] = api.lease(QUEUE, 1, wait=20)
+        assert second["task"]["handler"] == "two"
+        assert time.monotonic() - completed < 2.0, (
+            f"the next step came {time.monotonic() - completed:.3f} s later"
+        )
+        api.finish(second, ("complete", {"done": 2}))
+        api.wait_status(started["id"], "COMPLETED")
+    finally:
+        api.close()
