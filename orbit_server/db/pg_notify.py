@@ -42,13 +42,15 @@ import random
 import threading
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import psycopg
-from psycopg import sql
+from prometheus_client import Counter
 from sqlalchemy.engine import Engine
 
-__all__ = ["CHANNEL", "MAX_PAYLOAD_BYTES", "PgNotifier", "Wake", "decode", "encode"]
+if TYPE_CHECKING:  # imported when a notifier is made: a server without the postgres extra never needs it
+    import psycopg
+
+__all__ = ["CHANNEL", "EVENTS", "MAX_PAYLOAD_BYTES", "PgNotifier", "Wake", "decode", "encode"]
 
 log = logging.getLogger("orbit_server.notify")
 
@@ -58,6 +60,15 @@ CHANNEL = "orbit_wakeup"
 MAX_PAYLOAD_BYTES = 7_900
 
 LeaseKey = tuple[int, str]
+
+#: Registered in the app's ``/metrics`` (:class:`orbit_server.api.metrics.Metrics`).
+EVENTS = Counter(
+    "orbit_notify_events",
+    "Wake-up notifications across server processes (PostgreSQL): sent by this process, received from "
+    "another, send_failed (dropped: the others poll), listener_connected (each connect and reconnect).",
+    ["event"],
+    registry=None,
+)
 
 
 @dataclass(frozen=True)
@@ -195,6 +206,8 @@ class PgNotifier:
         return encode(None if every else queues, flow=flow)
 
     async def _send_forever(self) -> None:
+        import psycopg
+
         assert self._due is not None
         failing = False
         while True:
@@ -207,9 +220,11 @@ class PgNotifier:
                 sender = await self._sender_connection()
                 await sender.execute("SELECT pg_notify(%s, %s)", (self._channel, payload))
                 self.sent += 1
+                EVENTS.labels("sent").inc()
                 failing = False
             except (psycopg.Error, OSError) as exc:
                 # Dropped, not kept: the other processes find the work by polling.
+                EVENTS.labels("send_failed").inc()
                 if not failing:
                     log.warning(
                         "sending a wake-up notification failed (%s); other server processes poll", exc
@@ -221,6 +236,8 @@ class PgNotifier:
             )  # at most one notification per interval; the next carries the rest
 
     async def _sender_connection(self) -> psycopg.AsyncConnection[Any]:
+        import psycopg
+
         if self._sender is None or self._sender.closed:
             self._sender = await psycopg.AsyncConnection.connect(
                 **self._connect_kwargs, autocommit=True, application_name="orbit-server notify sender"
@@ -237,6 +254,9 @@ class PgNotifier:
     # ---------------------------------------------------------------- listening
 
     async def _listen_forever(self) -> None:
+        import psycopg
+        from psycopg import sql
+
         failures = 0
         while True:
             try:
@@ -250,6 +270,7 @@ class PgNotifier:
                 async with conn:
                     await conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(self._channel)))
                     self.connects += 1
+                    EVENTS.labels("listener_connected").inc()
                     if failures:
                         log.info("the wake-up listener is connected again")
                     failures = 0
@@ -258,6 +279,7 @@ class PgNotifier:
                         if note.pid == self._sender_pid:
                             continue  # this process's own: its waiters were woken when it published
                         self.received += 1
+                        EVENTS.labels("received").inc()
                         self._on_wake(decode(note.payload))
             except (psycopg.Error, OSError) as exc:
                 failures += 1

@@ -213,6 +213,8 @@ def test_a_burst_of_submissions_sends_one_notification_per_interval(setup: Setup
     assert len(wakes) == 1 and next(iter(wakes)).queues is not None, wakes  # the one queue, named
     assert len(payloads) <= elapsed / interval + 2, (len(payloads), elapsed)
     assert len(payloads) <= submissions / 4, (len(payloads), elapsed)
+    metrics = httpx.get(f"{b.base_url}/metrics", timeout=10).text
+    assert f'orbit_notify_events_total{{event="sent"}} {float(len(payloads))}' in metrics, metrics
 
 
 def test_a_step_result_on_one_server_runs_the_flow_loop_of_the_other(setup: Setup) -> None:
