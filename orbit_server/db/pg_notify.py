@@ -60,6 +60,10 @@ CHANNEL = "orbit_wakeup"
 MAX_PAYLOAD_BYTES = 7_900
 
 LeaseKey = tuple[int, str]
+#: Seconds a dedicated connection may take to open (libpq's ``connect_timeout``).
+_CONNECT_TIMEOUT = 5
+#: Seconds between two sends while sending fails (the database is down or unreachable).
+_FAILED_SEND_PAUSE = 1.0
 
 #: Registered in the app's ``/metrics`` (:class:`orbit_server.api.metrics.Metrics`).
 EVENTS = Counter(
@@ -152,7 +156,13 @@ class PgNotifier:
         if engine.dialect.name != "postgresql" or engine.dialect.driver != "psycopg":
             raise ValueError("LISTEN/NOTIFY wake-ups need a postgresql+psycopg:// database URL")
         _args, kwargs = engine.dialect.create_connect_args(engine.url)
-        self._connect_kwargs: dict[str, Any] = {k: v for k, v in kwargs.items() if v is not None}
+        # The URL's own connection parameters win over these defaults.
+        self._connect_kwargs: dict[str, Any] = {
+            "connect_timeout": _CONNECT_TIMEOUT,
+            # A peer that vanished without a reset is noticed in about a minute, not never.
+            "keepalives": 1, "keepalives_idle": 30, "keepalives_interval": 10, "keepalives_count": 3,
+            **{k: v for k, v in kwargs.items() if v is not None},
+        }  # fmt: skip
         self._on_wake = on_wake
         self._interval = interval_seconds
         self._base = backoff_base_seconds
@@ -216,31 +226,39 @@ class PgNotifier:
             payload = self._take()
             if payload is None:
                 continue
-            try:
-                sender = await self._sender_connection()
-                await sender.execute("SELECT pg_notify(%s, %s)", (self._channel, payload))
-                self.sent += 1
-                EVENTS.labels("sent").inc()
-                failing = False
-            except (psycopg.Error, OSError) as exc:
-                # Dropped, not kept: the other processes find the work by polling.
-                EVENTS.labels("send_failed").inc()
-                if not failing:
-                    log.warning(
-                        "sending a wake-up notification failed (%s); other server processes poll", exc
-                    )
-                failing = True
-                await self._close_sender()
-            await self._sleep(
-                self._interval
-            )  # at most one notification per interval; the next carries the rest
+            for attempt in (1, 2):  # a connection the database dropped while idle gets one fresh retry
+                try:
+                    sender = await self._sender_connection()
+                    await sender.execute("SELECT pg_notify(%s, %s)", (self._channel, payload))
+                    self.sent += 1
+                    EVENTS.labels("sent").inc()
+                    failing = False
+                    break
+                except (psycopg.Error, OSError) as exc:
+                    await self._close_sender()
+                    if attempt == 1:
+                        continue
+                    # Dropped, not kept: the other processes find the work by polling.
+                    EVENTS.labels("send_failed").inc()
+                    if not failing:
+                        log.warning(
+                            "sending a wake-up notification failed (%s); other server processes poll", exc
+                        )
+                    failing = True
+            # At most one notification per interval: the next carries what was published meanwhile. While
+            # the database cannot be reached, a try a second.
+            await self._sleep(_FAILED_SEND_PAUSE if failing else self._interval)
 
     async def _sender_connection(self) -> psycopg.AsyncConnection[Any]:
         import psycopg
 
         if self._sender is None or self._sender.closed:
             self._sender = await psycopg.AsyncConnection.connect(
-                **self._connect_kwargs, autocommit=True, application_name="orbit-server notify sender"
+                **{
+                    **self._connect_kwargs,
+                    "autocommit": True,
+                    "application_name": "orbit-server notify sender",
+                }
             )
             self._sender_pid = self._sender.info.backend_pid
         return self._sender
@@ -261,12 +279,12 @@ class PgNotifier:
         while True:
             try:
                 conn = await psycopg.AsyncConnection.connect(
-                    **self._connect_kwargs,
-                    autocommit=True,
-                    application_name="orbit-server notify listener",
-                    # A peer that vanished without a reset is noticed in about a minute, not never.
-                    keepalives=1, keepalives_idle=30, keepalives_interval=10, keepalives_count=3,
-                )  # fmt: skip
+                    **{
+                        **self._connect_kwargs,
+                        "autocommit": True,
+                        "application_name": "orbit-server notify listener",
+                    }
+                )
                 async with conn:
                     await conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(self._channel)))
                     self.connects += 1

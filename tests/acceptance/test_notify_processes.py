@@ -115,13 +115,14 @@ class LongPoll:
         self._thread.join(timeout=60)
 
 
-def _listener_pids(url: URL) -> list[int]:
+def _listener_pids(url: URL, role: str = "listener") -> list[int]:
     with _pg(url) as conn:
         return [
             pid
             for (pid,) in conn.execute(
                 "SELECT pid FROM pg_stat_activity WHERE datname = current_database()"
-                " AND application_name = 'orbit-server notify listener' ORDER BY backend_start"
+                " AND application_name = %s ORDER BY backend_start",
+                (f"orbit-server notify {role}",),
             )
         ]
 
@@ -193,6 +194,30 @@ def test_the_listener_reconnects_after_its_connection_is_killed(
         f"answered {poll.answered_at - submitted:.3f} s after the submission"
     )
     assert "the wake-up listener lost its connection" in a.output()
+
+
+def test_a_sender_whose_connection_was_killed_sends_on_a_new_one(
+    setup: Setup, two_servers: tuple[ServerProcess, ServerProcess]
+) -> None:
+    a, b = two_servers
+    first = LongPoll(setup, a.base_url)
+    first.waiting()
+    setup.submit(b.base_url)  # B's sender connects
+    assert first.answered.wait(timeout=25) and len(first.grants) == 1
+    [sender] = _listener_pids(setup.url, "sender")
+    with _pg(setup.url) as conn:
+        assert conn.execute("SELECT pg_terminate_backend(%s)", (sender,)).fetchone() == (True,)
+    poll = LongPoll(setup, a.base_url)
+    poll.waiting()
+    submitted = time.monotonic()
+    setup.submit(b.base_url)
+    assert poll.answered.wait(timeout=25)
+    poll.join()
+    assert len(poll.grants) == 1
+    assert poll.answered_at - submitted < 1.0, (
+        f"answered {poll.answered_at - submitted:.3f} s after the submission"
+    )
+    assert _listener_pids(setup.url, "sender") not in ([], [sender])
 
 
 def test_a_burst_of_submissions_sends_one_notification_per_interval(setup: Setup) -> None:
