@@ -9,7 +9,8 @@ also carries those wake-ups to the *other* processes on the same database:
   queue)`` of a lease wake-up, or "all queues", and whether the flow loops should run) and returns. A sender
   task sends what was recorded as **one** ``pg_notify`` on its own connection, in its own (autocommit)
   transaction, then waits ``interval_seconds`` before it sends again: the first wake-up after a quiet spell
-  leaves at once, a burst leaves as one notification per interval whatever its size.
+  leaves at once, a burst leaves as one notification per interval whatever its size. A send that fails is
+  tried once more on a fresh connection (the database may have dropped the idle one), then dropped.
 - **Listening.** One dedicated connection per process runs ``LISTEN orbit_wakeup`` and hands each
   notification to ``on_wake``. When it drops it is opened again after a backoff (0.1 s doubling to 5 s, with
   jitter), and every reconnect wakes everything once, since notifications sent meanwhile are lost.
