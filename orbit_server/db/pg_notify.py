@@ -217,7 +217,6 @@ class PgNotifier:
         return encode(None if every else queues, flow=flow)
 
     async def _send_forever(self) -> None:
-        import psycopg
 
         assert self._due is not None
         failing = False
@@ -235,7 +234,7 @@ class PgNotifier:
                     EVENTS.labels("sent").inc()
                     failing = False
                     break
-                except (psycopg.Error, OSError) as exc:
+                except Exception as exc:  # psycopg.Error, OSError: the wake-up is only a hint
                     await self._close_sender()
                     if attempt == 1:
                         continue
@@ -300,12 +299,12 @@ class PgNotifier:
                         self.received += 1
                         EVENTS.labels("received").inc()
                         self._on_wake(decode(note.payload))
-            except (psycopg.Error, OSError) as exc:
+            except Exception as exc:  # psycopg.Error, OSError; anything else must not end the wake-ups either
                 failures += 1
                 delay = min(self._cap, self._base * 2 ** min(failures - 1, 16)) * random.uniform(0.5, 1.0)
                 if failures == 1:
                     log.warning(
-                        "the wake-up listener lost its connection (%s); reconnecting in %.2f s, polling meanwhile",
+                        "the wake-up listener's connection failed (%s); reconnecting in %.2f s, polling meanwhile",
                         exc, delay,
                     )  # fmt: skip
                 else:
