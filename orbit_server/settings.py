@@ -64,7 +64,25 @@ class ServerSettings(BaseSettings):
         gt=0,
         description=(
             "While a lease call long-polls (wait_seconds), how often it looks for due tasks that another "
-            "server process made available, in seconds; this process's own submissions wake it at once."
+            "server process made available, in seconds; this process's own submissions wake it at once, "
+            "and on PostgreSQL the other processes' too (notify)."
+        ),
+    )
+    notify: bool = Field(
+        default=True,
+        description=(
+            "On PostgreSQL, wake the long-polls and flow loops of the other server processes on the same "
+            "database through LISTEN/NOTIFY, sent after commit and debounced; false: they poll (needed "
+            "behind PgBouncer's transaction pooling). Ignored on other databases."
+        ),
+    )
+    notify_interval_seconds: float = Field(
+        default=0.01,
+        gt=0,
+        le=1,
+        description=(
+            "Least time between two wake-up notifications one server process sends, in seconds; the "
+            "wake-ups of a burst within it leave as one notification at its end."
         ),
     )
     api_key_cache_seconds: float = Field(

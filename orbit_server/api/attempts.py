@@ -106,7 +106,7 @@ async def lease_tasks(
     give_up = loop.time() + body.wait_seconds
     sighted = False
     while True:
-        signal = wakeup.current()
+        signal = wakeup.current((caller.namespace_id, queue))
         # After a wait, the worker may have given up: granting then would strand the task until its lease
         # lapses. Before the first try it has just sent the request (the check costs a receive).
         if sighted and await request.is_disconnected():

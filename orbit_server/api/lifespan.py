@@ -1,8 +1,10 @@
 """The app's lifespan: the background loops of one server process, started and stopped with the app.
 
 The lease expiry sweep, the ``/metrics`` sampler, the scheduler and the flow loop, each turned off by
-its interval setting ``0`` (README "Running the server"). They read the engine, settings, metrics and
-wake-up from ``app.state`` (set by :func:`orbit_server.api.app.create_app`).
+its interval setting ``0`` (README "Running the server"); on PostgreSQL the ``LISTEN/NOTIFY`` wake-ups
+across server processes (:mod:`orbit_server.db.pg_notify`), turned off by ``ORBIT_NOTIFY=false``. They
+read the engine, settings, metrics and wake-up from ``app.state`` (set by
+:func:`orbit_server.api.app.create_app`).
 """
 
 from __future__ import annotations
@@ -10,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator, Coroutine
+from collections.abc import AsyncIterator, Callable, Coroutine
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -20,6 +22,8 @@ from starlette.concurrency import run_in_threadpool
 
 from orbit_server.api.metrics import Metrics
 from orbit_server.api.wakeup import Wakeup
+from orbit_server.db import flow_hooks
+from orbit_server.db.pg_notify import PgNotifier, Wake
 from orbit_server.db.sampling import sample as sample_gauges
 from orbit_server.db.transact import transact
 from orbit_server.flows.loop import run_flow_loop
@@ -70,6 +74,25 @@ async def sample_forever(engine: Engine, metrics: Metrics, interval: float) -> N
         await asyncio.sleep(interval)
 
 
+def notifier_for(engine: Engine, wakeup: Wakeup, *, enabled: bool, interval: float) -> PgNotifier | None:
+    """The wake-ups across processes for a ``postgresql+psycopg`` engine (``None`` for any other database or
+    when not ``enabled``): lease wake-ups and the flow loop's go out after commit and come in from the others."""
+    if not enabled or engine.dialect.name != "postgresql" or engine.dialect.driver != "psycopg":
+        return None
+
+    def on_wake(wake: Wake) -> None:
+        if wake.queues is None or wake.queues:
+            wakeup.wake_on_loop(wake.queues)
+        if wake.flow:
+            flow_hooks.wake_local()
+
+    return PgNotifier(engine, on_wake=on_wake, interval_seconds=interval)
+
+
+def _publish_flow(notifier: PgNotifier) -> Callable[[], None]:
+    return lambda: notifier.publish(flow=True, leases=False)
+
+
 @asynccontextmanager
 async def lifespan(app: FastAPI) -> AsyncIterator[None]:
     state = app.state
@@ -83,6 +106,15 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         (settings.scheduler_interval_seconds, "orbit-scheduler", run_scheduler(engine, settings, wakeup.notify)),
         (settings.flow_interval_seconds, "orbit-flow-loop", run_flow_loop(engine, settings, wakeup.notify)),
     ]  # fmt: skip
+    notifier = state.notifier = notifier_for(
+        engine, wakeup, enabled=settings.notify, interval=settings.notify_interval_seconds
+    )
+    publish_flow = None
+    if notifier is not None:
+        wakeup.publisher = notifier.publish
+        publish_flow = _publish_flow(notifier)
+        flow_hooks.add_publisher(publish_flow)
+        loops.insert(0, (1.0, "orbit-notify", notifier.run()))
     running = []
     for interval, name, coroutine in loops:
         if interval > 0:
@@ -96,5 +128,8 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task
+        wakeup.publisher = None
+        if publish_flow is not None:
+            flow_hooks.remove_publisher(publish_flow)
         if state.owns_engine:
             engine.dispose()

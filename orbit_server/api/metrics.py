@@ -12,6 +12,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 from starlette.datastructures import Headers
 
 from orbit_server.api.hosts import is_address_or_localhost
+from orbit_server.db.pg_notify import EVENTS as NOTIFY_EVENTS
 from orbit_server.db.sampling import LEASE_EXPIRIES, SampledGauges
 from orbit_server.flows.engine import ADVANCES as FLOW_ADVANCES
 
@@ -57,6 +58,7 @@ class Metrics:
         self.registry.register(self.sampled.failures)
         self.registry.register(LEASE_EXPIRIES)
         self.registry.register(FLOW_ADVANCES)
+        self.registry.register(NOTIFY_EVENTS)
 
 
 def metrics_refusal(

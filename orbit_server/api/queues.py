@@ -64,7 +64,7 @@ def update_queue(
         engine, permits.set_limits, caller.namespace_id, queue, changes, actor=f"api_key:{caller.key_id}",
         reason=body.reason, on_behalf_of=body.actor,
     )  # fmt: skip
-    wakeup.notify()  # a raised limit may let waiting tasks through
+    wakeup.notify((caller.namespace_id, queue))  # a raised limit may let waiting tasks through
     return found
 
 
@@ -84,7 +84,7 @@ def control(
         actor=f"api_key:{caller.key_id}", reason=body.reason, on_behalf_of=body.actor,
     )  # fmt: skip
     if not paused:
-        wakeup.notify()
+        wakeup.notify((caller.namespace_id, queue))
     return found
 
 

@@ -114,7 +114,7 @@ def submit_task(
         response.status_code = 200
         response.headers["Idempotent-Replayed"] = "true"
     else:
-        wakeup.notify()
+        wakeup.notify((caller.namespace_id, submission.queue))
     response.headers["Location"] = f"/v1/namespaces/{namespace}/tasks/{task.id}"
     return task
 
@@ -250,7 +250,7 @@ def retry_task(
         actor=f"api_key:{caller.key_id}",
         deadline=body.deadline,
     )
-    wakeup.notify()
+    wakeup.notify((caller.namespace_id, task.queue))
     response.headers["Location"] = f"/v1/namespaces/{namespace}/tasks/{task.id}"
     return task
 

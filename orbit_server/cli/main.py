@@ -121,7 +121,7 @@ def main(log_level: str, log_format: str) -> None:
         "Server processes sharing the port (one Python process is CPU-bound on one core: use about one per "
         "core). Leases are coordinated by the database, so any number may run. A submission wakes the "
         "long-polling lease calls of its own process at once; those waiting in another process find it "
-        "within ORBIT_LEASE_POLL_INTERVAL_SECONDS (default 0.5 s)."
+        "within ORBIT_LEASE_POLL_INTERVAL_SECONDS (default 0.5 s), or at once on PostgreSQL (ORBIT_NOTIFY)."
     ),
 )
 @click.option(

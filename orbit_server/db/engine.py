@@ -30,6 +30,7 @@ __all__ = [
     "BIGINT_MAX",
     "as_db_time",
     "by_primary_key",
+    "check_supported",
     "create_engine",
     "db_now",
     "db_now_expression",
@@ -51,12 +52,18 @@ BIGINT_MAX = 2**63 - 1
 #: timeout, deadlock (on a Galera cluster also a certification conflict at COMMIT, or a brute-force
 #: abort by a write replicated from another node).
 _MYSQL_RETRYABLE = {1205, 1213}
+#: PostgreSQL SQLSTATEs meaning the same: serialization failure, deadlock, lock not available.
+_POSTGRES_RETRYABLE = {"40001", "40P01", "55P03"}
 #: MySQL/MariaDB error numbers meaning "the database did nothing and cannot serve right now": cannot
 #: connect (2002, 2003), a Galera node outside its cluster's primary component (1047 "WSREP has not yet
 #: prepared node for application use", on any statement that touches a table). A connection lost
 #: mid-way (2006, 2013) is not among them: its COMMIT may have happened (:func:`nothing_committed`
 #: decides those by what the request had committed).
 _MYSQL_UNAVAILABLE = {1047, 2002, 2003}
+
+#: PostgreSQL SQLSTATEs meaning the same: cannot connect (08001, 08006), the server is starting or shutting
+#: down (57P03), it has no connection slot left (53300).
+_POSTGRES_UNAVAILABLE = {"08001", "08006", "57P03", "53300"}
 
 #: Per HTTP request (:func:`request_writes_tracked`): ``[wrote, committed_a_write]``: a statement
 #: that may write was sent, and a COMMIT was sent after one. ``None`` outside a request.
@@ -105,6 +112,48 @@ def by_primary_key(statement: _S, table: sa.Table | None = None) -> _S:
     return statement
 
 
+#: The databases and drivers the server runs on (README "Operations"), by SQLAlchemy backend name.
+_SUPPORTED = {
+    "sqlite": ("pysqlite",),
+    "mysql": ("pymysql", "mysqldb"),
+    "postgresql": ("psycopg",),
+}
+_URL_FORMS = (
+    "sqlite:///./orbit.db, mysql+pymysql://user:pw@host/orbit (MariaDB 10.6+ or MySQL 8) or "
+    "postgresql+psycopg://user:pw@host/orbit (PostgreSQL 15+)"
+)
+
+
+def check_supported(url: str | URL) -> URL:
+    """``url`` parsed, if the server runs on its database and driver.
+
+    Raises:
+        ValueError: another database (e.g. ``oracle://``, ``mariadb://``: use ``mysql+pymysql://``),
+            another driver (``postgresql+asyncpg://``, ``postgresql+psycopg2://``), or the driver's package
+            is not installed; the message says which URL forms work and what to install, in one line.
+    """
+    url = make_url(url)
+    backend, driver = url.get_backend_name(), url.get_driver_name()
+    drivers = _SUPPORTED.get(backend)
+    if drivers is None:
+        raise ValueError(f"{url.drivername}:// is not a database the server runs on; use {_URL_FORMS}")
+    if driver not in drivers:
+        raise ValueError(
+            f"{url.drivername}://: the server does not run on the {driver} driver; use "
+            + " or ".join(f"{backend}+{name}://" for name in drivers)
+        )
+    package = {"pymysql": "pymysql", "mysqldb": "MySQLdb", "psycopg": "psycopg"}.get(driver)
+    if package is not None:
+        try:
+            __import__(package)
+        except ImportError:
+            extra = {"pymysql": "mysql", "mysqldb": "mysqlclient", "psycopg": "postgres"}[driver]
+            raise ValueError(
+                f"{url.drivername}:// needs the {package} package: pip install 'orbit-tasks[server,{extra}]'"
+            ) from None
+    return url
+
+
 def is_sqlite(url: str | URL) -> bool:
     return make_url(url).get_backend_name() == "sqlite"
 
@@ -117,7 +166,8 @@ def create_engine(
     Args:
         url: a SQLAlchemy URL, e.g. ``sqlite:///./orbit.db`` or
             ``mysql+pymysql://user:pw@host/orbit`` (or ``mysql+mysqldb://``, the C driver
-            of the ``mysqlclient`` extra).
+            of the ``mysqlclient`` extra), or ``postgresql+psycopg://user:pw@host/orbit``
+            (psycopg 3, the ``postgres`` extra).
         pool_size: connections kept open (MySQL/PostgreSQL); as many again may
             overflow under load.
         ping_idle_seconds: a pooled connection idle for longer than this is pinged before
@@ -129,9 +179,10 @@ def create_engine(
 
     Raises:
         ValueError: for an in-memory SQLite URL (each connection would see its own
-            empty database).
+            empty database), or a database or driver the server does not run on
+            (:func:`check_supported`).
     """
-    url = make_url(url)
+    url = check_supported(url)
     backend = url.get_backend_name()
     if backend == "sqlite":
         if url.database in (None, "", ":memory:"):
@@ -148,13 +199,25 @@ def create_engine(
         )
         _make_sqlite_single_writer(engine)
         return engine
-    kwargs: dict[str, Any] = {"pool_size": pool_size, "max_overflow": pool_size}
+    # preserve_rowcount: psycopg forgets an INSERT's row count once SQLAlchemy closes its cursor (-1 for an
+    # INSERT ... SELECT whose count decides, e.g. result_events.record_result_event); kept for every statement.
+    kwargs: dict[str, Any] = {
+        "pool_size": pool_size,
+        "max_overflow": pool_size,
+        "execution_options": {"preserve_rowcount": True},
+    }
     if backend == "mysql":
         kwargs["isolation_level"] = "READ COMMITTED"
     # hide_parameters: a database error must not write params or results into the log (DESIGN §8).
     # LIFO: under light load the same few connections stay warm (no idle ping) and the rest age out.
     engine = sa.create_engine(url, echo=echo, pool_recycle=3600, hide_parameters=True, pool_use_lifo=True,
                               pool_reset_on_return=None, **kwargs)  # fmt: skip
+    if backend == "postgresql":
+        # A multi-row INSERT (a batch's keys, tasks and events) as one statement per page of at most 1,000
+        # rows and 32,700 parameters (SQLAlchemy's "insertmanyvalues"; PostgreSQL takes 65,535 at most),
+        # not one INSERT per row: psycopg's executemany would pipeline N statements. PyMySQL's
+        # executemany already sends one multi-row INSERT.
+        engine.dialect.use_insertmanyvalues_wo_returning = True
     _ping_when_idle(engine, ping_idle_seconds)
     _reset_only_open_transactions(engine)
     _note_request_writes(engine)
@@ -392,13 +455,15 @@ def insert_unique(conn: Connection, statement: sa.Insert, taken: Exception) -> s
 
 
 def is_lock_conflict(exc: sa.exc.DBAPIError) -> bool:
-    """``True`` when ``exc`` is a deadlock or lock wait timeout worth retrying."""
+    """``True`` when ``exc`` is a deadlock or lock wait timeout worth retrying: MySQL/MariaDB 1205, 1213;
+    PostgreSQL 40001 (serialization failure), 40P01 (deadlock), 55P03 (lock not available: a
+    ``lock_timeout`` ran out); SQLite "database is locked"."""
     orig = exc.orig
     args = getattr(orig, "args", ())
     if args and isinstance(args[0], int) and args[0] in _MYSQL_RETRYABLE:
         return True
     sqlstate = getattr(orig, "sqlstate", None)
-    if sqlstate in ("40001", "40P01"):  # PostgreSQL serialization failure / deadlock
+    if sqlstate in _POSTGRES_RETRYABLE:
         return True
     return isinstance(orig, sqlite3.OperationalError) and "locked" in str(orig)
 
@@ -407,7 +472,8 @@ def is_unavailable(exc: BaseException) -> bool:
     """``True`` when ``exc`` proves the database did nothing and cannot serve right now (the server
     answers 503 with ``Retry-After``, README "Scaling out"): it could not be reached, or a Galera
     node is outside the primary component (1047 on a statement; at ``COMMIT``, 1180 naming the
-    primary component: nothing was replicated, so nothing committed)."""
+    primary component: nothing was replicated, so nothing committed); on PostgreSQL, a connection
+    that could not be made, a server starting or shutting down, or no connection slot left."""
     if not isinstance(exc, sa.exc.DBAPIError):
         return False
     args = getattr(exc.orig, "args", ())
@@ -416,8 +482,7 @@ def is_unavailable(exc: BaseException) -> bool:
         return True
     if code == 1180 and "Primary Component" in str(args[1:]):
         return True
-    return getattr(exc.orig, "sqlstate", None) in (
-        "08001",
-        "08006",
-        "57P03",
-    )  # PostgreSQL: cannot connect, starting
+    sqlstate = getattr(exc.orig, "sqlstate", None)
+    if sqlstate is None and str(exc.orig).startswith("connection failed"):
+        return True  # psycopg: no connection was made (refused, unknown host, rejected at login)
+    return sqlstate in _POSTGRES_UNAVAILABLE

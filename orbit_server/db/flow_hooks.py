@@ -7,8 +7,10 @@ A task created by a flow step carries ``flow_instance_id``, ``flow_token_id`` an
 that transaction: a plain task's transition gets no statement more (README "Flows: running them").
 
 The transaction that wrote an event marks its connection; :func:`orbit_server.db.transact.transact`
-calls :func:`after_commit` once it committed, which wakes the flow loops of this process at once
-(other processes find the event by polling, every ``ORBIT_FLOW_INTERVAL_SECONDS``).
+calls :func:`after_commit` once it committed, which wakes the flow loops of this process at once. Other
+processes find the event by polling, every ``ORBIT_FLOW_INTERVAL_SECONDS``, or sooner on PostgreSQL: a
+publisher (:func:`add_publisher`, :mod:`orbit_server.db.pg_notify`) hands every wake-up on to them, and
+their listener wakes their loops with :func:`wake_local` (which does not publish again).
 
 It lives in ``db`` because both the task transitions (``tasks``) and :func:`~orbit_server.db.transact.transact`
 call it, and it imports nothing of the server but the schema.
@@ -25,7 +27,10 @@ from sqlalchemy.engine import Connection
 
 from orbit_server.db.schema import flow_events
 
-__all__ = ["WROTE_EVENT", "add_listener", "after_commit", "notify", "record_events", "remove_listener"]
+__all__ = [
+    "WROTE_EVENT", "add_listener", "add_publisher", "after_commit", "notify", "record_events",
+    "remove_listener", "remove_publisher", "wake_local",
+]  # fmt: skip
 
 #: Key in ``Connection.info``: this transaction wrote a flow event (or otherwise has work for the loop).
 WROTE_EVENT = "orbit_flow_event"
@@ -33,6 +38,7 @@ WROTE_EVENT = "orbit_flow_event"
 _INSERT = flow_events.insert()
 _lock = threading.Lock()
 _listeners: list[Callable[[], None]] = []
+_publishers: list[Callable[[], None]] = []
 
 
 def record_events(conn: Connection, changed: Sequence[tuple[Mapping[str, Any], str]], now: datetime) -> None:
@@ -70,8 +76,29 @@ def remove_listener(listener: Callable[[], None]) -> None:
             _listeners.remove(listener)
 
 
+def add_publisher(publisher: Callable[[], None]) -> None:
+    """Call ``publisher()`` (thread-safe, returning at once) on every :func:`notify`: it tells the flow loops
+    of the other server processes."""
+    with _lock:
+        _publishers.append(publisher)
+
+
+def remove_publisher(publisher: Callable[[], None]) -> None:
+    with _lock:
+        if publisher in _publishers:
+            _publishers.remove(publisher)
+
+
 def notify() -> None:
-    """Wake every flow loop of this process."""
+    """Wake every flow loop of this process, and with a publisher those of the other processes."""
+    with _lock:
+        listeners = [*_listeners, *_publishers]
+    for listener in listeners:
+        listener()
+
+
+def wake_local() -> None:
+    """Wake every flow loop of this process only (a wake-up another process sent)."""
     with _lock:
         listeners = list(_listeners)
     for listener in listeners:

@@ -1,4 +1,4 @@
-"""Batch acceptance against MariaDB when another request wins a key mid-transaction (DESIGN §3).
+"""Batch acceptance against MariaDB and PostgreSQL when another request wins a key mid-transaction (DESIGN §3).
 
 Deterministic versions of the races the concurrent HTTP test provokes at random: a key
 committed by another request between the batch's lookup and its insert, and a key held
@@ -19,21 +19,25 @@ from sqlalchemy.engine import URL, Engine
 from orbit_client import TaskSubmission
 from orbit_server import errors
 from orbit_server.db import migrate
-from orbit_server.db.engine import create_engine
+from orbit_server.db.engine import create_engine, db_now
 from orbit_server.db.schema import submission_keys, tasks
 from orbit_server.tasks import acceptance_batch, store
 from orbit_server.tasks.acceptance_batch import Accepted, Pending, submit_batch
 from tests.conftest import DatabaseFactory
 
-pytestmark = pytest.mark.mariadb
-
 SUBMISSION = TaskSubmission(queue="default", handler="orders.fulfil", params={"order_id": 1})
 KEY_TTL = timedelta(days=7)
 
 
-@pytest.fixture(scope="module")
-def database(make_database: DatabaseFactory) -> URL:
-    url = make_database("mariadb")
+@pytest.fixture(
+    scope="module",
+    params=[
+        pytest.param("mariadb", marks=pytest.mark.mariadb),
+        pytest.param("postgres", marks=pytest.mark.postgres),
+    ],
+)
+def database(request: pytest.FixtureRequest, make_database: DatabaseFactory) -> URL:
+    url = make_database(request.param)
     engine = create_engine(url)
     migrate.upgrade(engine)
     engine.dispose()
@@ -48,7 +52,11 @@ def engine(database: URL) -> Iterator[Engine]:
     @sa.event.listens_for(the_engine, "connect")
     def _short_lock_wait(dbapi_connection: Any, _record: object) -> None:
         with dbapi_connection.cursor() as cursor:
-            cursor.execute("SET SESSION innodb_lock_wait_timeout = 1")
+            if the_engine.dialect.name == "postgresql":
+                cursor.execute("SET lock_timeout = '1s'")  # 55P03 when it runs out
+                dbapi_connection.commit()  # kept even if the connection's first transaction rolls back
+            else:
+                cursor.execute("SET SESSION innodb_lock_wait_timeout = 1")
 
     yield the_engine
     the_engine.dispose()
@@ -120,7 +128,7 @@ def test_a_key_held_by_an_unfinished_request_is_409_for_that_item_only(
     held, free, free_again = (f"{name}-{uuid.uuid4()}" for name in ("held", "free", "again"))
     with engine.connect() as holder:
         holder.begin()
-        now = holder.exec_driver_sql("SELECT UTC_TIMESTAMP(6)").scalar_one()
+        now = db_now(holder)
         holder.execute(
             submission_keys.insert().values(
                 store.key_row(principal, held, "0" * 64, str(uuid.uuid4()), now, KEY_TTL)

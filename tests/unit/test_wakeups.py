@@ -1,0 +1,76 @@
+"""The wake-up of long-polls by queue, and the payload of the wake-ups sent across processes (no database)."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+import sqlalchemy as sa
+
+from orbit_server.api.wakeup import Wakeup
+from orbit_server.db.pg_notify import MAX_PAYLOAD_BYTES, WAKE_ALL, PgNotifier, Wake, decode, encode
+
+
+async def test_a_wake_up_of_one_queue_wakes_its_long_polls_only() -> None:
+    wakeup = Wakeup()
+    wakeup.bind(asyncio.get_running_loop())
+    jobs, mail = wakeup.current((1, "jobs")), wakeup.current((1, "mail"))
+    assert jobs is not None and mail is not None
+    assert wakeup.current((1, "jobs")) is jobs  # every long-poll of a queue waits on one event
+    wakeup.notify((1, "jobs"))
+    await asyncio.wait_for(jobs.wait(), 5)
+    assert not mail.is_set()
+    wakeup.notify()  # a commit that does not know its queue wakes them all
+    await asyncio.wait_for(mail.wait(), 5)
+    assert wakeup.current((1, "jobs")) is not jobs  # the next wait takes a new event
+
+
+async def test_notify_hands_the_wake_up_to_the_publisher_and_wake_local_does_not() -> None:
+    wakeup = Wakeup()
+    wakeup.bind(asyncio.get_running_loop())
+    published: list[tuple[int, str] | None] = []
+    wakeup.publisher = published.append
+    wakeup.notify((3, "jobs"))
+    wakeup.notify()
+    wakeup.wake_local((3, "jobs"))
+    assert published == [(3, "jobs"), None]
+
+
+@pytest.mark.parametrize(
+    ("queues", "flow", "expected"),
+    [
+        ({(1, "jobs"), (2, "mail")}, False, Wake(frozenset({(1, "jobs"), (2, "mail")}), False)),
+        (None, True, WAKE_ALL),
+        (set(), True, Wake(frozenset(), True)),
+    ],
+)
+def test_a_payload_says_what_to_wake(queues: set[tuple[int, str]] | None, flow: bool, expected: Wake) -> None:
+    assert decode(encode(queues, flow=flow)) == expected
+
+
+def test_a_wake_up_list_past_the_payload_limit_wakes_every_queue() -> None:
+    many = {(n, "q" * 60) for n in range(200)}
+    payload = encode(many, flow=False)
+    assert len(payload.encode()) <= MAX_PAYLOAD_BYTES < 8000
+    assert decode(payload) == Wake(None, False)
+
+
+@pytest.mark.parametrize("payload", ["", "not json", "[1]", '{"l": [[1]]}'])
+def test_a_payload_that_cannot_be_read_wakes_everything(payload: str) -> None:
+    assert decode(payload) == WAKE_ALL
+
+
+def test_wake_ups_published_between_two_sends_leave_as_one_payload() -> None:
+    notifier = PgNotifier(sa.create_engine("postgresql+psycopg://u@127.0.0.1/db"), on_wake=lambda wake: None)
+    for n in range(50):
+        notifier.publish((1, f"q{n % 3}"))
+    notifier.publish(flow=True, leases=False)
+    payload = notifier._take()
+    assert payload is not None
+    assert decode(payload) == Wake(frozenset({(1, "q0"), (1, "q1"), (1, "q2")}), True)
+    assert notifier._take() is None  # nothing left: the sender sends nothing more
+
+
+def test_the_notifier_refuses_another_database() -> None:
+    with pytest.raises(ValueError, match="postgresql"):
+        PgNotifier(sa.create_engine("sqlite://"), on_wake=lambda wake: None)
