@@ -256,6 +256,7 @@ def task_from_row(row: RowMapping) -> Task:
         backoff_cap_seconds=row["backoff_cap_seconds"],
         finished_at=to_utc(row["finished_at"]),
         concurrency_key=row.get("concurrency_key"),
+        priority=row["priority"],
         traceparent=row.get("traceparent"),
         tracestate=row.get("tracestate"),
     )
@@ -577,6 +578,7 @@ def task_row(
         "available_at": to_naive_utc(options.available_at) if options and options.available_at else now,
         "deadline": to_naive_utc(options.deadline) if options else None,
         "concurrency_key": options.concurrency_key if options else None,
+        "priority": (options.priority if options else None) or 0,
         "cancel_requested": False,
         "created_at": now,
         "updated_at": now,
