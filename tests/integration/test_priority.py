@@ -18,6 +18,7 @@ import pytest
 
 from orbit_client import OrbitClient, UnprocessableEntityError
 from orbit_server.tasks import store
+from tests.flow_support import FlowApi, until
 from tests.servers import RunningServer
 
 NS = "prio"
@@ -155,3 +156,25 @@ def test_a_priority_that_is_no_integer_from_minus_100_to_100_is_a_422(
         assert batch.status_code == 200, batch.text
         [item] = batch.json()["items"]
         assert item["status"] == 422 and item["error"]["code"] == "validation_error"
+
+
+def test_a_flow_task_steps_priority_is_its_tasks(server: RunningServer, keys: dict[str, str]) -> None:
+    queue = _queue(server)
+    api = FlowApi(server.base_url, NS, keys)
+    try:
+        graph = {
+            "start": "urgent",
+            "nodes": {
+                "urgent": {"type": "task", "queue": queue, "handler": "h", "priority": 30, "next": "done"},
+                "done": {"type": "end", "status": "COMPLETED"},
+            },
+        }
+        api.publish("prio-flow", graph)
+        bad = {**graph, "nodes": {**graph["nodes"], "urgent": {**graph["nodes"]["urgent"], "priority": 101}}}
+        refused = api.post("submit", "/flows/prio-flow/versions", {"graph": bad})
+        assert refused.status_code == 422 and refused.json()["code"] == "validation_error", refused.text
+        instance = api.start("prio-flow")
+        [step] = until(lambda: api.instance(instance["id"])["steps"], what="the step's task")
+        assert api.get(f"/tasks/{step['task_id']}").json()["priority"] == 30
+    finally:
+        api.close()
