@@ -89,7 +89,17 @@ def task_list(
         _print_json({"items": page.items, "next_cursor": page.next_cursor})
         return
     _table(
-        ["id", "namespace", "queue", "handler", "status", "attempts", "created (UTC)", "retry of"],
+        [
+            "id",
+            "namespace",
+            "queue",
+            "handler",
+            "status",
+            "priority",
+            "attempts",
+            "created (UTC)",
+            "retry of",
+        ],
         [
             [
                 t.id,
@@ -97,6 +107,7 @@ def task_list(
                 t.queue,
                 t.handler,
                 t.status,
+                t.priority,
                 f"{t.attempt_count}/{t.max_attempts}",
                 t.created_at,
                 t.retry_of,
@@ -127,6 +138,7 @@ def _show(detail: admin.TaskDetail) -> None:
         ("handler", t.handler),
         ("status", _cell(t.status) + (" (cancel requested)" if t.cancel_requested else "")),
         ("idempotency key", detail.idempotency_key),
+        ("priority", str(t.priority)),
         ("attempts", f"{t.attempt_count}/{t.max_attempts}" + (", retry-safe" if t.retry_safe else "")),
         ("created", _cell(t.created_at)),
         ("finished", _cell(t.finished_at)),
