@@ -117,7 +117,7 @@ def _explain(engine: sa.Engine, namespace_id: int, queue: str, max_tasks: int) -
         plan = [dict(row) for row in conn.exec_driver_sql(f"EXPLAIN {statement}", parameters).mappings()]
         conn.exec_driver_sql("FLUSH STATUS")
         conn.exec_driver_sql(statement, parameters).all()
-        status = dict(conn.exec_driver_sql("SHOW SESSION STATUS").all())
+        status: dict[str, Any] = dict(conn.exec_driver_sql("SHOW SESSION STATUS").all())
         conn.rollback()
     read = {k: int(v) for k, v in status.items() if k.startswith("Handler_read") and v != "0"}
     return {"explain": plan, "handler_reads": read, "sort_rows": int(status["Sort_rows"])}
