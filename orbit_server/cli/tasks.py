@@ -58,6 +58,14 @@ def task() -> None:
 )
 @click.option("--limit", type=click.IntRange(1, 1000), default=50, show_default=True)
 @click.option("--cursor", default=None, help="The cursor printed under the previous page.")
+@click.option(
+    "--order",
+    type=click.Choice(["newest", "lease"]),
+    default="newest",
+    show_default=True,
+    help="newest: by creation, newest first; lease: the highest priority first, then the oldest due (with "
+    "--queue Q --status WAITING: the order the queue's leases take).",
+)
 @_json_option
 @_database_url_option
 def task_list(
@@ -69,10 +77,11 @@ def task_list(
     since: datetime | timedelta | None,
     limit: int,
     cursor: str | None,
+    order: str,
     as_json: bool,
     database_url: str,
 ) -> None:
-    """List tasks, newest first."""
+    """List tasks, newest first, or in lease order (--order lease)."""
     with _engine(database_url) as engine, engine.begin() as conn:
         created_since = since if not isinstance(since, timedelta) else admin.aware(db_now(conn)) - since
         filters = admin.TaskFilter(
@@ -83,7 +92,7 @@ def task_list(
             created_since=created_since,
         )
         page = admin.list_tasks(
-            conn, _namespace_id(conn, namespace_name), filters, limit=limit, cursor=cursor
+            conn, _namespace_id(conn, namespace_name), filters, limit=limit, cursor=cursor, order=order
         )
     if as_json:
         _print_json({"items": page.items, "next_cursor": page.next_cursor})

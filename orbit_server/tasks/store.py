@@ -292,8 +292,9 @@ def encode_cursor(created_at: datetime, task_id: str) -> str:
     return base64.urlsafe_b64encode(raw).decode("ascii").rstrip("=")
 
 
-def decode_cursor(cursor: str) -> tuple[datetime, str]:
-    """The ``(created_at, task_id)`` a cursor of :func:`encode_cursor` names.
+def decode_cursor(cursor: str, *, check_id: bool = True) -> tuple[datetime, str]:
+    """The ``(created_at, task_id)`` a cursor of :func:`encode_cursor` names (``check_id=False``: the second
+    part may be any string, checked by the caller).
 
     Raises:
         errors.InvalidCursor: ``cursor`` is not one this server produced (400).
@@ -301,7 +302,7 @@ def decode_cursor(cursor: str) -> tuple[datetime, str]:
     try:
         raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4))
         created_at, task_id = json.loads(raw)
-        if not isinstance(task_id, str) or not _ids.can_exist(task_id):
+        if not isinstance(task_id, str) or (check_id and not _ids.can_exist(task_id)):
             raise ValueError("not a task id")
         return datetime.fromisoformat(created_at), task_id
     except (binascii.Error, ValueError, TypeError, UnicodeDecodeError) as exc:

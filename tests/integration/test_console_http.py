@@ -226,3 +226,8 @@ def test_the_task_page_and_lists_show_the_priority(server: RunningServer, seed: 
         listed = client.get("/ui/tasks", params={"queue": queue}).text
         assert '<th title="A lease grants the highest priority first">Priority</th>' in listed
         assert '<td class="num">-42</td>' in listed
+        high = seed.submit(queue=queue, priority=5)
+        lined = client.get("/ui/tasks", params={"queue": queue, "status": "WAITING", "order": "lease"}).text
+        assert "In lease order: the highest priority first" in lined
+        order = re.findall(r'class="id" href="/ui/tasks/([0-9a-f-]{36})"', lined)
+        assert order == [high["id"], task["id"]]

@@ -16,8 +16,9 @@ from typing import Any
 import httpx
 import pytest
 
-from orbit_client import OrbitClient, UnprocessableEntityError
-from orbit_server.tasks import store
+from orbit_client import OrbitClient, TaskStatus, UnprocessableEntityError
+from orbit_server import errors
+from orbit_server.tasks import admin, store
 from tests.flow_support import FlowApi, until
 from tests.servers import RunningServer
 
@@ -178,3 +179,32 @@ def test_a_flow_task_steps_priority_is_its_tasks(server: RunningServer, keys: di
         assert api.get(f"/tasks/{step['task_id']}").json()["priority"] == 30
     finally:
         api.close()
+
+
+def test_a_queues_waiting_tasks_list_in_lease_order_page_by_page(
+    server: RunningServer, client: OrbitClient
+) -> None:
+    """``admin.list_tasks(order="lease")`` (the console's and ``orbit-server task list``'s lease order)."""
+    queue = _queue(server)
+    later = datetime.now(UTC) + timedelta(hours=1)
+    made = {label: _submit(client, queue, label, **options) for label, options in [
+        ("a", {}), ("b", {"priority": 9}), ("c", {"priority": -9}), ("d", {"priority": 9}), ("e", {}),
+        ("f", {"priority": 50, "available_at": later}),
+    ]}  # fmt: skip
+    labels = {task_id: label for label, task_id in made.items()}
+    filters = admin.TaskFilter(status=TaskStatus.WAITING, queue=queue)
+    seen: list[str] = []
+    cursor = None
+    with server.engine.connect() as conn:
+        namespace_id = store.get_namespace_id(conn, NS)
+        for _ in range(4):
+            page = admin.list_tasks(conn, namespace_id, filters, limit=2, cursor=cursor, order="lease")
+            seen += [labels[t.id] for t in page.items]
+            cursor = page.next_cursor
+            if cursor is None:
+                break
+        assert seen == ["f", "b", "d", "a", "e", "c"]  # f is not due yet: listed at its place, leased later
+        with pytest.raises(errors.InvalidCursor):
+            admin.list_tasks(
+                conn, namespace_id, filters, cursor=store.encode_cursor(later, "x:y"), order="lease"
+            )
