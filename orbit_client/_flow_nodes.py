@@ -223,7 +223,8 @@ class _TaskOptions(_Wire):
     concurrency_key: Annotated[str, AfterValidator(_concurrency_key)] | None = Field(
         default=None, min_length=1, max_length=255, pattern=_HANDLER
     )
-    priority: StrictInt | None = Field(default=None, ge=-100, le=100)
+    # Left out of the JSON when None, so a flow version's graph parses in older clients.
+    priority: StrictInt | None = Field(default=None, ge=-100, le=100, exclude_if=lambda value: value is None)
 
     def templates(self) -> list[tuple[str, Any]]:
         found: list[tuple[str, Any]] = [("params", self.params)]

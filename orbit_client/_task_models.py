@@ -96,7 +96,8 @@ class SubmitOptions(_Wire):
     backoff_base_seconds: StrictFloat | None = Field(default=None, ge=0, le=86400, allow_inf_nan=False)
     backoff_cap_seconds: StrictFloat | None = Field(default=None, ge=0, le=7 * 86400, allow_inf_nan=False)
     concurrency_key: str | None = Field(default=None, min_length=1, max_length=255, pattern=r"^[\x21-\x7e]+$")
-    priority: StrictInt | None = Field(default=None, ge=-100, le=100)
+    # Left out of the JSON when None, so an answer carrying options (a schedule's) parses in older clients.
+    priority: StrictInt | None = Field(default=None, ge=-100, le=100, exclude_if=lambda value: value is None)
 
 
 class TaskSubmission(_Wire):
