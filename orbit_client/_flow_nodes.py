@@ -223,6 +223,8 @@ class _TaskOptions(_Wire):
     concurrency_key: Annotated[str, AfterValidator(_concurrency_key)] | None = Field(
         default=None, min_length=1, max_length=255, pattern=_HANDLER
     )
+    # Left out of the JSON when None, so a flow version's graph parses in older clients.
+    priority: StrictInt | None = Field(default=None, ge=-100, le=100, exclude_if=lambda value: value is None)
 
     def templates(self) -> list[tuple[str, Any]]:
         found: list[tuple[str, Any]] = [("params", self.params)]
@@ -242,6 +244,7 @@ class TaskNode(_TaskOptions, _Node):
         timeout_seconds: the task's deadline is the database's now + this many seconds; ``None``: none.
         concurrency_key: a string, or a path (``$.input.customer``) whose value (a string or an
             integer) becomes the task's ``concurrency_key``; ``None``: none.
+        priority: the task's priority, -100..100 (README "Task priority"); ``None``: 0.
         next: where ``SUCCEEDED`` goes.
         on_failure: where ``FAILED``/``CANCELLED`` goes; ``None``: the instance becomes ``FAILED``,
             with an error naming the node and carrying the task's error. ``NEEDS_REVIEW`` waits

@@ -85,6 +85,8 @@ class SubmitOptions(_Wire):
         concurrency_key: a business key (1-255 printable ASCII characters, e.g. a customer id)
             whose live attempts the queue's ``max_concurrency_per_key`` limits (README
             "Concurrency limits and pausing a queue"); ``None`` means the task has none.
+        priority: an integer from -100 to 100 (the range of ``django.tasks``); a lease grants the
+            highest priority first, then the oldest due (README "Task priority"). ``None`` means 0.
     """
 
     max_attempts: StrictInt | None = Field(default=None, ge=1, le=1000)
@@ -94,6 +96,8 @@ class SubmitOptions(_Wire):
     backoff_base_seconds: StrictFloat | None = Field(default=None, ge=0, le=86400, allow_inf_nan=False)
     backoff_cap_seconds: StrictFloat | None = Field(default=None, ge=0, le=7 * 86400, allow_inf_nan=False)
     concurrency_key: str | None = Field(default=None, min_length=1, max_length=255, pattern=r"^[\x21-\x7e]+$")
+    # Left out of the JSON when None, so an answer carrying options (a schedule's) parses in older clients.
+    priority: StrictInt | None = Field(default=None, ge=-100, le=100, exclude_if=lambda value: value is None)
 
 
 class TaskSubmission(_Wire):
@@ -115,12 +119,14 @@ class TaskSubmission(_Wire):
 
         Options left at ``None`` are dropped, so ``{}`` and a missing ``options``
         mean the same thing and digest the same; so is ``retry_safe: false``, which is
-        what ``None`` means. Integral numbers are written as integers (RFC 8785), so
+        what ``None`` means, and ``priority: 0``. Integral numbers are written as integers (RFC 8785), so
         ``1`` and ``1.0`` digest alike.
         """
         options = self.options.model_dump(mode="json", exclude_none=True) if self.options else {}
         if options.get("retry_safe") is False:
             del options["retry_safe"]
+        if options.get("priority") == 0:
+            del options["priority"]
         return {
             "queue": self.queue,
             "handler": self.handler,
@@ -161,6 +167,8 @@ class Task(_Wire):
     finished_at: UTCDateTime | None = None
     #: The business key the queue's ``max_concurrency_per_key`` limits; ``None`` if none.
     concurrency_key: str | None = None
+    #: -100..100: a lease grants the highest first, then the oldest due (README "Task priority").
+    priority: int = 0
     #: The W3C ``traceparent`` the submission carried (README "Tracing"); ``None`` when none was given.
     traceparent: str | None = None
     #: The W3C ``tracestate`` that came with ``traceparent``; ``None`` when none was given.

@@ -58,6 +58,14 @@ def task() -> None:
 )
 @click.option("--limit", type=click.IntRange(1, 1000), default=50, show_default=True)
 @click.option("--cursor", default=None, help="The cursor printed under the previous page.")
+@click.option(
+    "--order",
+    type=click.Choice(["newest", "lease"]),
+    default="newest",
+    show_default=True,
+    help="newest: by creation, newest first; lease: the highest priority first, then the oldest due (with "
+    "--queue Q --status WAITING: the order the queue's leases take).",
+)
 @_json_option
 @_database_url_option
 def task_list(
@@ -69,10 +77,11 @@ def task_list(
     since: datetime | timedelta | None,
     limit: int,
     cursor: str | None,
+    order: str,
     as_json: bool,
     database_url: str,
 ) -> None:
-    """List tasks, newest first."""
+    """List tasks, newest first, or in lease order (--order lease)."""
     with _engine(database_url) as engine, engine.begin() as conn:
         created_since = since if not isinstance(since, timedelta) else admin.aware(db_now(conn)) - since
         filters = admin.TaskFilter(
@@ -83,13 +92,23 @@ def task_list(
             created_since=created_since,
         )
         page = admin.list_tasks(
-            conn, _namespace_id(conn, namespace_name), filters, limit=limit, cursor=cursor
+            conn, _namespace_id(conn, namespace_name), filters, limit=limit, cursor=cursor, order=order
         )
     if as_json:
         _print_json({"items": page.items, "next_cursor": page.next_cursor})
         return
     _table(
-        ["id", "namespace", "queue", "handler", "status", "attempts", "created (UTC)", "retry of"],
+        [
+            "id",
+            "namespace",
+            "queue",
+            "handler",
+            "status",
+            "priority",
+            "attempts",
+            "created (UTC)",
+            "retry of",
+        ],
         [
             [
                 t.id,
@@ -97,6 +116,7 @@ def task_list(
                 t.queue,
                 t.handler,
                 t.status,
+                t.priority,
                 f"{t.attempt_count}/{t.max_attempts}",
                 t.created_at,
                 t.retry_of,
@@ -127,6 +147,7 @@ def _show(detail: admin.TaskDetail) -> None:
         ("handler", t.handler),
         ("status", _cell(t.status) + (" (cancel requested)" if t.cancel_requested else "")),
         ("idempotency key", detail.idempotency_key),
+        ("priority", str(t.priority)),
         ("attempts", f"{t.attempt_count}/{t.max_attempts}" + (", retry-safe" if t.retry_safe else "")),
         ("created", _cell(t.created_at)),
         ("finished", _cell(t.finished_at)),

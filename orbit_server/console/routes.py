@@ -280,6 +280,7 @@ def console_router(
         idempotency_key: str = "",
         created_since: str = "",
         cursor: str = "",
+        order: str = "",
     ) -> Response:
         found = await signed_in(request)
         if found is None:
@@ -291,6 +292,7 @@ def console_router(
             "handler": handler,
             "idempotency_key": idempotency_key,
             "created_since": created_since,
+            "order": order,
         }
         error = None
         keys: dict[str, str] = {}
@@ -304,7 +306,12 @@ def console_router(
                 created_since=_parse_time(created_since),
             )
             page = await read_db(
-                admin.list_tasks, principal.namespace_id, task_filter, limit=_PAGE_SIZE, cursor=cursor or None
+                admin.list_tasks,
+                principal.namespace_id,
+                task_filter,
+                limit=_PAGE_SIZE,
+                cursor=cursor or None,
+                order=order or "newest",
             )
             keys = await read_db(ops.idempotency_keys, principal.namespace_id, [t.id for t in page.items])
         except ValueError as exc:

@@ -6,7 +6,7 @@ in a background task of the app, never per scrape: a scrape only reads the last 
 statement is served by an index of ``db/schema.py``:
 
 - tasks per queue and status: ``queue_id IN (every queue) AND status IN (live statuses)`` over
-  ``ix_tasks_claim (queue_id, status, available_at)``, index only, a range per (queue, status):
+  ``ix_tasks_claim_order (queue_id, status, ...)``, index only, a range per (queue, status):
   terminal tasks (the bulk of a big table) are never read;
 - the oldest ``NEEDS_REVIEW`` task per namespace: ``ix_tasks_status_deadline (status, ...)``;
 - unacked deliveries per subscription: ``subscription_id IN (...) AND state = 'PENDING'`` over

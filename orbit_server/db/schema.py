@@ -195,14 +195,22 @@ tasks = sa.Table(
     sa.Column("flow_instance_id", Key(36), nullable=True),
     sa.Column("flow_token_id", Key(36), nullable=True),
     sa.Column("flow_activation", sa.Integer, nullable=True),
-    # Serves the lease query: one queue, due tasks in order.
-    sa.Index("ix_tasks_claim", "queue_id", "status", "available_at"),
+    # --- priority (revision 0013): -100..100, a lease grants the highest first (README "Task priority") ---
+    sa.Column("priority", sa.SmallInteger, nullable=False, server_default=sa.text("0")),
     sa.Index("ix_tasks_namespace_created", "namespace_id", "created_at"),
     # Serves the sweep of waiting tasks whose deadline has passed.
     sa.Index("ix_tasks_status_deadline", "status", "deadline"),
     # Serves retention (0007): finished tasks of one status oldest first, walked by (finished_at, id).
     sa.Index("ix_tasks_finished", "status", "finished_at", "id"),
 )
+# Serves the lease query: one queue's waiting tasks in lease order (priority DESC, available_at, id), read
+# from the index with no sort (MySQL 8, MariaDB 10.8+, PostgreSQL and SQLite keep DESC; ``id`` is written
+# out because only InnoDB appends the primary key to a secondary index). Revision 0013 (was
+# ``ix_tasks_claim (queue_id, status, available_at)``).
+sa.Index(
+    "ix_tasks_claim_order",
+    tasks.c.queue_id, tasks.c.status, tasks.c.priority.desc(), tasks.c.available_at, tasks.c.id,
+)  # fmt: skip
 
 submission_keys = sa.Table(
     "submission_keys",

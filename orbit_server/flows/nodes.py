@@ -213,7 +213,7 @@ def prepare_task(adv: Advance, token: Mapping[str, Any], node_id: str, node: Map
             queue=node["queue"], handler=node["handler"], params=params,
             options=SubmitOptions(max_attempts=node.get("max_attempts"), retry_safe=node.get("retry_safe"),
                                   deadline=deadline.replace(tzinfo=UTC) if deadline else None,
-                                  concurrency_key=concurrency_key),
+                                  concurrency_key=concurrency_key, priority=node.get("priority")),
         )  # fmt: skip
     except ValueError as exc:
         raise failure("flow_invalid_step", node_id, f"its task is not valid: {exc}") from None

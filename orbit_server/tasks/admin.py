@@ -21,7 +21,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 from orbit_client import NAME_PATTERN, Attempt, Task, TaskEvent, TaskStatus, is_valid_idempotency_key
-from orbit_server import errors
+from orbit_server import _ids, errors
 from orbit_server.db.engine import db_now, to_utc
 from orbit_server.db.schema import (
     api_keys,
@@ -327,13 +327,18 @@ def list_tasks(
     *,
     limit: int = 50,
     cursor: str | None = None,
+    order: str = "newest",
 ) -> TaskListPage:
-    """A page of tasks, newest first (by ``created_at``, then id, both descending).
+    """A page of tasks, newest first (by ``created_at``, then id, both descending), or in lease order.
 
     Args:
         filters: see :class:`TaskFilter`; the idempotency key is matched exactly.
         limit: most tasks on the page (1-1000).
-        cursor: ``next_cursor`` of the previous page; ``None`` starts at the newest task.
+        cursor: ``next_cursor`` of the previous page (of the same ``order``); ``None`` starts at the first.
+        order: ``"newest"`` (default), or ``"lease"``: the order in which a lease grants waiting tasks, the
+            highest ``priority`` first, then the oldest due (``available_at``, then id; README "Task
+            priority"). Filtered to one queue and ``WAITING``, it is the queue's line, read from the claim index
+            (due or not: a task due later is listed where its priority puts it).
 
     Raises:
         errors.InvalidCursor: ``cursor`` is not one this function produced (400).
@@ -358,6 +363,10 @@ def list_tasks(
         ).where(submission_keys.c.idempotency_key == filters.idempotency_key)
     if filters.created_since is not None:
         query = query.where(tasks.c.created_at >= _naive(filters.created_since))
+    if order == "lease":
+        return _in_lease_order(conn, query, limit, cursor)
+    if order != "newest":
+        raise ValueError(f"order is 'newest' or 'lease', not {order!r}")
     if cursor:
         before, before_id = store.decode_cursor(cursor)
         query = query.where(
@@ -375,6 +384,38 @@ def list_tasks(
         else None
     )
     return TaskListPage(items=items, next_cursor=next_cursor)
+
+
+def _in_lease_order(conn: Connection, query: sa.Select[Any], limit: int, cursor: str | None) -> TaskListPage:
+    """:func:`list_tasks` in lease order (``priority`` descending, ``available_at``, id); its cursor is the
+    last task's ``(priority, available_at, id)``, made by :func:`store.encode_cursor` with the priority
+    folded into the id (``"<priority>:<id>"``)."""
+    if cursor:
+        available_at, marked = store.decode_cursor(cursor, check_id=False)
+        priority, _, task_id = marked.partition(":")
+        try:
+            after = int(priority)
+            if not _ids.can_exist(task_id):
+                raise ValueError("not a task id")
+        except ValueError:
+            raise errors.InvalidCursor("pass back the cursor of an earlier page unchanged") from None
+        query = query.where(
+            tasks.c.priority <= after,
+            sa.or_(
+                tasks.c.priority < after,
+                tasks.c.available_at > available_at,
+                sa.and_(tasks.c.available_at == available_at, tasks.c.id > task_id),
+            ),
+        )
+    order = (tasks.c.priority.desc(), tasks.c.available_at, tasks.c.id)
+    rows = conn.execute(query.order_by(*order).limit(limit + 1)).mappings().all()
+    last = rows[limit - 1] if len(rows) > limit else None
+    return TaskListPage(
+        items=[store.task_from_row(row) for row in rows[:limit]],
+        next_cursor=store.encode_cursor(last["available_at"], f"{last['priority']}:{last['id']}")
+        if last
+        else None,
+    )
 
 
 def needs_review(conn: Connection, namespace_id: int | None, *, limit: int = 200) -> list[Task]:

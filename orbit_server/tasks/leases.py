@@ -150,7 +150,9 @@ def lease_tasks(
     """Grant up to ``max_tasks`` due tasks of a queue to one worker (the "领取" transaction of §5).
 
     First sweeps the queue's expired leases (:func:`expire_leases`) when it has any, then claims ``WAITING``
-    tasks whose ``available_at`` has come (oldest first; ``SKIP LOCKED`` on MySQL/MariaDB).
+    tasks whose ``available_at`` has come: the highest ``priority`` first, then the oldest due
+    (``available_at``, then id), read in that order from ``ix_tasks_claim_order``; ``SKIP LOCKED`` on
+    MySQL/MariaDB.
     Each grant moves the task ``WAITING → LEASED``, counts an attempt, and creates a
     ``task_attempts`` row with the next ``generation``, a new 256-bit lease token and
     ``lease_expires_at = now + lease_seconds`` (database clock).
@@ -172,7 +174,7 @@ def lease_tasks(
         start: grant the tasks ``RUNNING`` (above). Default ``False``.
 
     Returns:
-        The grants, oldest task first; empty when nothing is due (or the queue is paused). The lease tokens appear
+        The grants, in lease order (above); empty when nothing is due (or the queue is paused). The lease tokens appear
         here and nowhere else.
 
     Raises:
@@ -205,7 +207,7 @@ def lease_tasks(
                         tasks.c.cancel_requested == sa.false(),  # a cancel asked for is never granted
                         sa.or_(tasks.c.deadline.is_(None), tasks.c.deadline > now),
                     )
-                    .order_by(tasks.c.available_at, tasks.c.id)
+                    .order_by(*permits.LEASE_ORDER)
                     .limit(max_tasks)
                 )
             )

@@ -186,10 +186,9 @@ def retry_task(
 ) -> Task:
     """Create the one direct successor of a ``FAILED`` or ``CANCELLED`` task (manual retry, §2).
 
-    The new task copies queue, handler, params, attempt budget, retry safety, backoff and
-    ``concurrency_key``, has
-    ``retry_of`` set and starts ``WAITING`` now; the old task's state never goes back. Both
-    tasks get an audit event in the same transaction.
+    The new task copies queue, handler, params, attempt budget, retry safety, backoff,
+    ``concurrency_key`` and ``priority``, has ``retry_of`` set and starts ``WAITING`` now; the old
+    task's state never goes back. Both tasks get an audit event in the same transaction.
 
     Args:
         deadline: the new task's deadline (aware, any zone); ``None`` means none.
@@ -249,6 +248,7 @@ def retry_task(
                     available_at=now,
                     deadline=to_naive_utc(deadline),
                     concurrency_key=source["concurrency_key"],
+                    priority=source["priority"],
                     cancel_requested=False,
                     retry_of=task_id,
                     created_at=now,

@@ -9,7 +9,8 @@
    under the lock;
 2. in the next statement (so, at ``READ COMMITTED``, seeing every grant committed before the
    lock was granted) reads the due tasks together with how many permits their key holds and
-   how many the queue holds, leaving out keys that are full; then picks, in queue order, the
+   how many the queue holds, leaving out keys that are full; then picks, in lease order (the
+   highest priority first, then the oldest due: :data:`LEASE_ORDER`), the
    tasks whose key and queue still have room. When the rows read are used up before the lease
    has what it asked for (one key fills the head of the queue and reaches its limit at the first
    pick), it reads on after the last row, leaving out the keys this lease filled, for up to
@@ -55,7 +56,7 @@ from orbit_server.db.engine import db_now
 from orbit_server.db.schema import concurrency_permits, namespaces, queue_events, queue_gates, queues, tasks
 from orbit_server.tasks import store
 
-__all__ = ["claim_limited", "release", "set_limits", "set_paused"]
+__all__ = ["LEASE_ORDER", "claim_limited", "release", "set_limits", "set_paused"]
 
 log = logging.getLogger("orbit_server.permits")
 
@@ -64,6 +65,10 @@ _OVERSAMPLE = 4
 #: Most reads of one limited lease: after the first, each reads on past the last row, leaving out the
 #: keys the lease filled (a head of many tasks of one key no longer costs a round trip per grant).
 _ROUNDS = 4
+
+#: The order in which a lease grants a queue's due tasks (README "Task priority"): the highest priority
+#: first, then the oldest due; the order of ``ix_tasks_claim_order``, so it is read with no sort.
+LEASE_ORDER = (tasks.c.priority.desc(), tasks.c.available_at, tasks.c.id)
 
 _LOCK_GATE = (
     sa.select(queue_gates.c.paused, queue_gates.c.max_concurrency_per_key, queue_gates.c.max_concurrency)
@@ -89,7 +94,7 @@ _HELD_IN_QUEUE = (
 def claim_limited(
     conn: Connection, queue_id: int, now: datetime, max_tasks: int, clock: sa.ColumnElement[Any]
 ) -> tuple[list[dict[str, Any]], datetime] | None:
-    """The due tasks a lease of a limited queue may grant, in queue order (module docstring).
+    """The due tasks a lease of a limited queue may grant, in lease order (:data:`LEASE_ORDER`).
 
     Locks the queue's gate row first. Returns ``None`` when the gate, read under its lock,
     has no limit any more (take the plain path), else the tasks (none when it is paused or no
@@ -123,23 +128,24 @@ def claim_limited(
     taken: dict[str, int] = {}
     filled: set[str] = set()  # keys this lease brought to their limit: left out of the next read
     room = max_tasks
-    after: tuple[Any, str] | None = None
+    after: tuple[int, Any, str] | None = None
     for round_ in range(_ROUNDS if per_key is not None else 1):
         query = due
-        if after is not None:  # read on past the last row (available_at, id) of the previous read
+        if after is not None:  # read on past the last row of the previous read, in LEASE_ORDER
+            priority, available_at, task_id = after
             query = query.where(
-                tasks.c.available_at >= after[0],
-                sa.or_(tasks.c.available_at > after[0], tasks.c.id > after[1]),
+                tasks.c.priority <= priority,
+                sa.or_(
+                    tasks.c.priority < priority,
+                    tasks.c.available_at > available_at,
+                    sa.and_(tasks.c.available_at == available_at, tasks.c.id > task_id),
+                ),
             )
         if filled:
             query = query.where(
                 sa.or_(tasks.c.concurrency_key.is_(None), tasks.c.concurrency_key.not_in(filled))
             )
-        rows = (
-            conn.execute(query.order_by(tasks.c.available_at, tasks.c.id).limit(read), {"queue_id": queue_id})
-            .mappings()
-            .all()
-        )
+        rows = conn.execute(query.order_by(*LEASE_ORDER).limit(read), {"queue_id": queue_id}).mappings().all()
         if not rows:
             break
         if round_ == 0:
@@ -161,7 +167,7 @@ def claim_limited(
             chosen.append(task)
         if len(chosen) >= room or len(rows) < read:
             break
-        after = (rows[-1]["available_at"], rows[-1]["id"])
+        after = (rows[-1]["priority"], rows[-1]["available_at"], rows[-1]["id"])
     return chosen, now
 
 

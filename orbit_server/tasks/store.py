@@ -256,6 +256,7 @@ def task_from_row(row: RowMapping) -> Task:
         backoff_cap_seconds=row["backoff_cap_seconds"],
         finished_at=to_utc(row["finished_at"]),
         concurrency_key=row.get("concurrency_key"),
+        priority=row["priority"],
         traceparent=row.get("traceparent"),
         tracestate=row.get("tracestate"),
     )
@@ -291,8 +292,9 @@ def encode_cursor(created_at: datetime, task_id: str) -> str:
     return base64.urlsafe_b64encode(raw).decode("ascii").rstrip("=")
 
 
-def decode_cursor(cursor: str) -> tuple[datetime, str]:
-    """The ``(created_at, task_id)`` a cursor of :func:`encode_cursor` names.
+def decode_cursor(cursor: str, *, check_id: bool = True) -> tuple[datetime, str]:
+    """The ``(created_at, task_id)`` a cursor of :func:`encode_cursor` names (``check_id=False``: the second
+    part may be any string, checked by the caller).
 
     Raises:
         errors.InvalidCursor: ``cursor`` is not one this server produced (400).
@@ -300,7 +302,7 @@ def decode_cursor(cursor: str) -> tuple[datetime, str]:
     try:
         raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4))
         created_at, task_id = json.loads(raw)
-        if not isinstance(task_id, str) or not _ids.can_exist(task_id):
+        if not isinstance(task_id, str) or (check_id and not _ids.can_exist(task_id)):
             raise ValueError("not a task id")
         return datetime.fromisoformat(created_at), task_id
     except (binascii.Error, ValueError, TypeError, UnicodeDecodeError) as exc:
@@ -578,6 +580,7 @@ def task_row(
         "available_at": to_naive_utc(options.available_at) if options and options.available_at else now,
         "deadline": to_naive_utc(options.deadline) if options else None,
         "concurrency_key": options.concurrency_key if options else None,
+        "priority": (options.priority if options else None) or 0,
         "cancel_requested": False,
         "created_at": now,
         "updated_at": now,

@@ -158,18 +158,19 @@ class OrbitBackend(BaseTaskBackend):
     Supported: ``queue_name`` (the Orbit queue; ``QUEUES`` lists those allowed), ``run_after``
     (Orbit's ``available_at``: the task is submitted at once and due then), ``get_result`` and
     ``aget_result`` from any process, async task functions (run by ``orbit_worker`` through
-    ``async_to_sync``), ``takes_context``. Not yet: ``priority`` (Orbit has no task priority yet; a
-    task with a priority other than 0 is refused with ``InvalidTask``, as the API does for a backend
-    without it).
+    ``async_to_sync``), ``takes_context``, ``priority`` (Orbit's task priority, the same -100..100
+    with the same meaning: a lease grants the highest first, then the oldest due; README "Task
+    priority"). The task's priority is the row's: ``SUBMIT_OPTIONS`` cannot set one.
 
     Raises at construction:
-        ImproperlyConfigured: ``NAMESPACE`` missing, an unknown option key, bad ``SUBMIT_OPTIONS``.
+        ImproperlyConfigured: ``NAMESPACE`` missing, an unknown option key, bad ``SUBMIT_OPTIONS``
+            (also one with ``priority``: set it on the task, ``@task(priority=...)``).
     """
 
     supports_defer = True
     supports_async_task = True
     supports_get_result = True
-    supports_priority = False
+    supports_priority = True
 
     #: Every task defined for an Orbit backend (any alias), by import path: what ``orbit_worker`` runs
     #: (a task enqueued through any Orbit backend is dispatched by that path alone).
@@ -201,6 +202,11 @@ class OrbitBackend(BaseTaskBackend):
             raise ImproperlyConfigured(
                 f"TASKS[{alias!r}]['OPTIONS']['SUBMIT_OPTIONS'] is invalid: {exc}"
             ) from None
+        if self.submit_options.priority is not None:
+            raise ImproperlyConfigured(
+                f"TASKS[{alias!r}]['OPTIONS']['SUBMIT_OPTIONS'] cannot set priority: every django.tasks task has "
+                'its own (@task(priority=...), Task.using(priority=...)), and it is the Orbit task\'s (README "Django")'
+            )
         self._client: OrbitClient | None = None
         self._client_lock = threading.Lock()
         self._select: dict[tuple[type, str], _Rendered] = {}
@@ -212,7 +218,7 @@ class OrbitBackend(BaseTaskBackend):
         ``orbit_worker``.
 
         Raises:
-            InvalidTask: a check failed (a priority other than 0, an unknown queue, ...).
+            InvalidTask: a check failed (a priority outside -100..100, an unknown queue, ...).
         """
         super().validate_task(task)
         if not 1 <= len(task.module_path) <= 255:
@@ -239,6 +245,8 @@ class OrbitBackend(BaseTaskBackend):
         except (TypeError, ValueError) as exc:
             raise InvalidTask(f"the task's arguments must be JSON data: {exc}") from None
         options = self.submit_options
+        if task.priority:  # the API checked it is a whole number from -100 to 100; 0 is Orbit's default too
+            options = options.model_copy(update={"priority": int(task.priority)})
         if task.run_after is not None:
             if task.run_after.tzinfo is None:
                 raise InvalidTask("run_after must be an aware datetime")

@@ -56,11 +56,13 @@ def test_find_a_failed_task_by_key_read_its_traceback_and_retry_it(
     assert [t["id"] for t in listed["items"]] == [failed] and listed["items"][0]["status"] == "FAILED"
     plain = cli(server, "task", "list", "--status", "failed", "--since", "1h")
     header, *rows = plain.splitlines()
-    assert header.split("\t")[:5] == ["id", "namespace", "queue", "handler", "status"]
+    assert header.split("\t")[:6] == ["id", "namespace", "queue", "handler", "status", "priority"]
     assert any(row.split("\t")[0] == failed for row in rows)  # whole ids, one row a line
     shown = cli(server, "task", "show", failed)
     assert "KeyError: 'order_id'" in shown and TRACEBACK.strip() in shown and "order-cli-1" in shown
-    assert "worker-7" in shown and "RUNNING" in shown
+    assert "worker-7" in shown and "RUNNING" in shown and "\npriority:\t0\n" in shown
+    by_lease = cli_json(server, "task", "list", "--order", "lease", "--idempotency-key", "order-cli-1")
+    assert [t["id"] for t in by_lease["items"]] == [failed]
     detail = cli_json(server, "task", "show", failed)
     assert detail["task"]["error"]["traceback"] == TRACEBACK and detail["idempotency_key"] == "order-cli-1"
     assert [e["event"] for e in detail["events"]] == ["accepted", "leased", "started", "failed"]

@@ -214,3 +214,20 @@ def test_tasks_pages_newest_first_through_the_cursor(server: RunningServer, seed
         assert bad.status_code == 400 and "cursor" in bad.text
         assert client.get("/ui/tasks?created_since=yesterday").status_code == 400
         assert made[0] not in client.get(f"/ui/tasks?queue={queue}&created_since=2999-01-01T00:00").text
+
+
+def test_the_task_page_and_lists_show_the_priority(server: RunningServer, seed: Seeder) -> None:
+    queue = seed.queue()
+    task = seed.submit(queue=queue, priority=-42)
+    client, _csrf = sign_in(server.base_url, server.keys["read"])
+    with closing(client):
+        page = client.get(f"/ui/tasks/{task['id']}")
+        assert re.search(r'id="task-priority">-42 · a lease grants the highest priority first', page.text)
+        listed = client.get("/ui/tasks", params={"queue": queue}).text
+        assert '<th title="A lease grants the highest priority first">Priority</th>' in listed
+        assert '<td class="num">-42</td>' in listed
+        high = seed.submit(queue=queue, priority=5)
+        lined = client.get("/ui/tasks", params={"queue": queue, "status": "WAITING", "order": "lease"}).text
+        assert "In lease order: the highest priority first" in lined
+        order = re.findall(r'class="id" href="/ui/tasks/([0-9a-f-]{36})"', lined)
+        assert order == [high["id"], task["id"]]

@@ -123,6 +123,18 @@ def test_a_fire_writes_occurrence_task_key_and_event_in_one_go(db: Db) -> None:
     assert db.fire() == 0  # nothing due any more
 
 
+def test_a_schedules_tasks_get_its_priority(db: Db) -> None:
+    """``options.priority`` of a schedule is every fired task's (README "Task priority"); none means 0."""
+    made = {db.create(interval_seconds=3600, past_seconds=30, options=options): want
+            for options, want in (({"priority": 42}, 42), ({"priority": -7}, -7), (None, 0))}  # fmt: skip
+    assert db.fire() == 3
+    for name, want in made.items():
+        [occurrence] = db.occurrences(name)
+        with db.engine.begin() as conn:
+            priority = conn.execute(sa.select(tasks.c.priority).where(tasks.c.id == occurrence["task_id"]))
+            assert priority.scalar_one() == want, name
+
+
 @pytest.mark.parametrize(("policy", "expected"), [("skip", 0), ("run_once", 1), ("catch_up", 3)])
 def test_misfire_policies(db: Db, policy: str, expected: int) -> None:
     """Ten minutes of missed minutely fire times (grace 0: all of them are missed)."""

@@ -191,9 +191,9 @@ def test_the_api_contract_for_what_orbit_does_not_do(django_project: Project) ->
     from tests.django_project.shop.tasks import decline, fulfil
 
     assert (OrbitBackend.supports_defer, OrbitBackend.supports_get_result) == (True, True)
-    assert (OrbitBackend.supports_async_task, OrbitBackend.supports_priority) == (True, False)
+    assert (OrbitBackend.supports_async_task, OrbitBackend.supports_priority) == (True, True)
     with pytest.raises(InvalidTaskError, match="priority"):
-        fulfil.using(priority=10)
+        fulfil.using(priority=101)
     with pytest.raises(InvalidTaskError, match="Queue 'unknown'"):
         fulfil.using(queue_name="unknown")
     with pytest.raises(InvalidTaskError, match="aware"):
@@ -210,6 +210,27 @@ def test_the_api_contract_for_what_orbit_does_not_do(django_project: Project) ->
     with pytest.raises(TaskResultMismatch):
         decline.get_result(other.id)
     django_project.deliver("default")
+
+
+def test_a_tasks_priority_is_the_orbit_tasks(django_project: Project, alias: str) -> None:
+    """``Task.priority`` (-100..100, higher first, as in ``django.tasks``) rides the outbox row to Orbit,
+    whose leases grant the highest first (tests/integration/test_priority.py)."""
+    from django.core.exceptions import ImproperlyConfigured
+
+    from outbox_adapter.django.backend import OrbitBackend
+    from tests.django_project.shop.tasks import fulfil
+
+    ref = uuid.uuid4().hex[:8]
+    results = {p: fulfil.using(backend=alias, priority=p).enqueue(f"{ref}-{p}") for p in (0, -100, 100, 7)}
+    assert django_project.deliver(alias) == 4
+    with OrbitClient(django_project.orbit.base_url, api_key=django_project.keys["admin"]) as client:
+        found = {p: client.find_submission(django_project.namespace, r.id) for p, r in results.items()}
+        for task in found.values():  # not for the workers of later tests
+            assert task is not None
+            client.cancel_task(django_project.namespace, task.id, reason="test done")
+    assert {p: t.priority for p, t in found.items() if t is not None} == {0: 0, -100: -100, 100: 100, 7: 7}
+    with pytest.raises(ImproperlyConfigured, match="priority"):
+        OrbitBackend("x", {"OPTIONS": {"NAMESPACE": "n", "SUBMIT_OPTIONS": {"priority": 5}}})
 
 
 async def test_aenqueue_and_aget_result(django_project: Project) -> None:

@@ -1,0 +1,154 @@
+"""The lease's claim reads a queue's waiting tasks from ``ix_tasks_claim_order`` in lease order, with no
+sort and no scan, on MariaDB and SQLite (issue 31 item 5, README "Task priority").
+
+The claim is ``... WHERE queue_id = ? AND status = 'WAITING' AND available_at <= ? ... ORDER BY priority
+DESC, available_at, id LIMIT n``. Served by ``(queue_id, status, priority DESC, available_at, id)`` it reads
+the first due rows of the index and stops; without the DESC (or with the column order of the old
+``ix_tasks_claim``) MariaDB sorts every waiting task of the queue for each lease (``Using filesort``).
+Each statement is captured from a real :func:`orbit_server.tasks.leases.lease_tasks` (the plain path and
+the concurrency-limited one of :mod:`orbit_server.tasks.permits`), over a table holding finished tasks of
+the same queue and waiting tasks of every priority, some not yet due, then EXPLAINed and, on MariaDB,
+run again to count the index entries it read and the rows it sorted (``Handler_read_*``, ``Sort_rows``).
+"""
+
+from __future__ import annotations
+
+import random
+import uuid
+from collections.abc import Iterator
+from datetime import datetime, timedelta
+from typing import Any
+
+import pytest
+import sqlalchemy as sa
+from sqlalchemy.engine import Engine
+
+from orbit_server.db import migrate as _migrate
+from orbit_server.db.engine import create_engine, db_now
+from orbit_server.db.schema import queues, tasks
+from orbit_server.tasks import leases, store
+from tests.conftest import DatabaseFactory
+from tests.integration.conftest import BACKENDS
+
+FINISHED = 6000
+WAITING = 3000
+LEASE = 10
+QUEUES = ("plain", "limited", "crowded")
+
+
+class Seeded:
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+        self.ns = f"ns-{uuid.uuid4().hex[:8]}"
+        with engine.begin() as conn:
+            self.namespace_id = store.create_namespace(conn, self.ns)
+            store.create_queue(conn, self.ns, "plain")
+            store.create_queue(conn, self.ns, "limited", max_concurrency_per_key=1)
+            store.create_queue(conn, self.ns, "crowded", max_concurrency_per_key=1)
+            now = db_now(conn)
+            for name in QUEUES:
+                queue_id = conn.execute(
+                    sa.select(queues.c.id).where(
+                        queues.c.namespace_id == self.namespace_id, queues.c.name == name
+                    )
+                ).scalar_one()
+                conn.execute(tasks.insert(), list(_rows(self.namespace_id, queue_id, now, keys=name)))
+        if engine.dialect.name == "mysql":
+            with engine.connect() as conn:
+                conn.exec_driver_sql("ANALYZE TABLE tasks")
+        else:
+            with engine.begin() as conn:
+                conn.exec_driver_sql("ANALYZE")
+
+
+def _rows(namespace_id: int, queue_id: int, now: datetime, *, keys: str) -> Iterator[dict[str, Any]]:
+    """``FINISHED`` succeeded tasks, then ``WAITING`` waiting ones of random priorities, due over the last
+    hour except one in ten (due in an hour). ``keys``: ``plain`` none; ``limited`` 500 keys;
+    ``crowded`` two waiting tasks in three of one key at priority 100 (a lease's first read finds that key
+    alone, it is full after one grant, and the lease reads on past it), the others of 500 keys."""
+    picks = random.Random(31)
+    for n in range(FINISHED + WAITING):
+        waiting = n >= FINISHED
+        due = now + (
+            timedelta(hours=1) if waiting and n % 10 == 0 else -timedelta(seconds=picks.uniform(0, 3600))
+        )
+        hot = keys == "crowded" and waiting and n % 3 != 0
+        key = "hot" if hot else (f"k{n % 500}" if keys != "plain" else None)
+        priority = 100 if hot else picks.randint(-100, 100)
+        yield {
+            "id": str(uuid.uuid4()), "namespace_id": namespace_id, "queue_id": queue_id, "handler": "h",
+            "params": {}, "status": "WAITING" if waiting else "SUCCEEDED", "state_version": 1 if waiting else 4,
+            "attempt_count": 0 if waiting else 1, "max_attempts": 3, "available_at": due, "created_at": due,
+            "updated_at": now, "finished_at": None if waiting else now,
+            "priority": priority if waiting else 0, "concurrency_key": key,
+        }  # fmt: skip
+
+
+@pytest.fixture(scope="module", params=BACKENDS)
+def seeded(request: pytest.FixtureRequest, make_database: DatabaseFactory) -> Iterator[Seeded]:
+    engine = create_engine(make_database(request.param), pool_size=4)
+    _migrate.upgrade(engine)
+    yield Seeded(engine)
+    engine.dispose()
+
+
+def _claim_statements(seeded: Seeded, queue: str) -> tuple[list[tuple[str, Any]], list[Any]]:
+    """Lease ``LEASE`` tasks of ``queue`` (rolled back) and return the claim ``SELECT`` s as the driver got
+    them (one, or one per read of a limited lease), and the grants' ``(priority, available_at)`` in order."""
+    captured: list[tuple[str, Any]] = []
+
+    def capture(conn: Any, cursor: Any, statement: str, parameters: Any, context: Any, many: bool) -> None:
+        if statement.lstrip().startswith("SELECT") and "ORDER BY tasks.priority DESC" in statement:
+            captured.append((statement, parameters))
+
+    sa.event.listen(seeded.engine, "before_cursor_execute", capture)
+    try:
+        with seeded.engine.connect() as conn, conn.begin() as transaction:
+            grants = leases.lease_tasks(
+                conn, seeded.namespace_id, queue, worker_id="w", max_tasks=LEASE, lease_seconds=30
+            )
+            transaction.rollback()
+    finally:
+        sa.event.remove(seeded.engine, "before_cursor_execute", capture)
+    order = [(g.task.priority, g.task.available_at) for g in grants]
+    return captured, order
+
+
+@pytest.mark.parametrize("queue", QUEUES)
+def test_the_claim_reads_the_index_in_lease_order_without_a_sort(seeded: Seeded, queue: str) -> None:
+    """Every claim read: the plain lease's one, a limited lease's first and, in ``crowded``, its read past the
+    full key (whose later rows it steps over: the key is no column of the index, so that read is bounded by
+    the queue's waiting tasks, never by the finished ones)."""
+    statements, order = _claim_statements(seeded, queue)
+    assert len(order) == LEASE and order == sorted(order, key=lambda g: (-g[0], g[1]))
+    assert len(statements) == (2 if queue == "crowded" else 1), [s for s, _ in statements]
+    for statement, parameters in statements:
+        # plain: ~LEASE entries; limited: 4 x LEASE entries, each with its key's permit count looked up
+        most = {"plain": 100, "limited": 400, "crowded": WAITING}[queue]
+        _assert_indexed(seeded.engine, statement, parameters, most_reads=most)
+
+
+def _assert_indexed(engine: Engine, statement: str, parameters: Any, *, most_reads: int) -> None:
+    with engine.connect() as conn:
+        if engine.dialect.name == "sqlite":
+            plan = [row[-1] for row in conn.exec_driver_sql(f"EXPLAIN QUERY PLAN {statement}", parameters)]
+            tasks_steps = [step for step in plan if "tasks" in step and "concurrency_permits" not in step]
+            assert any("USING INDEX ix_tasks_claim_order" in step for step in tasks_steps), plan
+            assert not any("TEMP B-TREE" in step for step in plan), plan
+            return
+        plan = [dict(row) for row in conn.exec_driver_sql(f"EXPLAIN {statement}", parameters).mappings()]
+        [claim] = [row for row in plan if row["table"] == "tasks"]
+        assert claim["key"] == "ix_tasks_claim_order", plan
+        assert claim["type"] not in ("ALL", "index"), plan  # not a scan of the table or of a whole index
+        assert "filesort" not in (claim["Extra"] or "") and "temporary" not in (claim["Extra"] or ""), plan
+        # Run it: it reads a few entries past the first LEASE due rows (in the limited path up to the
+        # oversampled read), never the queue's finished tasks, and sorts nothing (with the old index it
+        # read and sorted all 2,700 due tasks).
+        conn.exec_driver_sql("FLUSH STATUS")
+        conn.exec_driver_sql(statement, parameters).all()
+        status = dict(conn.exec_driver_sql("SHOW SESSION STATUS").all())
+        conn.rollback()
+        reads = {name: int(status[name]) for name in ("Handler_read_key", "Handler_read_next",
+                                                      "Handler_read_prev", "Handler_read_rnd_next")}  # fmt: skip
+        assert int(status["Sort_rows"]) == 0, status["Sort_rows"]
+        assert sum(reads.values()) < most_reads, reads
