@@ -37,8 +37,11 @@ def test_0013_gives_existing_tasks_priority_0_and_swaps_the_claim_index(engine: 
     }
     with engine.begin() as conn:
         namespace_id = store.create_namespace(conn, "m")
-        queue_id = conn.execute(sa.text("INSERT INTO queues (namespace_id, name, created_at) VALUES (:ns, 'q', :now)"),
-                                {"ns": namespace_id, "now": db_now(conn)}).lastrowid  # fmt: skip
+        conn.execute(sa.text("INSERT INTO queues (namespace_id, name, created_at) VALUES (:ns, 'q', :now)"),
+                     {"ns": namespace_id, "now": db_now(conn)})  # fmt: skip
+        queue_id = conn.execute(
+            sa.text("SELECT id FROM queues WHERE namespace_id = :ns AND name = 'q'"), {"ns": namespace_id}
+        ).scalar_one()  # (no lastrowid on PostgreSQL)
         now = db_now(conn)
         ids = [str(uuid.uuid4()) for _ in range(3)]
         for n, task_id in enumerate(ids):  # the columns of revision 0012, due a second apart
