@@ -323,7 +323,7 @@ def main() -> None:
             else RESULTS / (f"floor-{datetime.now(UTC).strftime('%Y-%m-%dT%H%M')}-{meta['commit'][:7]}.json")
         )
         meta["loadavg_at_end"] = os.getloadavg()
-        path.write_text(json.dumps({**meta, "figures": report}, indent=2) + "\n")
+        path.write_text(json.dumps({"meta": meta, "figures": report}, indent=2) + "\n")
         print(f"wrote {path}")
 
 
