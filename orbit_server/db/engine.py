@@ -30,6 +30,7 @@ __all__ = [
     "BIGINT_MAX",
     "as_db_time",
     "by_primary_key",
+    "check_supported",
     "create_engine",
     "db_now",
     "db_now_expression",
@@ -105,6 +106,48 @@ def by_primary_key(statement: _S, table: sa.Table | None = None) -> _S:
     return statement
 
 
+#: The databases and drivers the server runs on (README "Operations"), by SQLAlchemy backend name.
+_SUPPORTED = {
+    "sqlite": ("pysqlite",),
+    "mysql": ("pymysql", "mysqldb"),
+    "postgresql": ("psycopg",),
+}
+_URL_FORMS = (
+    "sqlite:///./orbit.db, mysql+pymysql://user:pw@host/orbit (MariaDB 10.6+ or MySQL 8) or "
+    "postgresql+psycopg://user:pw@host/orbit (PostgreSQL 15+)"
+)
+
+
+def check_supported(url: str | URL) -> URL:
+    """``url`` parsed, if the server runs on its database and driver.
+
+    Raises:
+        ValueError: another database (e.g. ``oracle://``, ``mariadb://``: use ``mysql+pymysql://``),
+            another driver (``postgresql+asyncpg://``, ``postgresql+psycopg2://``), or the driver's package
+            is not installed; the message says which URL forms work and what to install, in one line.
+    """
+    url = make_url(url)
+    backend, driver = url.get_backend_name(), url.get_driver_name()
+    drivers = _SUPPORTED.get(backend)
+    if drivers is None:
+        raise ValueError(f"{url.drivername}:// is not a database the server runs on; use {_URL_FORMS}")
+    if driver not in drivers:
+        raise ValueError(
+            f"{url.drivername}://: the server does not run on the {driver} driver; use "
+            + " or ".join(f"{backend}+{name}://" for name in drivers)
+        )
+    package = {"pymysql": "pymysql", "mysqldb": "MySQLdb", "psycopg": "psycopg"}.get(driver)
+    if package is not None:
+        try:
+            __import__(package)
+        except ImportError:
+            extra = {"pymysql": "mysql", "mysqldb": "mysqlclient", "psycopg": "postgres"}[driver]
+            raise ValueError(
+                f"{url.drivername}:// needs the {package} package: pip install 'orbit-tasks[server,{extra}]'"
+            ) from None
+    return url
+
+
 def is_sqlite(url: str | URL) -> bool:
     return make_url(url).get_backend_name() == "sqlite"
 
@@ -117,7 +160,8 @@ def create_engine(
     Args:
         url: a SQLAlchemy URL, e.g. ``sqlite:///./orbit.db`` or
             ``mysql+pymysql://user:pw@host/orbit`` (or ``mysql+mysqldb://``, the C driver
-            of the ``mysqlclient`` extra).
+            of the ``mysqlclient`` extra), or ``postgresql+psycopg://user:pw@host/orbit``
+            (psycopg 3, the ``postgres`` extra).
         pool_size: connections kept open (MySQL/PostgreSQL); as many again may
             overflow under load.
         ping_idle_seconds: a pooled connection idle for longer than this is pinged before
@@ -129,9 +173,10 @@ def create_engine(
 
     Raises:
         ValueError: for an in-memory SQLite URL (each connection would see its own
-            empty database).
+            empty database), or a database or driver the server does not run on
+            (:func:`check_supported`).
     """
-    url = make_url(url)
+    url = check_supported(url)
     backend = url.get_backend_name()
     if backend == "sqlite":
         if url.database in (None, "", ":memory:"):
@@ -148,7 +193,13 @@ def create_engine(
         )
         _make_sqlite_single_writer(engine)
         return engine
-    kwargs: dict[str, Any] = {"pool_size": pool_size, "max_overflow": pool_size}
+    # preserve_rowcount: psycopg forgets an INSERT's row count once SQLAlchemy closes its cursor (-1 for an
+    # INSERT ... SELECT whose count decides, e.g. result_events.record_result_event); kept for every statement.
+    kwargs: dict[str, Any] = {
+        "pool_size": pool_size,
+        "max_overflow": pool_size,
+        "execution_options": {"preserve_rowcount": True},
+    }
     if backend == "mysql":
         kwargs["isolation_level"] = "READ COMMITTED"
     # hide_parameters: a database error must not write params or results into the log (DESIGN §8).

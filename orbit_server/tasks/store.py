@@ -494,14 +494,15 @@ def lookup_statement(conn: Connection) -> sa.Select[Any]:
 def _answer_is_exact(conn: Connection, submission: TaskSubmission) -> bool:
     """Whether the task built from what was inserted equals what a replay reads back.
 
-    MariaDB and SQLite keep JSON text as written and ``DATETIME(6)`` keeps microseconds; MySQL's
-    binary JSON reorders object keys, and the backoff columns are single-precision ``FLOAT``.
+    MariaDB, SQLite and PostgreSQL (``json``, not ``jsonb``) keep JSON text as written and their
+    timestamps keep microseconds; MySQL's binary JSON reorders object keys, and the backoff columns
+    are single-precision ``FLOAT`` there.
     """
     options = submission.options
     if options and (options.backoff_base_seconds is not None or options.backoff_cap_seconds is not None):
         return False
     dialect = conn.dialect
-    return dialect.name == "sqlite" or (
+    return dialect.name in ("sqlite", "postgresql") or (
         dialect.name == "mysql" and bool(getattr(dialect, "is_mariadb", False))
     )
 

@@ -46,7 +46,7 @@ def upgrade() -> None:
     # Every existing queue gets its (open, unlimited) gate.
     op.execute(
         "INSERT INTO queue_gates (queue_id, paused, control_version, updated_at) "
-        "SELECT id, FALSE, 1, created_at FROM queues"
+        "SELECT id, false, 1, created_at FROM queues"
     )
     op.create_table(
         "concurrency_permits",
