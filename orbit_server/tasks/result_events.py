@@ -85,7 +85,7 @@ def record_result_event(conn: Connection, task_id: str, now: datetime) -> str:
                 tasks.c.handler, tasks.c.status, tasks.c.result, tasks.c.error, tasks.c.state_version,
                 sa.literal(now, Timestamp), tasks.c.retry_of,
             ).where(tasks.c.id == task_id),
-        ).execution_options(preserve_rowcount=True)  # psycopg: an INSERT's count is gone once its cursor closes
+        )
     )  # fmt: skip
     if copied.rowcount != 1:
         raise errors.ConcurrentUpdate(f"task {task_id} vanished while its result event was written")
