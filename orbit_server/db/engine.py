@@ -449,7 +449,7 @@ def is_lock_conflict(exc: sa.exc.DBAPIError) -> bool:
     if args and isinstance(args[0], int) and args[0] in _MYSQL_RETRYABLE:
         return True
     sqlstate = getattr(orig, "sqlstate", None)
-    if sqlstate in ("40001", "40P01"):  # PostgreSQL serialization failure / deadlock
+    if sqlstate in ("40001", "40P01", "55P03"):  # PostgreSQL serialization failure / deadlock / lock_timeout
         return True
     return isinstance(orig, sqlite3.OperationalError) and "locked" in str(orig)
 
