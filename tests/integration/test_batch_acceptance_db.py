@@ -1,4 +1,4 @@
-"""Batch acceptance against MariaDB when another request wins a key mid-transaction (DESIGN §3).
+"""Batch acceptance on MariaDB and PostgreSQL when another request wins a key mid-transaction (DESIGN §3).
 
 Deterministic versions of the races the concurrent HTTP test provokes at random: a key
 committed by another request between the batch's lookup and its insert, and a key held
@@ -19,21 +19,32 @@ from sqlalchemy.engine import URL, Engine
 from orbit_client import TaskSubmission
 from orbit_server import errors
 from orbit_server.db import migrate
-from orbit_server.db.engine import create_engine
+from orbit_server.db.engine import create_engine, db_now
 from orbit_server.db.schema import submission_keys, tasks
 from orbit_server.tasks import acceptance_batch, store
 from orbit_server.tasks.acceptance_batch import Accepted, Pending, submit_batch
 from tests.conftest import DatabaseFactory
 
-pytestmark = pytest.mark.mariadb
-
 SUBMISSION = TaskSubmission(queue="default", handler="orders.fulfil", params={"order_id": 1})
 KEY_TTL = timedelta(days=7)
 
 
-@pytest.fixture(scope="module")
-def database(make_database: DatabaseFactory) -> URL:
-    url = make_database("mariadb")
+#: A lock wait of 1 s on each connection, so that a held key times out quickly (by the database's kind).
+SHORT_LOCK_WAIT = {
+    "mariadb": "SET SESSION innodb_lock_wait_timeout = 1",
+    "postgres": "SET lock_timeout = '1s'",
+}
+
+
+@pytest.fixture(
+    scope="module",
+    params=[
+        pytest.param("mariadb", marks=pytest.mark.mariadb),
+        pytest.param("postgres", marks=pytest.mark.postgres),
+    ],
+)
+def database(request: pytest.FixtureRequest, make_database: DatabaseFactory) -> URL:
+    url = make_database(request.param)
     engine = create_engine(url)
     migrate.upgrade(engine)
     engine.dispose()
@@ -44,11 +55,14 @@ def database(make_database: DatabaseFactory) -> URL:
 def engine(database: URL) -> Iterator[Engine]:
     """The server's engine, with a 1 s lock wait so a held key times out quickly."""
     the_engine = create_engine(database, pool_size=4)
+    short_lock_wait = SHORT_LOCK_WAIT["mariadb" if database.get_backend_name() == "mysql" else "postgres"]
 
     @sa.event.listens_for(the_engine, "connect")
     def _short_lock_wait(dbapi_connection: Any, _record: object) -> None:
         with dbapi_connection.cursor() as cursor:
-            cursor.execute("SET SESSION innodb_lock_wait_timeout = 1")
+            cursor.execute(short_lock_wait)
+        if database.get_backend_name() == "postgresql":
+            dbapi_connection.commit()  # psycopg opened a transaction for the SET: end it
 
     yield the_engine
     the_engine.dispose()
@@ -120,7 +134,7 @@ def test_a_key_held_by_an_unfinished_request_is_409_for_that_item_only(
     held, free, free_again = (f"{name}-{uuid.uuid4()}" for name in ("held", "free", "again"))
     with engine.connect() as holder:
         holder.begin()
-        now = holder.exec_driver_sql("SELECT UTC_TIMESTAMP(6)").scalar_one()
+        now = db_now(holder)
         holder.execute(
             submission_keys.insert().values(
                 store.key_row(principal, held, "0" * 64, str(uuid.uuid4()), now, KEY_TTL)
