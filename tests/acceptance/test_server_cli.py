@@ -27,7 +27,14 @@ def _run(*args: str) -> tuple[int, str, str]:
     return result.exit_code, result.stdout, result.stderr
 
 
-@pytest.mark.parametrize("kind", ["sqlite", pytest.param("mariadb", marks=pytest.mark.mariadb)])
+@pytest.mark.parametrize(
+    "kind",
+    [
+        "sqlite",
+        pytest.param("mariadb", marks=pytest.mark.mariadb),
+        pytest.param("postgres", marks=pytest.mark.postgres),
+    ],
+)
 def test_admin_commands(make_database: DatabaseFactory, kind: str) -> None:
     url = make_database(kind).render_as_string(hide_password=False)
     assert _run("migrate", "--database-url", url)[0] == 0
@@ -45,7 +52,14 @@ def test_admin_commands(make_database: DatabaseFactory, kind: str) -> None:
     assert code == 2 and "root" in err
 
 
-@pytest.mark.parametrize("kind", ["sqlite", pytest.param("mariadb", marks=pytest.mark.mariadb)])
+@pytest.mark.parametrize(
+    "kind",
+    [
+        "sqlite",
+        pytest.param("mariadb", marks=pytest.mark.mariadb),
+        pytest.param("postgres", marks=pytest.mark.postgres),
+    ],
+)
 def test_a_too_long_api_key_label_is_refused_naming_the_limit(
     make_database: DatabaseFactory, kind: str
 ) -> None:
