@@ -206,6 +206,12 @@ def create_engine(
     # LIFO: under light load the same few connections stay warm (no idle ping) and the rest age out.
     engine = sa.create_engine(url, echo=echo, pool_recycle=3600, hide_parameters=True, pool_use_lifo=True,
                               pool_reset_on_return=None, **kwargs)  # fmt: skip
+    if backend == "postgresql":
+        # A multi-row INSERT (a batch's keys, tasks and events) as one statement per page of at most 1,000
+        # rows and 32,700 parameters (SQLAlchemy's "insertmanyvalues"; PostgreSQL takes 65,535 at most),
+        # not one INSERT per row: psycopg's executemany would pipeline N statements. PyMySQL's
+        # executemany already sends one multi-row INSERT.
+        engine.dialect.use_insertmanyvalues_wo_returning = True
     _ping_when_idle(engine, ping_idle_seconds)
     _reset_only_open_transactions(engine)
     _note_request_writes(engine)

@@ -230,8 +230,12 @@ def test_a_signal_received_while_paused_before_the_timeout_wins_on_resume(
 
 def _lock_waits(server: RunningServer) -> int:
     """Statements of this test's database blocked in a locking read (MariaDB; a wait in the optimizer's
-    range analysis shows in the process list, not in innodb_trx)."""
+    range analysis shows in the process list, not in innodb_trx; PostgreSQL: waiting on a lock)."""
     with server.engine.connect() as conn:
+        if conn.dialect.name == "postgresql":
+            return int(conn.scalar(sa.text(
+                "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
+                " AND pid <> pg_backend_pid() AND wait_event_type = 'Lock'")))  # fmt: skip
         return int(conn.scalar(sa.text(
             "SELECT count(*) FROM information_schema.processlist WHERE db = DATABASE() AND id <> CONNECTION_ID()"
             " AND command = 'Query' AND info LIKE '%FOR UPDATE%'")))  # fmt: skip
