@@ -96,8 +96,9 @@ def _engine(
     except sa.exc.OperationalError as exc:
         if raise_unreachable:
             raise
+        reason = " ".join(str(exc.orig).split())  # one line (psycopg's messages span several)
         click.echo(
-            f"error: cannot use the database at {sa.make_url(url).render_as_string()}: {exc.orig}", err=True
+            f"error: cannot use the database at {sa.make_url(url).render_as_string()}: {reason}", err=True
         )
         sys.exit(3)
     except sa.exc.DatabaseError as exc:

@@ -52,12 +52,18 @@ BIGINT_MAX = 2**63 - 1
 #: timeout, deadlock (on a Galera cluster also a certification conflict at COMMIT, or a brute-force
 #: abort by a write replicated from another node).
 _MYSQL_RETRYABLE = {1205, 1213}
+#: PostgreSQL SQLSTATEs meaning the same: serialization failure, deadlock, lock not available.
+_POSTGRES_RETRYABLE = {"40001", "40P01", "55P03"}
 #: MySQL/MariaDB error numbers meaning "the database did nothing and cannot serve right now": cannot
 #: connect (2002, 2003), a Galera node outside its cluster's primary component (1047 "WSREP has not yet
 #: prepared node for application use", on any statement that touches a table). A connection lost
 #: mid-way (2006, 2013) is not among them: its COMMIT may have happened (:func:`nothing_committed`
 #: decides those by what the request had committed).
 _MYSQL_UNAVAILABLE = {1047, 2002, 2003}
+
+#: PostgreSQL SQLSTATEs meaning the same: cannot connect (08001, 08006), the server is starting or shutting
+#: down (57P03), it has no connection slot left (53300).
+_POSTGRES_UNAVAILABLE = {"08001", "08006", "57P03", "53300"}
 
 #: Per HTTP request (:func:`request_writes_tracked`): ``[wrote, committed_a_write]``: a statement
 #: that may write was sent, and a COMMIT was sent after one. ``None`` outside a request.
@@ -449,13 +455,15 @@ def insert_unique(conn: Connection, statement: sa.Insert, taken: Exception) -> s
 
 
 def is_lock_conflict(exc: sa.exc.DBAPIError) -> bool:
-    """``True`` when ``exc`` is a deadlock or lock wait timeout worth retrying."""
+    """``True`` when ``exc`` is a deadlock or lock wait timeout worth retrying: MySQL/MariaDB 1205, 1213;
+    PostgreSQL 40001 (serialization failure), 40P01 (deadlock), 55P03 (lock not available: a
+    ``lock_timeout`` ran out); SQLite "database is locked"."""
     orig = exc.orig
     args = getattr(orig, "args", ())
     if args and isinstance(args[0], int) and args[0] in _MYSQL_RETRYABLE:
         return True
     sqlstate = getattr(orig, "sqlstate", None)
-    if sqlstate in ("40001", "40P01", "55P03"):  # PostgreSQL serialization failure / deadlock / lock_timeout
+    if sqlstate in _POSTGRES_RETRYABLE:
         return True
     return isinstance(orig, sqlite3.OperationalError) and "locked" in str(orig)
 
@@ -464,7 +472,8 @@ def is_unavailable(exc: BaseException) -> bool:
     """``True`` when ``exc`` proves the database did nothing and cannot serve right now (the server
     answers 503 with ``Retry-After``, README "Scaling out"): it could not be reached, or a Galera
     node is outside the primary component (1047 on a statement; at ``COMMIT``, 1180 naming the
-    primary component: nothing was replicated, so nothing committed)."""
+    primary component: nothing was replicated, so nothing committed); on PostgreSQL, a connection
+    that could not be made, a server starting or shutting down, or no connection slot left."""
     if not isinstance(exc, sa.exc.DBAPIError):
         return False
     args = getattr(exc.orig, "args", ())
@@ -473,8 +482,7 @@ def is_unavailable(exc: BaseException) -> bool:
         return True
     if code == 1180 and "Primary Component" in str(args[1:]):
         return True
-    return getattr(exc.orig, "sqlstate", None) in (
-        "08001",
-        "08006",
-        "57P03",
-    )  # PostgreSQL: cannot connect, starting
+    sqlstate = getattr(exc.orig, "sqlstate", None)
+    if sqlstate is None and str(exc.orig).startswith("connection failed"):
+        return True  # psycopg: no connection was made (refused, unknown host, rejected at login)
+    return sqlstate in _POSTGRES_UNAVAILABLE

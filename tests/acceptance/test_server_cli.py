@@ -20,6 +20,15 @@ from tests.conftest import DatabaseFactory
 from tests.server_processes import START_TIMEOUT, free_port
 
 REPO = Path(__file__).resolve().parents[2]
+KINDS = [
+    "sqlite",
+    pytest.param("mariadb", marks=pytest.mark.mariadb),
+    pytest.param("postgres", marks=pytest.mark.postgres),
+]
+NETWORKED = [
+    pytest.param("mariadb", marks=pytest.mark.mariadb),
+    pytest.param("postgres", marks=pytest.mark.postgres),
+]
 
 
 def _run(*args: str) -> tuple[int, str, str]:
@@ -27,14 +36,7 @@ def _run(*args: str) -> tuple[int, str, str]:
     return result.exit_code, result.stdout, result.stderr
 
 
-@pytest.mark.parametrize(
-    "kind",
-    [
-        "sqlite",
-        pytest.param("mariadb", marks=pytest.mark.mariadb),
-        pytest.param("postgres", marks=pytest.mark.postgres),
-    ],
-)
+@pytest.mark.parametrize("kind", KINDS)
 def test_admin_commands(make_database: DatabaseFactory, kind: str) -> None:
     url = make_database(kind).render_as_string(hide_password=False)
     assert _run("migrate", "--database-url", url)[0] == 0
@@ -52,14 +54,7 @@ def test_admin_commands(make_database: DatabaseFactory, kind: str) -> None:
     assert code == 2 and "root" in err
 
 
-@pytest.mark.parametrize(
-    "kind",
-    [
-        "sqlite",
-        pytest.param("mariadb", marks=pytest.mark.mariadb),
-        pytest.param("postgres", marks=pytest.mark.postgres),
-    ],
-)
+@pytest.mark.parametrize("kind", KINDS)
 def test_a_too_long_api_key_label_is_refused_naming_the_limit(
     make_database: DatabaseFactory, kind: str
 ) -> None:
@@ -124,9 +119,9 @@ def test_serve_migrates_sqlite_and_stops_on_sigterm(tmp_path: Path) -> None:
     assert "Finished server process" in output
 
 
-@pytest.mark.mariadb
-def test_serve_refuses_an_unmigrated_mysql_database(make_database: DatabaseFactory) -> None:
-    url = make_database("mariadb").render_as_string(hide_password=False)
+@pytest.mark.parametrize("kind", NETWORKED)
+def test_serve_refuses_an_unmigrated_database_in_one_line(make_database: DatabaseFactory, kind: str) -> None:
+    url = make_database(kind).render_as_string(hide_password=False)
     result = subprocess.run(
         [sys.executable, "-m", "orbit_server", "serve", "--database-url", url, "--port", str(free_port())],
         capture_output=True,
@@ -134,15 +129,43 @@ def test_serve_refuses_an_unmigrated_mysql_database(make_database: DatabaseFacto
         timeout=60,
     )
     assert result.returncode == 1 and "orbit-server migrate" in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1, result.stderr
 
 
-@pytest.mark.mariadb
+@pytest.mark.parametrize(
+    ("url", "says"),
+    [
+        ("postgresql+asyncpg://u@127.0.0.1/orbit", "use postgresql+psycopg://"),
+        ("postgresql+psycopg2://u@127.0.0.1/orbit", "use postgresql+psycopg://"),
+        ("oracle+oracledb://u@127.0.0.1/orbit", "postgresql+psycopg://user:pw@host/orbit (PostgreSQL 15+)"),
+        ("mariadb+pymysql://u@127.0.0.1/orbit", "mysql+pymysql://user:pw@host/orbit"),
+    ],
+)
+@pytest.mark.parametrize("command", ["serve", "migrate"])
+def test_serve_and_migrate_on_a_database_the_server_does_not_run_on_say_which_url_to_use(
+    command: str, url: str, says: str
+) -> None:
+    """Issue 32: such a URL printed a traceback (or worked half-way); now one line, exit 2, nothing done."""
+    code, out, err = _run(command, "--database-url", url)
+    assert code == 2 and says in err and not out, err
+    assert len(err.strip().splitlines()) == 1 or "Usage:" in err, err  # click's usage line, then the error
+    assert [line for line in err.splitlines() if line.startswith("Error")] == [
+        line for line in err.splitlines() if "--database-url:" in line
+    ], err
+
+
+def test_an_unreachable_postgresql_database_is_one_line_exit_3() -> None:
+    code, _, err = _run("migrate", "--database-url", "postgresql+psycopg://postgres@127.0.0.1:1/none")
+    assert code == 3 and "cannot use the database" in err and len(err.strip().splitlines()) == 1, err
+
+
+@pytest.mark.parametrize("kind", NETWORKED)
 def test_serve_waits_for_a_database_that_comes_up_within_wait_for_database(
-    make_database: DatabaseFactory,
+    make_database: DatabaseFactory, kind: str
 ) -> None:
     """Regression (Galera chaos run): a server restarted while its cluster node was down exited 3 at
     once. With --wait-for-database it keeps trying, then serves once the database answers."""
-    url = make_database("mariadb")
+    url = make_database(kind)
     assert _run("migrate", "--database-url", url.render_as_string(hide_password=False))[0] == 0
     db_port, port = free_port(), free_port()  # nothing listens on db_port until the proxy starts
     behind = url.set(port=db_port).render_as_string(hide_password=False)
@@ -158,7 +181,7 @@ def test_serve_waits_for_a_database_that_comes_up_within_wait_for_database(
         assert "cannot use the database yet" in first and proc.poll() is None, first
         proxy = subprocess.Popen(
             [sys.executable, "-m", "bench.chaos.proxy", "--port", str(db_port),
-             "--target-port", str(url.port or 3306)],
+             "--target-port", str(url.port or (3306 if kind == "mariadb" else 5432))],
             cwd=REPO,
         )  # fmt: skip
         deadline = time.monotonic() + START_TIMEOUT
@@ -200,10 +223,12 @@ def test_quick_start_demo_shows_a_replay(tmp_path: Path) -> None:
     assert "The second answer was a replay of the first" in result.stdout
 
 
-@pytest.mark.mariadb
-def test_admin_commands_on_an_unmigrated_database_say_to_migrate(make_database: DatabaseFactory) -> None:
+@pytest.mark.parametrize("kind", NETWORKED)
+def test_admin_commands_on_an_unmigrated_database_say_to_migrate(
+    make_database: DatabaseFactory, kind: str
+) -> None:
     """Regression (new-user trial): this printed a traceback ending in 'Table ... doesn't exist'."""
-    url = make_database("mariadb").render_as_string(hide_password=False)
+    url = make_database(kind).render_as_string(hide_password=False)
     code, _, err = _run("namespace", "create", "shop", "--database-url", url)
     assert code == 1 and "orbit-server migrate" in err and "Traceback" not in err
 
@@ -222,11 +247,11 @@ def _children(pid: int) -> list[int]:
         return [int(p) for p in children.read().split()]
 
 
-@pytest.mark.mariadb
+@pytest.mark.parametrize("kind", NETWORKED)
 def test_serve_with_two_worker_processes_answers_accepts_and_wakes_long_polls(
-    make_database: DatabaseFactory,
+    make_database: DatabaseFactory, kind: str
 ) -> None:
-    url = make_database("mariadb").render_as_string(hide_password=False)
+    url = make_database(kind).render_as_string(hide_password=False)
     assert _run("migrate", "--database-url", url)[0] == 0
     assert _run("namespace", "create", "shop", "--database-url", url)[0] == 0
     assert _run("queue", "create", "shop", "q", "--database-url", url)[0] == 0

@@ -21,12 +21,13 @@ from tests.servers import RunningServer, run_server
         pytest.param("sqlite", id="sqlite"),
         pytest.param("pymysql", id="mariadb", marks=pytest.mark.mariadb),
         pytest.param("mysqldb", id="mariadb-mysqlclient", marks=pytest.mark.mariadb),
+        pytest.param("psycopg", id="postgres", marks=pytest.mark.postgres),
     ],
 )
 def server(request: pytest.FixtureRequest, make_database: DatabaseFactory) -> Iterator[RunningServer]:
-    """A real server over SQLite or MariaDB, the latter through either driver."""
-    url = make_database("sqlite" if request.param == "sqlite" else "mariadb")
-    if request.param != "sqlite":
+    """A real server over SQLite, MariaDB (through either driver) or PostgreSQL."""
+    url = make_database({"sqlite": "sqlite", "psycopg": "postgres"}.get(request.param, "mariadb"))
+    if request.param in ("pymysql", "mysqldb"):
         url = url.set(drivername=f"mysql+{request.param}")
     with run_server(url) as running:
         yield running

@@ -431,7 +431,55 @@ def test_batch_example_runs(make_database: DatabaseFactory) -> None:
     assert [line[0].rsplit("-", 2)[1] for line in lines] == ["1001", "1002", "1003"]
 
 
-@pytest.mark.parametrize("kind", [pytest.param("sqlite"), pytest.param("mariadb", marks=pytest.mark.mariadb)])
+KINDS = [
+    pytest.param("sqlite"),
+    pytest.param("mariadb", marks=pytest.mark.mariadb),
+    pytest.param("postgres", marks=pytest.mark.postgres),
+]
+#: The most parameters one PostgreSQL statement may carry (its wire protocol counts them in 16 bits).
+POSTGRES_MAX_PARAMETERS = 65_535
+
+
+@pytest.mark.postgres
+def test_a_batch_past_postgresql_s_parameter_limit_is_accepted_in_statements_within_it(
+    make_database: DatabaseFactory,
+) -> None:
+    """5,000 items (the largest ORBIT_MAX_BATCH_ITEMS) carry about 150,000 task values: the multi-row
+    INSERTs are split so that none carries more than PostgreSQL's 65,535 parameters, and each carries many
+    rows (not one INSERT per row); every item is created once, and the same batch replays them all."""
+    with run_server(
+        make_database("postgres"), max_batch_items=5000, max_body_bytes=4_000_000, sweep_interval_seconds=0,
+        scheduler_interval_seconds=0, flow_interval_seconds=0,
+    ) as running:  # fmt: skip
+        keys = running.add_namespace("big")
+        inserts: list[tuple[str, int]] = []
+
+        def capture(_conn: Any, _cursor: Any, sql: str, parameters: Any, _context: Any, many: bool) -> None:
+            if sql.startswith("INSERT INTO tasks "):
+                rows = len(parameters) if many and not isinstance(parameters, dict) else 1
+                inserts.append((sql, rows))
+
+        batch = [_item(_new_key(), params={"n": n}) for n in range(5000)]
+        with _client(running, keys["submit"]) as http:
+            sa.event.listen(running.engine, "before_cursor_execute", capture)
+            try:
+                created = _results(_batch(http, "big", batch))
+            finally:
+                sa.event.remove(running.engine, "before_cursor_execute", capture)
+            replayed = _results(_batch(http, "big", batch))
+        assert [r["status"] for r in created] == [201] * 5000
+        assert [r["status"] for r in replayed] == [200] * 5000
+        assert [r["task"]["id"] for r in replayed] == [r["task"]["id"] for r in created]
+        with running.engine.connect() as conn:
+            assert conn.scalar(sa.select(sa.func.count()).select_from(tasks)) == 5000
+    # One statement per page of rows (not one per row); each page's parameters within the limit.
+    assert 1 < len(inserts) < 5000 // 100, [rows for _, rows in inserts]
+    for sql, _ in inserts:
+        values = sql.count("%(")
+        assert len(tasks.c) * 100 <= values <= POSTGRES_MAX_PARAMETERS, (values, sql[:200])
+
+
+@pytest.mark.parametrize("kind", KINDS)
 def test_statements_per_batch_do_not_grow_with_its_size(make_database: DatabaseFactory, kind: str):
     """Set-based: a batch costs the same statements for 5 items as for 200, new or replayed."""
     with run_server(

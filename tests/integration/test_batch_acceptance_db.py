@@ -1,4 +1,4 @@
-"""Batch acceptance on MariaDB and PostgreSQL when another request wins a key mid-transaction (DESIGN §3).
+"""Batch acceptance against MariaDB and PostgreSQL when another request wins a key mid-transaction (DESIGN §3).
 
 Deterministic versions of the races the concurrent HTTP test provokes at random: a key
 committed by another request between the batch's lookup and its insert, and a key held
@@ -29,13 +29,6 @@ SUBMISSION = TaskSubmission(queue="default", handler="orders.fulfil", params={"o
 KEY_TTL = timedelta(days=7)
 
 
-#: A lock wait of 1 s on each connection, so that a held key times out quickly (by the database's kind).
-SHORT_LOCK_WAIT = {
-    "mariadb": "SET SESSION innodb_lock_wait_timeout = 1",
-    "postgres": "SET lock_timeout = '1s'",
-}
-
-
 @pytest.fixture(
     scope="module",
     params=[
@@ -55,14 +48,15 @@ def database(request: pytest.FixtureRequest, make_database: DatabaseFactory) -> 
 def engine(database: URL) -> Iterator[Engine]:
     """The server's engine, with a 1 s lock wait so a held key times out quickly."""
     the_engine = create_engine(database, pool_size=4)
-    short_lock_wait = SHORT_LOCK_WAIT["mariadb" if database.get_backend_name() == "mysql" else "postgres"]
 
     @sa.event.listens_for(the_engine, "connect")
     def _short_lock_wait(dbapi_connection: Any, _record: object) -> None:
         with dbapi_connection.cursor() as cursor:
-            cursor.execute(short_lock_wait)
-        if database.get_backend_name() == "postgresql":
-            dbapi_connection.commit()  # psycopg opened a transaction for the SET: end it
+            if the_engine.dialect.name == "postgresql":
+                cursor.execute("SET lock_timeout = '1s'")  # 55P03 when it runs out
+                dbapi_connection.commit()  # kept even if the connection's first transaction rolls back
+            else:
+                cursor.execute("SET SESSION innodb_lock_wait_timeout = 1")
 
     yield the_engine
     the_engine.dispose()

@@ -106,12 +106,12 @@ def test_a_lost_connection_is_judged_by_what_the_request_committed(
         direct.dispose()
 
 
-@pytest.mark.mariadb
+@pytest.mark.parametrize("kind", KINDS)
 def test_a_read_on_a_connection_lost_in_the_pool_answers_503_then_recovers(
-    make_database: DatabaseFactory, tmp_path: Path
+    make_database: DatabaseFactory, tmp_path: Path, kind: str
 ) -> None:
-    direct_url = make_database("mariadb")  # the server's databases: MariaDB/MySQL (or SQLite: never lost)
-    proxy = TcpProxy(direct_url.host or "127.0.0.1", direct_url.port or 3306)
+    direct_url = make_database(kind)  # the server's networked databases (SQLite: never lost)
+    proxy = TcpProxy(direct_url.host or "127.0.0.1", direct_url.port or (3306 if kind == "mariadb" else 5432))
     proxy.up()
     proxied_url = direct_url.set(host="127.0.0.1", port=proxy.port)
     keys = prepare(direct_url, "lost", ("default",))

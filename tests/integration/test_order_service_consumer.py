@@ -24,7 +24,14 @@ def _event(
                        retry_of=retry_of, **fields)  # fmt: skip
 
 
-@pytest.mark.parametrize("kind", ["sqlite", pytest.param("mariadb", marks=pytest.mark.mariadb)])
+@pytest.mark.parametrize(
+    "kind",
+    [
+        "sqlite",
+        pytest.param("mariadb", marks=pytest.mark.mariadb),
+        pytest.param("postgres", marks=pytest.mark.postgres),
+    ],
+)
 def test_a_retried_tasks_success_completes_the_order_its_predecessor_failed(
     kind: str, make_database: DatabaseFactory
 ) -> None:

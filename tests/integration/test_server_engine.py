@@ -12,14 +12,24 @@ from sqlalchemy.engine import Engine
 from orbit_server.db.engine import create_engine
 from tests.conftest import DatabaseFactory
 
-pytestmark = pytest.mark.mariadb
+KINDS = [
+    pytest.param("mariadb", marks=pytest.mark.mariadb),
+    pytest.param("postgres", marks=pytest.mark.postgres),
+]
+
+
+@pytest.fixture(scope="module", params=KINDS)
+def kind(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
 
 
 @pytest.fixture(scope="module")
-def engine(make_database: DatabaseFactory) -> Iterator[Engine]:
-    engine = create_engine(make_database("mariadb"), pool_size=1)
+def engine(make_database: DatabaseFactory, kind: str) -> Iterator[Engine]:
+    engine = create_engine(make_database(kind), pool_size=1)
     with engine.begin() as conn:
-        conn.exec_driver_sql("CREATE TABLE t (id INT PRIMARY KEY) ENGINE=InnoDB")
+        conn.exec_driver_sql(
+            "CREATE TABLE t (id INT PRIMARY KEY)" + (" ENGINE=InnoDB" if kind == "mariadb" else "")
+        )
     yield engine
     engine.dispose()
 
@@ -30,23 +40,44 @@ def _statements(engine: Engine, work: Any) -> list[str]:
     pool_dbapi = engine.pool
 
     def on_checkout(dbapi_connection: Any, _record: Any, _proxy: Any) -> None:
-        real_ping, real_rollback = dbapi_connection.ping, dbapi_connection.rollback
+        real_rollback = dbapi_connection.rollback
+        if hasattr(dbapi_connection, "ping"):  # PyMySQL
+            real_ping = dbapi_connection.ping
 
-        def ping(*args: Any) -> Any:
-            sent.append("PING")
-            return real_ping(*args)
+            def ping(*args: Any) -> Any:
+                sent.append("PING")
+                return real_ping(*args)
+
+            dbapi_connection.ping = ping
+        else:  # psycopg: SQLAlchemy pings with a cursor's SELECT 1, the only cursor made before checkout ends
+            real_cursor = dbapi_connection.cursor
+
+            def cursor(*args: Any, **kwargs: Any) -> Any:
+                sent.append("PING")
+                return real_cursor(*args, **kwargs)
+
+            dbapi_connection.cursor = cursor
+            unpatch.append(lambda: setattr(dbapi_connection, "cursor", real_cursor))
 
         def rollback() -> Any:
             sent.append("ROLLBACK")
             return real_rollback()
 
-        dbapi_connection.ping, dbapi_connection.rollback = ping, rollback
+        dbapi_connection.rollback = rollback
+
+    unpatch: list[Any] = []
+
+    def after_checkout(*_args: Any) -> None:  # the checkout's pings are done: its statements are no ping
+        while unpatch:
+            unpatch.pop()()
 
     sa.event.listen(pool_dbapi, "checkout", on_checkout, insert=True)
+    sa.event.listen(pool_dbapi, "checkout", after_checkout)
     try:
         work()
     finally:
         sa.event.remove(pool_dbapi, "checkout", on_checkout)
+        sa.event.remove(pool_dbapi, "checkout", after_checkout)
     return sent
 
 
@@ -79,13 +110,23 @@ def test_a_failed_statement_leaves_no_open_transaction(engine: Engine) -> None:
         assert conn.exec_driver_sql("SELECT COUNT(*) FROM t WHERE id = 3").scalar_one() == 0
 
 
-def test_an_idle_connection_is_pinged_and_a_dropped_one_replaced(make_database: DatabaseFactory) -> None:
+def _kill(engine: Engine, connection_id: int) -> None:
+    """The database drops connection ``connection_id``, as a crash or a cut proxy does."""
+    with sa.create_engine(engine.url, poolclass=sa.pool.NullPool).connect() as admin:
+        if engine.dialect.name == "postgresql":
+            admin.exec_driver_sql(f"SELECT pg_terminate_backend({connection_id})")
+        else:
+            admin.exec_driver_sql(f"KILL {connection_id}")
+
+
+def test_an_idle_connection_is_pinged_and_a_dropped_one_replaced(
+    make_database: DatabaseFactory, kind: str
+) -> None:
     # ping_idle_seconds=0: every reused connection counts as idle (SQLAlchemy's pool_pre_ping).
-    engine = create_engine(make_database("mariadb"), pool_size=1, ping_idle_seconds=0)
+    engine = create_engine(make_database(kind), pool_size=1, ping_idle_seconds=0)
     try:
         first_id = _connection_id(engine)
-        with sa.create_engine(engine.url, poolclass=sa.pool.NullPool).connect() as admin:
-            admin.exec_driver_sql(f"KILL {first_id}")  # the server drops the pooled connection
+        _kill(engine, first_id)  # the server drops the pooled connection
         ids: list[int] = []
         sent = _statements(engine, lambda: ids.append(_connection_id(engine)))
         assert sent[:1] == ["PING"]
@@ -96,20 +137,26 @@ def test_an_idle_connection_is_pinged_and_a_dropped_one_replaced(make_database: 
 
 def _connection_id(engine: Engine) -> int:
     with engine.begin() as conn:
-        return int(conn.exec_driver_sql("SELECT CONNECTION_ID()").scalar_one())
+        return _id(conn)
 
 
-def test_a_connection_lost_mid_transaction_raises_the_database_error(make_database: DatabaseFactory) -> None:
+def _id(conn: sa.Connection) -> int:
+    pid = "pg_backend_pid()" if conn.dialect.name == "postgresql" else "CONNECTION_ID()"
+    return int(conn.exec_driver_sql(f"SELECT {pid}").scalar_one())
+
+
+def test_a_connection_lost_mid_transaction_raises_the_database_error(
+    make_database: DatabaseFactory, kind: str
+) -> None:
     """Regression (bench.chaos, issue 9): when the database dropped a connection inside a transaction,
     the rollback listener of ``_reset_only_open_transactions`` touched the invalidated connection and
     raised ``PendingRollbackError`` in place of the ``OperationalError``. The callers that retry a lost
     connection (task acceptance: ``exc.connection_invalidated``) then answered 500 instead of retrying."""
-    engine = create_engine(make_database("mariadb"), pool_size=1)
+    engine = create_engine(make_database(kind), pool_size=1)
     try:
         with pytest.raises(sa.exc.OperationalError) as raised, engine.begin() as conn:
-            connection_id = conn.exec_driver_sql("SELECT CONNECTION_ID()").scalar_one()
-            with sa.create_engine(engine.url, poolclass=sa.pool.NullPool).connect() as admin:
-                admin.exec_driver_sql(f"KILL {connection_id}")  # as a crash or a cut proxy does
+            connection_id = _id(conn)
+            _kill(engine, connection_id)  # as a crash or a cut proxy does
             conn.exec_driver_sql("SELECT 1")
         assert raised.value.connection_invalidated
         assert _connection_id(engine) != connection_id  # and the pool carries on with a new one
