@@ -81,7 +81,14 @@ def _start(api: FlowApi, key: str, answer: list[Any]) -> None:
         answer.append(exc)
 
 
-@pytest.mark.parametrize("backend", ["sqlite", pytest.param("mariadb", marks=pytest.mark.mariadb)])
+@pytest.mark.parametrize(
+    "backend",
+    [
+        "sqlite",
+        pytest.param("mariadb", marks=pytest.mark.mariadb),
+        pytest.param("postgres", marks=pytest.mark.postgres),
+    ],
+)
 def test_sigkill_at_every_point_of_an_advance_then_recovery(
     backend: str,
     make_database: DatabaseFactory,

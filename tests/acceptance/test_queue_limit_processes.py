@@ -54,7 +54,14 @@ def _await_ready(port: int, proc: subprocess.Popen[str], log: Path) -> None:
     await_ready(f"http://127.0.0.1:{port}", proc, output=lambda: log.read_text()[-3000:])
 
 
-@pytest.mark.parametrize("kind", ["sqlite", pytest.param("mariadb", marks=pytest.mark.mariadb)])
+@pytest.mark.parametrize(
+    "kind",
+    [
+        "sqlite",
+        pytest.param("mariadb", marks=pytest.mark.mariadb),
+        pytest.param("postgres", marks=pytest.mark.postgres),
+    ],
+)
 def test_limit_one_per_key_is_never_exceeded_by_racing_servers_and_workers(
     kind: str, make_database: DatabaseFactory, tmp_path: Path
 ) -> None:
