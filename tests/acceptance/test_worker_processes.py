@@ -31,7 +31,11 @@ from tests.execution_support import check_attempt_history
 from tests.servers import RunningServer, run_server
 
 REPO = Path(__file__).resolve().parents[2]
-BACKENDS = ["sqlite", pytest.param("mariadb", marks=pytest.mark.mariadb)]
+BACKENDS = [
+    "sqlite",
+    pytest.param("mariadb", marks=pytest.mark.mariadb),
+    pytest.param("postgres", marks=pytest.mark.postgres),
+]
 
 
 class WorkerProcess:

@@ -12,6 +12,12 @@ batch and report-and-lease, must read ``tasks`` and ``task_attempts`` through ``
 And each reads a range of that key, never the whole index, for one item as for many: MariaDB plans a
 one-tuple row ``IN`` as no range, so a one-item batch (every report of a ``Worker`` at concurrency 1)
 read every task the retention window keeps (EXPLAIN ``type=index``, 23,219 rows at 21,855 tasks).
+
+On PostgreSQL a row lock is taken only on the rows a statement returns or updates, whatever the plan, so
+the deadlock above cannot happen there; the same statements are still checked to find their rows through
+the primary key (an index scan of ``tasks_pkey`` / ``task_attempts_pkey``, or a bitmap scan that reads
+it, never a sequential scan or the status index alone), on a table of a busy queue's size with statistics
+as a database in use has them (``ANALYZE``).
 """
 
 from __future__ import annotations
@@ -28,15 +34,19 @@ from tests.conftest import DatabaseFactory
 from tests.integration.test_execution_api import Api
 from tests.servers import run_server
 
-pytestmark = pytest.mark.mariadb
-
 #: A statement that locks rows it picks by id: an UPDATE/SELECT FOR UPDATE whose WHERE names the id.
 _BY_ID = re.compile(r"WHERE \(?(tasks|task_attempts)\.id(,| IN| =)")
 
 
-@pytest.fixture(scope="module")
-def api(make_database: DatabaseFactory) -> Iterator[Api]:
-    with run_server(make_database("mariadb"), sweep_interval_seconds=0) as server:
+@pytest.fixture(
+    scope="module",
+    params=[
+        pytest.param("mariadb", marks=pytest.mark.mariadb),
+        pytest.param("postgres", marks=pytest.mark.postgres),
+    ],
+)
+def api(request: pytest.FixtureRequest, make_database: DatabaseFactory) -> Iterator[Api]:
+    with run_server(make_database(request.param), sweep_interval_seconds=0) as server:
         name = f"ns-{uuid.uuid4().hex[:8]}"
         helper = Api(server, name, server.add_namespace(name))
         yield helper
@@ -94,6 +104,9 @@ def test_batch_statements_lock_tasks_and_attempts_through_the_primary_key(api: A
         re.match(r"\s*UPDATE (tasks FORCE INDEX \(PRIMARY\), )?task_attempts", s) for s in statements
     ), statements
     assert any("FOR UPDATE" in s for s in statements), statements
+    if engine.dialect.name == "postgresql":
+        _check_postgres_plans(engine, captured, size)
+        return
     with engine.connect() as conn:
         for statement, parameters in captured:
             plan = conn.exec_driver_sql(f"EXPLAIN {statement}", parameters).mappings().all()
@@ -106,6 +119,69 @@ def test_batch_statements_lock_tasks_and_attempts_through_the_primary_key(api: A
                     assert row["type"] in ("range", "eq_ref", "const", "ref"), (
                         f"{size} item(s) scan: {statement[:60]}...{statement[-300:]}\n{[dict(r) for r in plan]}"
                     )
+
+
+def _check_postgres_plans(engine: sa.Engine, captured: list[tuple[str, Any]], size: int) -> None:
+    """Each captured statement's rows of ``tasks`` / ``task_attempts`` (those it updates or locks; a
+    subquery's are read without locks) are found by an index scan of the table's primary key."""
+    with engine.connect() as conn:
+        _seed_finished_rows(conn, 20_000)
+        conn.exec_driver_sql("ANALYZE tasks")
+        conn.exec_driver_sql("ANALYZE task_attempts")
+        conn.commit()
+        for statement, parameters in captured:
+            (plan,) = conn.exec_driver_sql(f"EXPLAIN (FORMAT JSON) {statement}", parameters).scalar_one()
+            scans = list(_row_scans(plan["Plan"]))
+            assert scans, (statement, plan)
+            for node in scans:
+                where = f"{size} item(s): {statement[:60]}...{statement[-300:]}\n{plan}"
+                assert node["Node Type"] in ("Index Scan", "Index Only Scan", "Bitmap Heap Scan"), where
+                # a bitmap scan may AND the key's probe with the status index (a cost; PostgreSQL locks
+                # only the rows it updates or returns): the key must be among what it reads
+                assert f"{node['Relation Name']}_pkey" in _indexes(node), where
+
+
+def _seed_finished_rows(conn: sa.Connection, count: int) -> None:
+    """``count`` finished tasks with their finished attempts, as a retention window keeps them, and a
+    busy queue's live work beside them (a tenth as many tasks waiting, leased and running, each live
+    one with its live attempt): a few hundred rows fit in a few pages, which PostgreSQL rightly reads
+    whole, and an idle table makes every status look rare (once per module)."""
+    if conn.exec_driver_sql("SELECT count(*) FROM tasks WHERE handler = 'plan-seed'").scalar_one():
+        return
+    live = count // 10
+    conn.exec_driver_sql(
+        "INSERT INTO tasks (id, namespace_id, queue_id, handler, params, status, state_version, attempt_count,"
+        " max_attempts, retry_safe, available_at, cancel_requested, created_at, updated_at, finished_at)"
+        " SELECT gen_random_uuid()::text, namespace_id, queue_id, 'plan-seed', '{}',"
+        f" CASE WHEN n <= {count} THEN 'SUCCEEDED' WHEN mod(n, 3) = 0 THEN 'WAITING' WHEN mod(n, 3) = 1 THEN 'LEASED'"
+        " ELSE 'RUNNING' END, 3, 1, 3, false, created_at, false, created_at, created_at,"
+        f" CASE WHEN n <= {count} THEN created_at END"
+        " FROM (SELECT namespace_id, queue_id, created_at FROM tasks LIMIT 1) AS one,"
+        f" generate_series(1, {count + live}) AS numbers(n)"
+    )
+    conn.exec_driver_sql(
+        "INSERT INTO task_attempts (id, task_id, generation, lease_token_hash, worker_id, status, lease_seconds,"
+        " leased_at, lease_expires_at, finished_at) SELECT gen_random_uuid()::text, id, 1, 'x', 'w', status,"
+        " 30, created_at, created_at + interval '1 hour', finished_at"
+        " FROM tasks WHERE handler = 'plan-seed' AND status <> 'WAITING'"
+    )
+
+
+def _indexes(node: dict[str, Any]) -> set[str]:
+    """The indexes a scan node reads (a bitmap scan's, under its BitmapAnd/BitmapOr)."""
+    found = {node["Index Name"]} if "Index Name" in node else set()
+    for child in node.get("Plans", []):
+        found |= _indexes(child)
+    return found
+
+
+def _row_scans(node: dict[str, Any]) -> Iterator[dict[str, Any]]:
+    """The scans of ``tasks`` and ``task_attempts`` in ``node``'s plan, not counting sub- and init-plans."""
+    if node.get("Relation Name") in ("tasks", "task_attempts") and "Scan" in node["Node Type"]:
+        yield node
+    for child in node.get("Plans", []):
+        if child.get("Parent Relationship") not in ("SubPlan", "InitPlan"):
+            yield from _row_scans(child)
 
 
 def _seed_finished_tasks(api: Api, count: int) -> None:
