@@ -183,10 +183,18 @@ def test_demo_as_a_flow_on_sqlite_with_a_server_crash(tmp_path: Path) -> None:
     assert_flow_invariants(run_demo(tmp_path, "--flow", "--kill-server"), faults=3)
 
 
-@pytest.mark.mariadb
-def test_demo_as_a_flow_on_mariadb(tmp_path: Path, make_database: DatabaseFactory) -> None:
-    shop = make_database("mariadb").render_as_string(hide_password=False)
-    orbit = make_database("mariadb").render_as_string(hide_password=False)
+@pytest.mark.parametrize(
+    "kind",
+    [
+        pytest.param("mariadb", marks=pytest.mark.mariadb),
+        pytest.param("postgres", marks=pytest.mark.postgres),
+    ],
+)
+def test_demo_as_a_flow_on_a_database_server(
+    tmp_path: Path, make_database: DatabaseFactory, kind: str
+) -> None:
+    shop = make_database(kind).render_as_string(hide_password=False)
+    orbit = make_database(kind).render_as_string(hide_password=False)
     assert_flow_invariants(
         run_demo(tmp_path, "--flow", "--database-url", shop, "--orbit-database-url", orbit)
     )
