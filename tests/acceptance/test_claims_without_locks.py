@@ -34,8 +34,6 @@ from tests.conftest import DatabaseFactory
 from tests.execution_support import check_attempt_history
 from tests.server_processes import START_TIMEOUT, free_port
 
-pytestmark = pytest.mark.mariadb
-
 REPO = Path(__file__).resolve().parents[2]
 ROWS = int(os.environ.get("ORBIT_TEST_NO_LOCK_ROWS", "1000"))
 NO_LOCKS = {"ORBIT_TEST_CLAIMS_WITHOUT_LOCKS": "1"}
@@ -51,10 +49,17 @@ def _start(
         )
 
 
+@pytest.mark.parametrize(
+    "kind",
+    [
+        pytest.param("mariadb", marks=pytest.mark.mariadb),
+        pytest.param("postgres", marks=pytest.mark.postgres),
+    ],
+)
 def test_four_relays_and_four_workers_keep_every_invariant_without_skip_locked(
-    make_database: DatabaseFactory, tmp_path: Path
+    make_database: DatabaseFactory, tmp_path: Path, kind: str
 ) -> None:
-    orbit_url, biz_url = make_database("mariadb"), make_database("mariadb")
+    orbit_url, biz_url = make_database(kind), make_database(kind)
     orbit = create_engine(orbit_url, pool_size=2)
     server_migrate.upgrade(orbit)
     namespace = f"ns-{uuid.uuid4().hex[:8]}"
