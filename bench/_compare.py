@@ -25,6 +25,25 @@ from orbit_client import OrbitClient, RetryPolicy
 
 POSTGRES_CONNINFO = os.environ.get("BENCH_POSTGRES_CONNINFO", "host=127.0.0.1 user=postgres")
 
+#: The PostgreSQL databases of each side (``"orbit"``, ``"peer"``), as they are created: with
+#: ``--server-db postgres`` both sides share one PostgreSQL instance, and a side's database CPU
+#: counts the backends of its own databases only (:func:`database_cpu`).
+PG_DATABASES: dict[str, set[str]] = {"orbit": set(), "peer": set()}
+
+#: Title words of the PostgreSQL instance's own processes that work for whoever writes: WAL and checkpoints.
+INSTANCE_WRITERS = ("walwriter", "checkpointer", "writer")
+
+
+def database_cpu(side: str, dialect: str = "postgresql") -> ProcessCpu:
+    """A :class:`ProcessCpu` of ``side``'s database server: ``mariadbd`` for a MySQL ``dialect``;
+    else the ``postgres`` processes of ``side``'s databases (their connection backends and autovacuum
+    workers, told apart by the database name in their titles: other databases of the instance, the
+    other side's among them, do not count) and the instance's WAL writer, background writer and
+    checkpointer (the two sides drain one after the other, so these work for the one draining)."""
+    if dialect == "mysql":
+        return ProcessCpu("mariadbd")
+    return ProcessCpu("postgres", titles=(*sorted(PG_DATABASES[side]), *INSTANCE_WRITERS))
+
 
 NS, QUEUE, HANDLER = "bench", "q", "bench.echo"
 
@@ -124,7 +143,9 @@ def _http_calls(base: str) -> float:
 
 class Cost:
     """Database round trips (MariaDB's global counters: both Orbit databases, and any other client
-    of the same MariaDB, so run on a quiet machine) and Orbit HTTP calls spent by a block of work."""
+    of the same MariaDB, so run on a quiet machine) and Orbit HTTP calls spent by a block of work.
+    On PostgreSQL (``--server-db postgres``) no global statement counter exists without
+    ``pg_stat_statements``: the round trips are then not counted (``db`` is empty)."""
 
     #: False under ``serve --workers N``: each process counts only its own requests in /metrics.
     count_http = True
@@ -132,20 +153,37 @@ class Cost:
     def __init__(self, admin: sa.Engine, base: str) -> None:
         self.admin, self.base = admin, base
 
+    def _counters(self) -> dict[str, int]:
+        return _mysql_counters(self.admin) if self.admin.dialect.name == "mysql" else {}
+
     def __enter__(self) -> Cost:
-        self._db, self._http = _mysql_counters(self.admin), _http_calls(self.base)
+        self._db, self._http = self._counters(), _http_calls(self.base)
         return self
 
     def __exit__(self, *_exc: object) -> None:
-        after = _mysql_counters(self.admin)
+        after = self._counters()
         self.db = {k: after[k] - self._db[k] for k in after}
         self.http = _http_calls(self.base) - self._http
 
+    def trips(self, n: int) -> float | None:
+        """Database round trips per unit of ``n`` (``None``: not counted, on PostgreSQL)."""
+        if not self.db:
+            return None
+        return (self.db["Questions"] + self.db["Com_admin_commands"]) / n
+
     def report(self, report: Report, what: str, n: int) -> None:
-        trips = (self.db["Questions"] + self.db["Com_admin_commands"]) / n
+        trips = self.trips(n)
+        if trips is None:
+            report.add("orbit", f"DB round trips per {what}", None, "round trips",
+                       "not counted on PostgreSQL (no global statement counter)")  # fmt: skip
+            self._report_http(report, what, n)
+            return
         report.add("orbit", f"DB round trips per {what}", trips, "round trips",
                    f"pings {self.db['Com_admin_commands'] / n:.2f}, COMMIT {self.db['Com_commit'] / n:.2f}, "
                    f"ROLLBACK {self.db['Com_rollback'] / n:.2f}")  # fmt: skip
+        self._report_http(report, what, n)
+
+    def _report_http(self, report: Report, what: str, n: int) -> None:
         if self.count_http:
             report.add("orbit", f"HTTP calls per {what}", self.http / n, "calls")
         else:
@@ -175,11 +213,41 @@ def mysql_databases(*roles: str) -> Iterator[dict[str, str]]:
 
 
 @contextlib.contextmanager
+def postgres_databases(*roles: str) -> Iterator[dict[str, str]]:
+    """New PostgreSQL databases for Orbit on the peer's instance (``BENCH_POSTGRES_CONNINFO``), one
+    per role; yields their ``postgresql+psycopg://`` URLs; drops them on exit."""
+    import psycopg
+    from psycopg.conninfo import conninfo_to_dict
+
+    params = conninfo_to_dict(POSTGRES_CONNINFO)
+    names = {role: f"orbit_cmp_{role}_{uuid.uuid4().hex[:8]}" for role in roles}
+    PG_DATABASES["orbit"].update(names.values())
+    try:
+        with psycopg.connect(POSTGRES_CONNINFO, autocommit=True) as admin:
+            for name in names.values():
+                admin.execute(f'CREATE DATABASE "{name}"')
+        yield {
+            role: sa.engine.URL.create(
+                "postgresql+psycopg", username=str(params.get("user") or "postgres"),
+                password=str(params["password"]) if params.get("password") else None,
+                host=str(params.get("host") or "127.0.0.1"), port=int(params.get("port") or 5432), database=name,
+            ).render_as_string(hide_password=False)
+            for role, name in names.items()
+        }  # fmt: skip
+    finally:
+        with psycopg.connect(POSTGRES_CONNINFO, autocommit=True) as admin:
+            for name in names.values():
+                admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        PG_DATABASES["orbit"].difference_update(names.values())
+
+
+@contextlib.contextmanager
 def peer_database(report: Report) -> Iterator[str]:
     """A new PostgreSQL database with procrastinate's schema; yields its conninfo; drops it on exit."""
     import psycopg
 
     name = f"orbit_cmp_peer_{uuid.uuid4().hex[:8]}"
+    PG_DATABASES["peer"].add(name)
     with psycopg.connect(POSTGRES_CONNINFO, autocommit=True) as admin:
         admin.execute(f'CREATE DATABASE "{name}"')
         report.meta["postgres"] = {
@@ -365,7 +433,11 @@ class Drain:
     server_ms: float  # server CPU per task
     worker_ms: float  # worker CPU per task (all worker processes)
     cost: Cost
-    db_ms: float = 0.0  # MariaDB's CPU per task (mariadbd; other clients of it count too)
+    #: The server database's CPU per task (``mariadbd``, or the ``postgres`` processes but the peer's
+    #: backends: :func:`database_cpu`; other clients of it count too).
+    db_ms: float = 0.0
+    #: Which database that was: ``"MariaDB"`` or ``"PostgreSQL"``.
+    db_name: str = "MariaDB"
 
     @property
     def http(self) -> float:
@@ -373,9 +445,9 @@ class Drain:
         return self.cost.http / self.n if Cost.count_http else float("nan")
 
     @property
-    def trips(self) -> float:
-        """Database round trips per task (MariaDB's global counters)."""
-        return (self.cost.db["Questions"] + self.cost.db["Com_admin_commands"]) / self.n
+    def trips(self) -> float | None:
+        """Database round trips per task (MariaDB's global counters; ``None`` on PostgreSQL)."""
+        return self.cost.trips(self.n)
 
 
 def _orbit_worker_drain(
@@ -387,7 +459,7 @@ def _orbit_worker_drain(
     (lease-and-start, no ``start`` call)."""
     _submit_untimed(base, keys["submit"], n, queue, retry_safe=retry_safe)
     server_cpu = cpu_seconds(server_pid)
-    with Cost(server, base) as cost, ProcessCpu("mariadbd") as database:
+    with Cost(server, base) as cost, database_cpu("orbit", server.dialect.name) as database:
         workers = [_worker(base, keys["work"], queue, concurrency) for _ in range(processes)]
         try:
             _wait_until(lambda: _succeeded(server, queue) >= n, "the workers to finish", every=0.2)
@@ -407,5 +479,5 @@ def _orbit_worker_drain(
         ).one()
     return Drain(
         n, n / (last - first).total_seconds(), rss, server_cpu / n * 1000, worker_cpu / n * 1000, cost,
-        database.seconds / n * 1000,
+        database.seconds / n * 1000, "MariaDB" if server.dialect.name == "mysql" else "PostgreSQL",
     )  # fmt: skip

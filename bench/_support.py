@@ -79,8 +79,10 @@ def cpu_seconds(pid: int) -> float:
     return total / os.sysconf("SC_CLK_TCK")
 
 
-def _named_cpu_ticks(name: str) -> dict[tuple[int, int], int]:
-    """``{(pid, start time): CPU ticks}`` of every live process called ``name`` (``/proc/<pid>/stat``)."""
+def _named_cpu_ticks(name: str, titles: tuple[str, ...] | None = None) -> dict[tuple[int, int], int]:
+    """``{(pid, start time): CPU ticks}`` of every live process called ``name`` (``/proc/<pid>/stat``);
+    with ``titles``, only those whose command line (for a PostgreSQL process its title, ``postgres:
+    user database host(port) state`` for a backend) holds one of its words."""
     found: dict[tuple[int, int], int] = {}
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
@@ -92,9 +94,20 @@ def _named_cpu_ticks(name: str) -> dict[tuple[int, int], int]:
             continue
         if text[text.find("(") + 1 : text.rfind(")")] != name:
             continue
+        if titles is not None and not _title_has(entry, titles):
+            continue
         fields = text.rpartition(")")[2].split()
         found[(int(entry), int(fields[19]))] = int(fields[11]) + int(fields[12])  # starttime; utime + stime
     return found
+
+
+def _title_has(pid: str, words: tuple[str, ...]) -> bool:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as cmdline:
+            title = cmdline.read().replace(b"\0", b" ").decode(errors="replace").split()
+    except OSError:
+        return False
+    return any(word in title for word in words)
 
 
 class ProcessCpu:
@@ -106,11 +119,17 @@ class ProcessCpu:
     running at the start counts from its first reading, a new one from zero. What a backend uses
     after its last sample and before it exits (at most ``every`` seconds of it) is missed, so the
     figure is a slight undercount. ``seconds`` is the total once the block has ended.
+
+    ``titles`` (``None``: every process called ``name``): words of a process title, one of which a
+    process must have to count, e.g. the names of one side's databases when two systems share one
+    PostgreSQL instance (each backend's title names its database), with ``walwriter`` and
+    ``checkpointer`` for the instance's own work.
     """
 
-    def __init__(self, name: str, every: float = 0.05) -> None:
+    def __init__(self, name: str, every: float = 0.05, *, titles: tuple[str, ...] | None = None) -> None:
         self.name = name
         self.every = every
+        self.titles = titles
         self.seconds = 0.0
         self._baseline: dict[tuple[int, int], int] = {}
         self._last: dict[tuple[int, int], int] = {}
@@ -118,19 +137,19 @@ class ProcessCpu:
         self._thread = threading.Thread(target=self._run, name=f"cpu-{name}", daemon=True)
 
     def __enter__(self) -> ProcessCpu:
-        self._baseline = _named_cpu_ticks(self.name)
+        self._baseline = _named_cpu_ticks(self.name, self.titles)
         self._last = dict(self._baseline)
         self._thread.start()
         return self
 
     def _run(self) -> None:
         while not self._stop.wait(self.every):
-            self._last.update(_named_cpu_ticks(self.name))
+            self._last.update(_named_cpu_ticks(self.name, self.titles))
 
     def __exit__(self, *_exc: object) -> None:
         self._stop.set()
         self._thread.join()
-        self._last.update(_named_cpu_ticks(self.name))
+        self._last.update(_named_cpu_ticks(self.name, self.titles))
         ticks = sum(value - self._baseline.get(key, 0) for key, value in self._last.items())
         self.seconds = ticks / os.sysconf("SC_CLK_TCK")
 

@@ -1,12 +1,20 @@
 """Orbit beside procrastinate, side by side in one run: hand-off, relay, worker, end to end.
 
     python -m bench.compare [--n 2000] [--concurrency 4] [--worker-rounds 3] [--skip-claim] [--only SECTION,...]
-                            [--json]
+                            [--server-db {mariadb,postgres}] [--json]
 
 Needs the ``bench`` extra (``pip install -e '.[bench]'``: procrastinate and psycopg), MariaDB at
 ``ORBIT_TEST_MYSQL_URL`` (default ``mysql+pymysql://root@127.0.0.1:3306``) and PostgreSQL at
 ``BENCH_POSTGRES_CONNINFO`` (default ``host=127.0.0.1 user=postgres``). Every database is new,
 uniquely named, and dropped at the end.
+
+``--server-db postgres`` runs Orbit on that same PostgreSQL instance instead of MariaDB (its server
+database and its business database, each a database of its own beside the peer's), so that both
+sides meet the same database: each side's database CPU counts the backends of its own databases
+(told apart by the database name in their process titles) and the instance's WAL writer and
+checkpointer, and Orbit's database round trips are not counted (PostgreSQL keeps no global statement counter
+without ``pg_stat_statements``). The ``claim`` section stays on MariaDB. The results file records
+``server_db`` in its settings.
 
 Sections (``--only`` takes their names):
 
@@ -90,6 +98,7 @@ from bench._compare import (
     mysql_databases,
     peer_database,
     peer_worker_drain,
+    postgres_databases,
 )
 from bench._support import MYSQL_SERVER, cli, orbit_server_processes, peak_rss_mb
 from bench.compare_workers import run_workers
@@ -391,8 +400,10 @@ def relay_rss(business: sa.Engine, business_url: str, base: str, key: str, n: in
 def run_orbit(
     report: Report, n: int, concurrency: int, serve_args: list[str], driver: str, *,
     worker_rounds_: int = 3, peer: str | None = None, sweep: tuple[int, ...] | None = None,
+    server_db: str = "mariadb",
 ) -> None:  # fmt: skip
-    with mysql_databases("server", "business") as urls:
+    databases = postgres_databases if server_db == "postgres" else mysql_databases
+    with databases("server", "business") as urls:
         server_url = urls["server"]
         cli("migrate", url=server_url)
         cli("namespace", "create", NS, url=server_url)
@@ -410,6 +421,8 @@ def run_orbit(
                 sa.make_url(server_url)
                 .set(drivername=f"mysql+{driver}")
                 .render_as_string(hide_password=False)
+                if server_db == "mariadb"
+                else server_url
             )
             Cost.count_http = "--workers" not in serve_args or serve_args[
                 serve_args.index("--workers") + 1 :
@@ -646,14 +659,17 @@ RESULTS = Path(__file__).resolve().parent / "results"
 
 #: Every setting of this benchmark that differs from a default, on either side (disclosed in the results).
 SETTINGS = {
-    "orbit server": "orbit-server serve defaults (1 process; --serve-args adds to them), MariaDB on this machine",
+    "orbit server": "orbit-server serve defaults (1 process; --serve-args adds to them), on this machine's "
+    "MariaDB (--server-db mariadb) or on the peer's PostgreSQL instance (--server-db postgres)",
     "orbit worker": "bench.worker_process: Worker defaults but concurrency (--concurrency, the sweep) and a no-op handler",
     "orbit relay, end to end": "ORBIT_OUTBOX_POLL_INTERVAL=0.05 s (default 1.0 s), ORBIT_OUTBOX_BATCH_SIZE=100",
     "orbit relay, relay rows": "in-process Relay.run_once at batch 1 and 100, defaults otherwise",
     "peer": "procrastinate defaults (PsycopgConnector, psycopg_pool's 4 connections, LISTEN/NOTIFY wake-ups); "
     "concurrency as Orbit's; the 'best' section: 1, 2, 4 processes with a pool of concurrency + 1",
-    "cpu per task": "Orbit: server + worker processes (+ mariadbd where labelled); peer: worker + every postgres "
-    "process, backends sampled while they live (bench._support.ProcessCpu)",
+    "cpu per task": "Orbit: server + worker processes (+ mariadbd, or with --server-db postgres its databases' "
+    "postgres backends, where labelled); peer: worker + its database's postgres backends; each side's PostgreSQL "
+    "share adds the instance's WAL writer, background writer and checkpointer; backends sampled while they live "
+    "(bench._compare.database_cpu)",
 }
 
 
@@ -688,7 +704,12 @@ def provenance(args: argparse.Namespace) -> dict[str, Any]:
         "uncommitted_changes": bool(git("status", "--porcelain", "--untracked-files=no")),
         "loadavg_at_start": os.getloadavg(),
         "command": "python -m bench.compare " + " ".join(sys.argv[1:]),
-        "settings": {**SETTINGS, "serve_args": args.serve_args, "server_driver": args.server_driver},
+        "settings": {
+            **SETTINGS,
+            "serve_args": args.serve_args,
+            "server_driver": args.server_driver,
+            "server_db": args.server_db,
+        },
     }
 
 
@@ -713,6 +734,9 @@ def main() -> None:
     )
     parser.add_argument("--server-driver", choices=["pymysql", "mysqldb"], default="pymysql",
                         help="MySQL driver of the Orbit server (mysqldb: the mysqlclient extra)")  # fmt: skip
+    parser.add_argument("--server-db", choices=["mariadb", "postgres"], default="mariadb",
+                        help="Orbit's databases: MariaDB (default) or the peer's PostgreSQL instance, a database "
+                             "of their own beside the peer's")  # fmt: skip
     parser.add_argument("--json", action="store_true", help="print the figures as JSON instead of a table")
     parser.add_argument("--json-file",
                         help="write the figures as JSON to this file (default: bench/results/compare-<UTC time>-<commit>.json; "
@@ -723,17 +747,19 @@ def main() -> None:
         sections.remove("claim")
     report = Report(meta={"n": args.n, "concurrency": args.concurrency, "cpus": os.cpu_count(),
                           "python": platform.python_version(), "sections": sections, **provenance(args)})  # fmt: skip
-    admin = sa.create_engine(MYSQL_SERVER)
-    with admin.connect() as conn:
-        report.meta["mariadb"] = dict(
-            conn.exec_driver_sql(
-                "SELECT VERSION() AS version, @@innodb_flush_log_at_trx_commit AS flush_log_at_trx_commit, "
-                "@@sync_binlog AS sync_binlog"
+    report.meta["server_db"] = args.server_db
+    if args.server_db == "mariadb" or "claim" in sections:
+        admin = sa.create_engine(MYSQL_SERVER)
+        with admin.connect() as conn:
+            report.meta["mariadb"] = dict(
+                conn.exec_driver_sql(
+                    "SELECT VERSION() AS version, @@innodb_flush_log_at_trx_commit AS flush_log_at_trx_commit, "
+                    "@@sync_binlog AS sync_binlog"
+                )
+                .one()
+                ._mapping
             )
-            .one()
-            ._mapping
-        )
-    admin.dispose()
+        admin.dispose()
     with contextlib.ExitStack() as stack:
         peer = stack.enter_context(peer_database(report)) if "peer" in sections else None
         if peer is not None:
@@ -741,7 +767,7 @@ def main() -> None:
         if "orbit" in sections:
             sweep = tuple(int(c) for c in args.sweep.split(",") if c) if "workers" in sections else None
             run_orbit(report, args.n, args.concurrency, args.serve_args.split(), args.server_driver,
-                      worker_rounds_=args.worker_rounds, peer=peer, sweep=sweep)  # fmt: skip
+                      worker_rounds_=args.worker_rounds, peer=peer, sweep=sweep, server_db=args.server_db)  # fmt: skip
     if "claim" in sections:
         run_claim(report)
     judge(report)

@@ -6,10 +6,13 @@ with one Orbit worker process and ``--n`` no-op jobs with one procrastinate work
 
 - the drain rate (from the databases' own timestamps, so process start-up is not counted);
 - CPU per task, each side's database included: Orbit's server + worker processes + MariaDB
-  (``mariadbd``); the peer's worker process + PostgreSQL (every ``postgres`` process: the backends
-  that served its worker, sampled while they live, the WAL writer and checkpointer). Other users of
-  those databases count too, so run it on a quiet machine;
-- for Orbit, HTTP requests and database round trips (MariaDB's global counters) per task.
+  (``mariadbd``), or with ``--server-db postgres`` + PostgreSQL; the peer's worker process +
+  PostgreSQL. A side's PostgreSQL is the backends of its own databases (told apart by the database
+  name in their titles), sampled while they live, and the instance's WAL writer, background writer
+  and checkpointer (:func:`bench._compare.database_cpu`). Other users of MariaDB, and of the shared
+  writers, count too, so run it on a quiet machine;
+- for Orbit, HTTP requests and database round trips (MariaDB's global counters; not counted on
+  PostgreSQL) per task.
 
 Then two Orbit worker processes against one, at the base concurrency. The 1-minute load average
 before and after each step is printed beside it, because these machines are shared.
@@ -23,8 +26,8 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from bench._compare import _orbit_worker_drain, peer_defer, peer_worker_drain
-from bench._support import ProcessCpu, cli
+from bench._compare import _orbit_worker_drain, database_cpu, peer_defer, peer_worker_drain
+from bench._support import cli
 
 __all__ = ["SWEEP", "run_workers"]
 
@@ -34,10 +37,11 @@ SWEEP = (1, 4, 16, 64)
 def _peer_drain(
     conninfo: str, n: int, concurrency: int, *, processes: int = 1, pool: int | None = None
 ) -> tuple[float, float]:
-    """The peer's worker drains ``n`` fresh jobs: (jobs/s, CPU ms per job of worker + PostgreSQL: every
-    ``postgres`` process, its connection backends sampled while they live, :class:`ProcessCpu`)."""
+    """The peer's worker drains ``n`` fresh jobs: (jobs/s, CPU ms per job of worker + PostgreSQL: the
+    backends of its database, sampled while they live, and the instance's writers,
+    :func:`~bench._compare.database_cpu`)."""
     after = peer_defer(conninfo, n)
-    with ProcessCpu("postgres") as pg:
+    with database_cpu("peer") as pg:
         rate, _rss, worker_cpu = peer_worker_drain(
             conninfo, n, concurrency, after=after, processes=processes, pool=pool
         )
@@ -115,15 +119,16 @@ def run_workers(
         report.add("workers", f"orbit CPU per task, concurrency {level} (server + worker)",
                    orbit.server_ms + orbit.worker_ms, "ms",
                    f"server {orbit.server_ms:.2f}, worker {orbit.worker_ms:.2f}")  # fmt: skip
-        report.add("workers", f"orbit CPU per task, concurrency {level} (server + worker + MariaDB)",
-                   orbit.server_ms + orbit.worker_ms + orbit.db_ms, "ms", f"MariaDB {orbit.db_ms:.2f}")  # fmt: skip
+        report.add("workers", f"orbit CPU per task, concurrency {level} (server + worker + {orbit.db_name})",
+                   orbit.server_ms + orbit.worker_ms + orbit.db_ms, "ms", f"{orbit.db_name} {orbit.db_ms:.2f}")  # fmt: skip
         if peer_ms is not None:
             report.add(
                 "workers", f"peer CPU per job, concurrency {level} (worker + PostgreSQL)", peer_ms, "ms"
             )
         report.add("workers", f"orbit HTTP requests per task, concurrency {level}", orbit.http, "requests")
         report.add("workers", f"orbit DB round trips per task, concurrency {level}", orbit.trips, "round trips",
-                   "MariaDB's global counters (other clients count too)")  # fmt: skip
+                   "MariaDB's global counters (other clients count too)" if orbit.trips is not None
+                   else "not counted on PostgreSQL (no global statement counter)")  # fmt: skip
     report.add("workers", "orbit worker, best of the sweep", best["orbit"], "tasks/s")
     if peer is not None:
         report.add("workers", "peer worker, best of the sweep", best["peer"], "jobs/s")

@@ -161,6 +161,32 @@ def test_the_performance_table_is_every_figure_of_the_newest_results_file(tmp_pa
     assert hook.newest("compare", tmp_path / "none") is None
 
 
+def test_the_performance_page_shows_the_newest_run_per_server_database(tmp_path: Path) -> None:
+    """Issue 32: a run with Orbit's server on PostgreSQL does not hide the newest one on MariaDB, nor the
+    reverse; a variant's files (``chaos-galera-...``) are not the plain kind's."""
+    hook = _hook("bench_results")
+    figures = [{"section": "orbit", "name": "orbit: worker processed", "value": 900.0, "unit": "tasks/s"}]
+
+    def write(name: str, server_db: str | None) -> None:
+        meta = {"date": name[8:18], "commit": "abc", "command": "python -m bench.compare",
+                "settings": {"server_db": server_db} if server_db else {}}  # fmt: skip
+        (tmp_path / name).write_text(json.dumps({"figures": figures, "meta": meta}))
+
+    write("compare-2026-11-01-a.json", None)  # before the setting: MariaDB
+    write("compare-2026-11-20-b.json", "mariadb")
+    write("compare-2026-12-01-c.json", "postgres")
+    write("compare-2026-12-02-d.json", None)
+    runs = hook.newest_per_server_db("compare", tmp_path)
+    assert [(db, path.name) for db, path in runs] == [
+        ("mariadb", "compare-2026-12-02-d.json"),
+        ("postgres", "compare-2026-12-01-c.json"),
+    ]
+    (tmp_path / "chaos-galera-2026-12-04-e.json").write_text(json.dumps({"figures": figures, "meta": {}}))
+    assert hook.newest("chaos", tmp_path) is None
+    assert hook.newest("chaos-galera", tmp_path).name == "chaos-galera-2026-12-04-e.json"
+    assert "<!-- bench-results: chaos-postgres -->" in page("explanation/fault-suite.md")
+
+
 def test_every_committed_results_file_says_where_when_and_how() -> None:
     for path in sorted((REPO / "bench" / "results").glob("*.json")):
         document = json.loads(path.read_text(encoding="utf-8"))

@@ -40,6 +40,7 @@ from .checks import Placed, Report, check
 from .consumer import CONFIRM_QUEUE, chaos_metadata
 from .galera import NODE_FAULTS, ClusterDatabases, cluster_schedule
 from .mariadb import MariaDB, free_port
+from .postgres import PostgreSQL, remove_linked
 from .procs import Service
 
 __all__ = ["Options", "evidence", "main", "run"]
@@ -100,6 +101,9 @@ class Options:
     cluster: str | None = None
     #: With ``cluster``: the node fault kinds to draw from (empty: all of ``NODE_FAULTS``).
     node_kinds: tuple[str, ...] = ()
+    #: The Orbit server's database: ``"mariadb"`` or ``"postgres"`` (a private PostgreSQL,
+    #: :mod:`bench.chaos.postgres`); the business database stays a private MariaDB.
+    server_db: str = "mariadb"
 
 
 @dataclass
@@ -231,7 +235,7 @@ class Chaos:
         self.arms = opts.root / "arms"
         self.logs.mkdir(parents=True)
         self.arms.mkdir()
-        self.dbs: dict[str, MariaDB] = {}
+        self.dbs: dict[str, MariaDB | PostgreSQL] = {}
         self.galera: ClusterDatabases | None = None
         self.proxies: dict[str, Service] = {}
         self.services: list[Service] = []
@@ -248,7 +252,8 @@ class Chaos:
             return
         py = sys.executable
         for name in ("business", "orbit"):
-            self.dbs[name] = MariaDB(name, self.opts.root / f"{name}-db")
+            kind = PostgreSQL if name == "orbit" and self.opts.server_db == "postgres" else MariaDB
+            self.dbs[name] = kind(name, self.opts.root / f"{name}-db")
         for db in self.dbs.values():
             db.launch()
         for (name, db), database in zip(self.dbs.items(), ("shop", "orbit"), strict=True):
@@ -693,6 +698,7 @@ def run(opts: Options, cluster: GaleraCluster | None = None) -> tuple[dict[str, 
             "seed": opts.seed,
             "skip_locked": not opts.no_skip_locked,
             "cluster": opts.cluster,
+            "server_db": opts.server_db,
             "faults": {k: chaos.stats.faults.get(k, 0) for k in kinds},
             "node_faults": sum(chaos.stats.faults.get(k, 0) for k in NODE_FAULTS),
             "nodes_restarted_after_pause": chaos.galera.restarted_after_pause if chaos.galera else 0,
@@ -812,8 +818,10 @@ def show(s: dict[str, Any]) -> None:
         table.add_row("certification failures / brute-force aborts per 1,000 tasks",
                       f"{s['cert_failures_per_1000_tasks']} / {s['bf_aborts_per_1000_tasks']}")  # fmt: skip
     else:
+        server = "postgres" if s.get("server_db") == "postgres" else "mariadbd"
         table.add_row(
-            "database crashes (SIGKILL mariadbd)", ", ".join(f"{k} {v}" for k, v in s["db_crashes"].items())
+            f"database crashes (SIGKILL mariadbd; Orbit's: {server})",
+            ", ".join(f"{k} {v}" for k, v in s["db_crashes"].items()),
         )
     table.add_row("lost", str(s["lost"]))
     table.add_row("duplicated", str(s["duplicated"]))
@@ -859,6 +867,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--servers", type=int, default=None, help="Orbit servers (default 2; 3 on a cluster)")
     parser.add_argument("--cluster", choices=["galera"], default=None,
                         help="both databases on one private 3-node MariaDB Galera cluster, with node faults")  # fmt: skip
+    parser.add_argument("--server-db", choices=["mariadb", "postgres"], default="mariadb",
+                        help="the Orbit server's database: a private MariaDB (default) or a private PostgreSQL "
+                             "(initdb into a temporary directory; its postmaster SIGKILLed among the faults)")  # fmt: skip
     parser.add_argument("--no-skip-locked", action="store_true",
                         help="claims lock nothing (test-only ORBIT_TEST_CLAIMS_WITHOUT_LOCKS): the conditional updates alone")  # fmt: skip
     parser.add_argument("--drain-timeout", type=float, default=900.0, help="seconds to wait for the drain")
@@ -871,6 +882,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--orders must be at least 1 and --faults at least 0")
     if args.json:
         console.quiet = True
+    if args.cluster and args.server_db != "mariadb":
+        parser.error("--cluster galera puts both databases on the cluster: leave out --server-db")
 
     def interrupted(signum: int, _frame: object) -> None:
         raise KeyboardInterrupt(f"signal {signum}")  # run() then stops every process it started
@@ -881,13 +894,15 @@ def main(argv: list[str] | None = None) -> int:
     root = Path(tempfile.mkdtemp(prefix="orbit-chaos-"))
     servers = args.servers or (3 if args.cluster else 2)
     opts = Options(args.orders, args.faults, args.seed, crashes if args.faults else 0, args.relays, args.workers,
-                   servers, args.no_skip_locked, args.drain_timeout, args.keep, root, args.cluster)  # fmt: skip
+                   servers, args.no_skip_locked, args.drain_timeout, args.keep, root, args.cluster,
+                   server_db=args.server_db)  # fmt: skip
     summary, _ = run(opts)
     if summary["violations"]:
         console.print(evidence(root, summary["violations"]), markup=False, highlight=False)
     if summary["violations"] or opts.keep:
         console.log(f"logs and datadirs kept under {root}")
     else:
+        remove_linked(root)  # a private PostgreSQL lives outside the run directory
         shutil.rmtree(root, ignore_errors=True)
     if args.json_file:
         results_file(Path(args.json_file), summary, started, load, argv if argv is not None else sys.argv[1:])
@@ -918,6 +933,15 @@ _FIGURES = (
 )
 
 
+def _section(summary: dict[str, Any]) -> str:
+    """A results file's section: ``chaos``, ``chaos (galera)`` or ``chaos (server on postgres)``."""
+    if summary.get("cluster"):
+        return f"chaos ({summary['cluster']})"
+    if summary.get("server_db", "mariadb") != "mariadb":
+        return f"chaos (server on {summary['server_db']})"
+    return "chaos"
+
+
 def results_file(
     path: Path, summary: dict[str, Any], started: float, load: list[float], argv: Sequence[str]
 ) -> None:
@@ -930,7 +954,7 @@ def results_file(
         ["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=False
     ).stdout.strip()
     figures = [
-        {"section": "chaos" + (f" ({summary['cluster']})" if summary.get("cluster") else ""), "name": name,
+        {"section": _section(summary), "name": name,
          "value": summary[key], "unit": unit, "note": "", "base": None, "ratio": None, "target": target,
          "passed": None if target is None else summary[key] == 0}
         for key, name, unit, target in _FIGURES

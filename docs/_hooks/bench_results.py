@@ -1,10 +1,14 @@
 """mkdocs hook: the Performance page's table, rendered at build time from a committed results file.
 
 A page that holds the line ``<!-- bench-results: compare -->`` gets, in its place, the newest
-``bench/results/compare-*.json`` (``python -m bench.compare --json-file``; files are named by the run's
-UTC date, so the newest sorts last) as a provenance list and one table: every figure of the file with
+``bench/results/compare-<date>*.json`` (``python -m bench.compare --json-file``; files are named by the
+run's UTC date, so the newest sorts last) as a provenance list and one table: every figure of the file with
 its unit, the figure it is compared with and that one's value, the ratio, the target and whether it was
-met. Nothing is typed by hand, so every number on the page is in the file it names. Without a file the
+met. For ``compare`` that is the newest file per Orbit server database (``server_db`` in the file's
+settings, ``mariadb`` when a file predates the setting), MariaDB first, each under a line naming it.
+A kind may name a variant: ``chaos-galera`` is the newest ``chaos-galera-<date>*.json``, while ``chaos``
+is the newest ``chaos-<date>*.json`` only (a file of a variant is not one of the plain kind's).
+Nothing is typed by hand, so every number on the page is in the file it names. Without a file the
 place says so (an admonition), and the build still passes.
 """
 
@@ -15,13 +19,31 @@ import re
 from pathlib import Path
 from typing import Any
 
-MARKER = re.compile(r"^<!-- bench-results: (?P<kind>[a-z]+) -->$", re.M)
+MARKER = re.compile(r"^<!-- bench-results: (?P<kind>[a-z]+(?:-[a-z]+)*) -->$", re.M)
 RESULTS = Path(__file__).resolve().parents[2] / "bench" / "results"
+#: How a results file's ``server_db`` setting is named on the page.
+SERVER_DBS = {"mariadb": "MariaDB", "postgres": "PostgreSQL"}
 
 
 def newest(kind: str, results: Path = RESULTS) -> Path | None:
-    files = sorted(results.glob(f"{kind}-*.json"))
+    """The newest ``<kind>-<date>*.json`` (a date follows the kind: a variant's files are not the kind's)."""
+    files = sorted(results.glob(f"{kind}-[0-9]*.json"))
     return files[-1] if files else None
+
+
+def server_db(path: Path) -> str:
+    """The Orbit server database a results file was measured on (``mariadb`` when it does not say)."""
+    meta = json.loads(path.read_text(encoding="utf-8")).get("meta", {})
+    return str(meta.get("server_db") or (meta.get("settings") or {}).get("server_db") or "mariadb")
+
+
+def newest_per_server_db(kind: str, results: Path = RESULTS) -> list[tuple[str, Path]]:
+    """The newest ``<kind>-<date>*.json`` of each Orbit server database, MariaDB first."""
+    found: dict[str, Path] = {}
+    for path in sorted(results.glob(f"{kind}-[0-9]*.json")):
+        found[server_db(path)] = path  # sorted by date: the last one of a database wins
+    order = list(SERVER_DBS)
+    return sorted(found.items(), key=lambda item: order.index(item[0]) if item[0] in order else len(order))
 
 
 def _number(value: float | None) -> str:
@@ -55,7 +77,16 @@ def render(path: Path, repo: Path | None = None) -> str:
             if "loadavg_at_start" in meta
             else "not recorded"
         ),
-        *([f"- **Orbit's database**: MariaDB `{json.dumps(meta['mariadb'])}`"] if "mariadb" in meta else []),
+        *(
+            [
+                f"- **Orbit's databases**: PostgreSQL, the peer's instance (databases of their own beside the "
+                f"peer's){'; the claim section on MariaDB' if 'mariadb' in meta else ''}"
+            ]
+            if meta.get("server_db") == "postgres"
+            else [f"- **Orbit's database**: MariaDB `{json.dumps(meta['mariadb'])}`"]
+            if "mariadb" in meta
+            else []
+        ),
         *(
             [f"- **The peer's database**: PostgreSQL `{json.dumps(meta['postgres'])}`"]
             if "postgres" in meta
@@ -109,6 +140,16 @@ def on_page_markdown(markdown: str, **_: Any) -> str:
     repo = RESULTS.parents[1]
 
     def table(match: re.Match[str]) -> str:
+        if match["kind"] == "compare":
+            runs = newest_per_server_db("compare")
+            return (
+                "\n".join(
+                    f"**Orbit's server on {SERVER_DBS.get(db, db)}**\n\n{render(path, repo)}"
+                    for db, path in runs
+                )
+                if runs
+                else missing("compare")
+            )
         path = newest(match["kind"])
         return render(path, repo) if path else missing(match["kind"])
 

@@ -93,7 +93,7 @@ def record_result_event(conn: Connection, task_id: str, now: datetime) -> str:
     # locking read of the subscriptions, so it sees the newest committed ones whatever the isolation
     # level: on MySQL/MariaDB and SQLite both in one statement (the subscriptions outer-joined), in the
     # same lock order; PostgreSQL cannot lock the nullable side of an outer join, so two statements there.
-    if conn.dialect.name == "postgresql":  # pragma: no cover - the server does not run on PostgreSQL yet
+    if conn.dialect.name == "postgresql":
         namespace_id, queue_name, retry_of = conn.execute(_LOCK_TASK_NAMESPACE, {"task_id": task_id}).one()
         subscribed: Sequence[Any] = conn.execute(
             _LOCK_SUBSCRIPTIONS, {"namespace_id": namespace_id, "now": now}

@@ -313,7 +313,7 @@ def _clock(conn: Connection) -> sa.ColumnElement[Any]:
         return sa.func.strftime("%Y-%m-%d %H:%M:%f", "now")
     if name == "mysql":
         return sa.func.utc_timestamp(sa.literal_column("6"))
-    return sa.func.timezone("UTC", sa.func.clock_timestamp())  # pragma: no cover - PostgreSQL
+    return sa.func.timezone("UTC", sa.func.clock_timestamp())  # PostgreSQL: the statement's clock, not now()
 
 
 def _naive(value: Any) -> datetime:

@@ -3,8 +3,9 @@
 The test-only switch ``ORBIT_TEST_CLAIMS_WITHOUT_LOCKS=1`` makes the claims of a real server process
 (task leases, the expiry sweep, delivery leases) and of real relay processes lock nothing, as on
 engines that parse ``FOR UPDATE SKIP LOCKED`` and ignore it. Then 4 relays deliver the outbox rows
-and 4 workers run the tasks, all at once on MariaDB: every row becomes exactly one task, and no task
-ever has two live attempts (from ``task_attempts``): the conditional updates alone keep the invariants.
+and 4 workers run the tasks, all at once on MariaDB, and again on PostgreSQL (both databases of the
+kind): every row becomes exactly one task, and no task ever has two live attempts (from
+``task_attempts``): the conditional updates alone keep the invariants.
 
 ``ORBIT_TEST_NO_LOCK_ROWS`` sets the row count (default 1,000 here; the issue's 10,000 takes
 minutes on a 2-core machine: ``ORBIT_TEST_NO_LOCK_ROWS=10000 pytest tests/acceptance/test_claims_without_locks.py``).
@@ -34,8 +35,6 @@ from tests.conftest import DatabaseFactory
 from tests.execution_support import check_attempt_history
 from tests.server_processes import START_TIMEOUT, free_port
 
-pytestmark = pytest.mark.mariadb
-
 REPO = Path(__file__).resolve().parents[2]
 ROWS = int(os.environ.get("ORBIT_TEST_NO_LOCK_ROWS", "1000"))
 NO_LOCKS = {"ORBIT_TEST_CLAIMS_WITHOUT_LOCKS": "1"}
@@ -51,10 +50,17 @@ def _start(
         )
 
 
+@pytest.mark.parametrize(
+    "kind",
+    [
+        pytest.param("mariadb", marks=pytest.mark.mariadb),
+        pytest.param("postgres", marks=pytest.mark.postgres),
+    ],
+)
 def test_four_relays_and_four_workers_keep_every_invariant_without_skip_locked(
-    make_database: DatabaseFactory, tmp_path: Path
+    make_database: DatabaseFactory, tmp_path: Path, kind: str
 ) -> None:
-    orbit_url, biz_url = make_database("mariadb"), make_database("mariadb")
+    orbit_url, biz_url = make_database(kind), make_database(kind)
     orbit = create_engine(orbit_url, pool_size=2)
     server_migrate.upgrade(orbit)
     namespace = f"ns-{uuid.uuid4().hex[:8]}"

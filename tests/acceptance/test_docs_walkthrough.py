@@ -4,10 +4,10 @@ README's walkthrough moved into the site's pages).
 The README and then every page of the site in the order of its navigation (``mkdocs.yml``: the tutorials,
 then the how-to guides, ...) are read as one text. Every ``sh`` block of them carries a marker comment on the line before it that says what a reader does
 with it: ``run`` (in order, in one bash session whose variables carry over), ``background, ready at URL`` or
-``background, ready when stdout says "TEXT"`` (a second shell: the server, the worker), ``sqlite`` / ``mariadb``
+``background, ready when stdout says "TEXT"`` (a second shell: the server, the worker), ``sqlite`` / ``mariadb`` / ``postgres``
 (the database choice: only the chosen one runs) or ``skip (why)``. An unmarked block fails the test, so a new
 block is a decision. ``pip install`` lines are checked (their extras exist in ``pyproject.toml``) rather than
-run. Only the port and, on MariaDB, the database's name and the server's address are changed.
+run. Only the port and, on MariaDB and PostgreSQL, the database's name and the server's address are changed.
 
 The walkthrough fails on any error: a command's non-zero exit, a background process that dies, a task that ends
 ``FAILED`` (a handler no worker has), an example the blocks never run. A marker may stand indented before an
@@ -47,6 +47,8 @@ EXTRAS = set(tomllib.loads((REPO / "pyproject.toml").read_text("utf-8"))["projec
 DOCS_PORT = "8080"
 DOCS_MARIADB = 'mariadb -h 127.0.0.1 -u root -e "CREATE DATABASE orbit '
 DOCS_MARIADB_URL = "mysql+pymysql://root@127.0.0.1/orbit"
+DOCS_POSTGRES = 'psql -h 127.0.0.1 -U postgres -c "CREATE DATABASE orbit'
+DOCS_POSTGRES_URL = "postgresql+psycopg://postgres@127.0.0.1/orbit"
 _BLOCK = re.compile(
     r"(?:<!-- walkthrough: (?P<marker>.*?) -->\n[ \t]*)?```(?P<lang>\w*)\n(?P<body>.*?)```", re.S
 )
@@ -91,7 +93,7 @@ def test_every_sh_block_says_what_a_reader_does_with_it() -> None:
     for block in _blocks():
         if block.marker:
             assert re.fullmatch(
-                r"run|sqlite|mariadb|skip \(.+\)|background, ready (at http://\S+|when stdout says \".+\")",
+                r"run|sqlite|mariadb|postgres|skip \(.+\)|background, ready (at http://\S+|when stdout says \".+\")",
                 block.marker,
             ), f"{block.line}: unknown walkthrough marker {block.marker!r}"
 
@@ -207,10 +209,13 @@ class Walkthrough:
             )
 
 
-@pytest.fixture(params=["sqlite", "mariadb"])
+@pytest.fixture(params=["sqlite", "mariadb", "postgres"])
 def database(request: pytest.FixtureRequest) -> Iterator[tuple[str, dict[str, str]]]:
     if request.param == "sqlite":
         yield "sqlite", {}
+        return
+    if request.param == "postgres":
+        yield from _postgres(request.getfixturevalue("postgres_server"))
         return
     server: URL = request.getfixturevalue("mysql_server")
     name = f"orbit_readme_{uuid.uuid4().hex[:10]}"
@@ -232,12 +237,30 @@ def database(request: pytest.FixtureRequest) -> Iterator[tuple[str, dict[str, st
         admin.dispose()
 
 
+def _postgres(server: URL) -> Iterator[tuple[str, dict[str, str]]]:
+    name = f"orbit_readme_{uuid.uuid4().hex[:10]}"
+    client = (
+        f"psql -h {server.host or '127.0.0.1'} -p {server.port or 5432} -U {server.username or 'postgres'}"
+    )
+    subs = {
+        DOCS_POSTGRES: f'{client} -c "CREATE DATABASE {name}',
+        DOCS_POSTGRES_URL: server.set(database=name).render_as_string(hide_password=False),
+    }
+    try:
+        yield "postgres", subs
+    finally:
+        admin = sa.create_engine(server, isolation_level="AUTOCOMMIT")
+        with admin.connect() as conn:
+            conn.execute(sa.text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+        admin.dispose()
+
+
 def test_the_docs_run_top_to_bottom(tmp_path: Path, database: tuple[str, dict[str, str]]) -> None:
     kind, substitutions = database
     blocks = _blocks()
     chosen = [b for b in blocks if b.marker == kind]
     assert len(chosen) == 1, f"the docs have {len(chosen)} {kind!r} blocks"
-    if kind == "mariadb":
+    if kind != "sqlite":
         assert all(old in chosen[0].body for old in substitutions), chosen[0].body
     (tmp_path / "examples").symlink_to(REPO / "examples")  # the examples by the paths the docs give
     port = str(free_port())

@@ -34,7 +34,14 @@ def _run(*args: str, input: str | None = None) -> tuple[int, str, str]:
     return result.exit_code, result.stdout, result.stderr
 
 
-@pytest.mark.parametrize("kind", ["sqlite", pytest.param("mariadb", marks=pytest.mark.mariadb)])
+@pytest.mark.parametrize(
+    "kind",
+    [
+        "sqlite",
+        pytest.param("mariadb", marks=pytest.mark.mariadb),
+        pytest.param("postgres", marks=pytest.mark.postgres),
+    ],
+)
 def test_flow_commands(make_database: DatabaseFactory, kind: str, tmp_path: Path) -> None:
     url = make_database(kind).render_as_string(hide_password=False)
     db = ("--database-url", url)

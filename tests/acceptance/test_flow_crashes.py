@@ -81,7 +81,14 @@ def _start(api: FlowApi, key: str, answer: list[Any]) -> None:
         answer.append(exc)
 
 
-@pytest.mark.parametrize("backend", ["sqlite", pytest.param("mariadb", marks=pytest.mark.mariadb)])
+@pytest.mark.parametrize(
+    "backend",
+    [
+        "sqlite",
+        pytest.param("mariadb", marks=pytest.mark.mariadb),
+        pytest.param("postgres", marks=pytest.mark.postgres),
+    ],
+)
 def test_sigkill_at_every_point_of_an_advance_then_recovery(
     backend: str,
     make_database: DatabaseFactory,
@@ -92,7 +99,7 @@ def test_sigkill_at_every_point_of_an_advance_then_recovery(
     keys = prepare(url, "crash", (QUEUE,))
     env = {"ORBIT_FLOW_INTERVAL_SECONDS": "0.05", "ORBIT_SWEEP_INTERVAL_SECONDS": "0"}
     crashed: list[str] = []  # instances whose advance a killed process left half done
-    every = backend == "mariadb" or os.environ.get("ORBIT_TEST_FLOW_CRASH_POINTS") == "all"
+    every = backend in ("mariadb", "postgres") or os.environ.get("ORBIT_TEST_FLOW_CRASH_POINTS") == "all"
     points = list(FLOW_POINTS) if every else ["claimed", "step-inserted", "after-commit"]
     for k in range(len(points) + 2):
         point = points[k] if k < len(points) else "task-inserted"  # the last: a crash in an HTTP start

@@ -1,4 +1,4 @@
-"""Many concurrent instances of a fork-4/join flow on MariaDB with two ``orbit-server serve`` processes, one
+"""Many concurrent instances of a fork-4/join flow on MariaDB or PostgreSQL with two ``orbit-server serve`` processes, one
 of them SIGKILLed and restarted under load (issue 13): every instance completes, each join passes exactly
 once, each timer (claimed by either process) fires once, no token is lost or duplicated and no activation
 gets a second task.
@@ -76,12 +76,18 @@ class Worker:
         return len(grants)
 
 
-@pytest.mark.mariadb
+@pytest.mark.parametrize(
+    "kind",
+    [
+        pytest.param("mariadb", marks=pytest.mark.mariadb),
+        pytest.param("postgres", marks=pytest.mark.postgres),
+    ],
+)
 def test_concurrent_fork_join_instances_on_two_server_processes(
-    make_database: DatabaseFactory, tmp_path: Path, server_processes: Callable[..., ServerProcess]
+    make_database: DatabaseFactory, tmp_path: Path, server_processes: Callable[..., ServerProcess], kind: str
 ) -> None:
     count = int(os.environ.get("ORBIT_TEST_FLOW_INSTANCES", "150"))
-    url = make_database("mariadb")
+    url = make_database(kind)
     keys = prepare(url, "load", (QUEUE,))
     env = {
         "ORBIT_FLOW_INTERVAL_SECONDS": "0.1",

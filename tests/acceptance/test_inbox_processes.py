@@ -1,5 +1,5 @@
 """``orbit-outbox consume`` as a real process, killed for real between commit and ack, and stopped by
-SIGTERM, on SQLite and MariaDB, against a real Orbit server (DESIGN §5 "Inbox").
+SIGTERM, on SQLite, MariaDB and PostgreSQL, against a real Orbit server (DESIGN §5 "Inbox").
 
 The kill uses the test-only fault hook ``ORBIT_OUTBOX_FAULT=pause-after-commit`` (see
 ``outbox_adapter._faults``): the consumer announces on stderr that the event's transaction
@@ -28,6 +28,7 @@ from tests.servers import RunningServer, run_server
 KINDS = [
     pytest.param("sqlite", id="sqlite"),
     pytest.param("mariadb", id="mariadb", marks=pytest.mark.mariadb),
+    pytest.param("postgres", id="postgres", marks=pytest.mark.postgres),
 ]
 HANDLER = "tests.integration.outbox.inbox_handlers:record"
 

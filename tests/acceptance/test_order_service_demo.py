@@ -1,5 +1,5 @@
 """The reference order service end to end, as `make demo` runs it: real processes, a relay and a
-worker SIGKILLed mid-way, on SQLite and on MariaDB. The demo's invariants are the assertions."""
+worker SIGKILLed mid-way, on SQLite, MariaDB and PostgreSQL. The demo's invariants are the assertions."""
 
 from __future__ import annotations
 
@@ -110,10 +110,18 @@ def test_demo_on_sqlite_with_one_trace_per_order(tmp_path: Path) -> None:
     assert all(name in tree.stdout for name in ORDER_SPANS)
 
 
-@pytest.mark.mariadb
-def test_demo_on_mariadb(tmp_path: Path, make_database: DatabaseFactory) -> None:
-    shop = make_database("mariadb").render_as_string(hide_password=False)
-    orbit = make_database("mariadb").render_as_string(hide_password=False)
+@pytest.mark.parametrize(
+    "kind",
+    [
+        pytest.param("mariadb", marks=pytest.mark.mariadb),
+        pytest.param("postgres", marks=pytest.mark.postgres),
+    ],
+)
+def test_demo_on_a_database_server(tmp_path: Path, make_database: DatabaseFactory, kind: str) -> None:
+    """``make demo DEMO_ARGS="--database-url ... --orbit-database-url ..."`` on MariaDB and on PostgreSQL
+    (both databases of the kind: the business one and the Orbit server's)."""
+    shop = make_database(kind).render_as_string(hide_password=False)
+    orbit = make_database(kind).render_as_string(hide_password=False)
     assert_invariants(run_demo(tmp_path, "--database-url", shop, "--orbit-database-url", orbit))
 
 
@@ -175,10 +183,18 @@ def test_demo_as_a_flow_on_sqlite_with_a_server_crash(tmp_path: Path) -> None:
     assert_flow_invariants(run_demo(tmp_path, "--flow", "--kill-server"), faults=3)
 
 
-@pytest.mark.mariadb
-def test_demo_as_a_flow_on_mariadb(tmp_path: Path, make_database: DatabaseFactory) -> None:
-    shop = make_database("mariadb").render_as_string(hide_password=False)
-    orbit = make_database("mariadb").render_as_string(hide_password=False)
+@pytest.mark.parametrize(
+    "kind",
+    [
+        pytest.param("mariadb", marks=pytest.mark.mariadb),
+        pytest.param("postgres", marks=pytest.mark.postgres),
+    ],
+)
+def test_demo_as_a_flow_on_a_database_server(
+    tmp_path: Path, make_database: DatabaseFactory, kind: str
+) -> None:
+    shop = make_database(kind).render_as_string(hide_password=False)
+    orbit = make_database(kind).render_as_string(hide_password=False)
     assert_flow_invariants(
         run_demo(tmp_path, "--flow", "--database-url", shop, "--orbit-database-url", orbit)
     )

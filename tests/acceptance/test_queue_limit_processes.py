@@ -1,5 +1,5 @@
 """Concurrency limit 1 per key with two ``orbit-server serve`` processes and four worker processes
-racing on one database (SQLite file, MariaDB): no two attempts of one ``concurrency_key`` were
+racing on one database (SQLite file, MariaDB, PostgreSQL): no two attempts of one ``concurrency_key`` were
 ever live at the same instant, checked from the attempts' lease intervals in the database
 (``[leased_at, finished_at]``, database clock), while different keys did run side by side.
 Then a pause in the middle of the run: no grant is made while the queue is paused, and the
@@ -54,7 +54,14 @@ def _await_ready(port: int, proc: subprocess.Popen[str], log: Path) -> None:
     await_ready(f"http://127.0.0.1:{port}", proc, output=lambda: log.read_text()[-3000:])
 
 
-@pytest.mark.parametrize("kind", ["sqlite", pytest.param("mariadb", marks=pytest.mark.mariadb)])
+@pytest.mark.parametrize(
+    "kind",
+    [
+        "sqlite",
+        pytest.param("mariadb", marks=pytest.mark.mariadb),
+        pytest.param("postgres", marks=pytest.mark.postgres),
+    ],
+)
 def test_limit_one_per_key_is_never_exceeded_by_racing_servers_and_workers(
     kind: str, make_database: DatabaseFactory, tmp_path: Path
 ) -> None:

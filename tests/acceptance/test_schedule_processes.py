@@ -1,4 +1,4 @@
-"""Two ``orbit-server serve`` processes on one MariaDB database, both running the scheduler:
+"""Two ``orbit-server serve`` processes on one MariaDB or PostgreSQL database, both running the scheduler:
 exactly one occurrence and one task per fire time, and no error from the race."""
 
 from __future__ import annotations
@@ -30,9 +30,15 @@ def _run(*args: str) -> str:
     return result.stdout
 
 
-@pytest.mark.mariadb
-def test_two_server_processes_give_one_task_per_fire_time(make_database: DatabaseFactory) -> None:
-    url = make_database("mariadb").render_as_string(hide_password=False)
+@pytest.mark.parametrize(
+    "kind",
+    [
+        pytest.param("mariadb", marks=pytest.mark.mariadb),
+        pytest.param("postgres", marks=pytest.mark.postgres),
+    ],
+)
+def test_two_server_processes_give_one_task_per_fire_time(make_database: DatabaseFactory, kind: str) -> None:
+    url = make_database(kind).render_as_string(hide_password=False)
     _run("migrate", "--database-url", url)
     _run("namespace", "create", "shop", "--database-url", url)
     _run("queue", "create", "shop", "q", "--database-url", url)

@@ -31,7 +31,11 @@ from tests.execution_support import check_attempt_history
 from tests.servers import RunningServer, run_server
 
 REPO = Path(__file__).resolve().parents[2]
-BACKENDS = ["sqlite", pytest.param("mariadb", marks=pytest.mark.mariadb)]
+BACKENDS = [
+    "sqlite",
+    pytest.param("mariadb", marks=pytest.mark.mariadb),
+    pytest.param("postgres", marks=pytest.mark.postgres),
+]
 
 
 class WorkerProcess:
@@ -192,11 +196,17 @@ TASKS = 500
 PROCESSES = 4
 
 
-@pytest.mark.mariadb
+@pytest.mark.parametrize(
+    "kind",
+    [
+        pytest.param("mariadb", marks=pytest.mark.mariadb),
+        pytest.param("postgres", marks=pytest.mark.postgres),
+    ],
+)
 def test_four_worker_processes_run_500_tasks_each_exactly_once(
-    make_database: DatabaseFactory, tmp_path: Path, workers: list[WorkerProcess]
+    make_database: DatabaseFactory, tmp_path: Path, workers: list[WorkerProcess], kind: str
 ) -> None:
-    with run_server(make_database("mariadb")) as server:
+    with run_server(make_database(kind)) as server:
         namespace, keys, queue_name = _setup(server)
         with OrbitClient(server.base_url, api_key=keys["submit"]) as client:
 

@@ -21,12 +21,8 @@ from orbit_server.db import migrate, schema
 from orbit_server.db.engine import create_engine
 from orbit_server.db.migrate import VERSION_TABLE
 from tests.conftest import DatabaseFactory
+from tests.integration.conftest import BACKENDS
 
-BACKENDS = [
-    pytest.param("sqlite", id="sqlite"),
-    pytest.param("mariadb", id="mariadb", marks=pytest.mark.mariadb),
-    pytest.param("postgres", id="postgres", marks=pytest.mark.postgres),
-]
 #: Every revision but the newest, oldest first.
 EARLIER = [
     script.revision

@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from datetime import UTC, timedelta
 from typing import Any
 
 import pytest
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
-from orbit_server.db.engine import create_engine
+from orbit_server.db.engine import as_db_time, create_engine, db_now, db_now_expression
+from orbit_server.tasks import transitions
 from tests.conftest import DatabaseFactory
 
 KINDS = [
@@ -162,3 +164,32 @@ def test_a_connection_lost_mid_transaction_raises_the_database_error(
         assert _connection_id(engine) != connection_id  # and the pool carries on with a new one
     finally:
         engine.dispose()
+
+
+def test_the_database_clock_is_the_statement_s_not_the_transaction_s(engine: Engine) -> None:
+    """Leases are judged by the database clock inside long-ish transactions: on PostgreSQL ``now()`` is the
+    transaction's start, so a lease judged late in a transaction would look younger than it is. Every way
+    the server reads the clock (``db_now``, ``db_now_expression``, the transitions' ``_clock``) moves within
+    one transaction, in microseconds, as UTC."""
+    sleep = "SELECT pg_sleep(0.05)" if engine.dialect.name == "postgresql" else "SELECT SLEEP(0.05)"
+    with engine.begin() as conn:
+        readings = []
+        for read in (
+            lambda: db_now(conn),
+            lambda: as_db_time(conn.execute(sa.select(db_now_expression(conn.dialect))).scalar_one()),
+            lambda: transitions._naive(conn.execute(sa.select(transitions._clock(conn))).scalar_one()),
+        ):
+            first = read()
+            conn.exec_driver_sql(sleep)
+            readings.append((first, read()))
+        utc = conn.exec_driver_sql(
+            "SELECT CAST(EXTRACT(EPOCH FROM clock_timestamp()) AS float)"
+            if engine.dialect.name == "postgresql"
+            else "SELECT UNIX_TIMESTAMP(NOW(6))"
+        ).scalar_one()
+    for first, second in readings:
+        assert first.tzinfo is None and second - first >= timedelta(milliseconds=50), (first, second)
+    assert {first.microsecond for first, _ in readings} != {0}  # microseconds, not seconds
+    assert (
+        abs(readings[0][1].replace(tzinfo=UTC).timestamp() - float(utc)) < 5
+    )  # UTC, whatever the session zone
