@@ -172,6 +172,37 @@ def _update_both_statement(task_columns: tuple[str, ...], attempt_columns: tuple
     return statement
 
 
+#: :func:`_update_both_postgres`'s statements, by the task and attempt columns they set.
+_UPDATE_BOTH_POSTGRES: dict[tuple[tuple[str, ...], tuple[str, ...]], sa.TextClause] = {}
+
+
+def _update_both_postgres(task_columns: tuple[str, ...], attempt_columns: tuple[str, ...]) -> sa.TextClause:
+    """PostgreSQL: :func:`_update_both_statement`'s update in one statement (same parameters): the live
+    attempt's conditional ``UPDATE`` in a data-modifying ``WITH``, the task's conditional ``UPDATE`` only
+    when it changed a row. One row counted means both changed; none, that the task or the attempt had moved
+    on (the attempt may then be changed alone: the caller's ``ConcurrentUpdate`` rolls back its transaction
+    or savepoint, as for the two statements this replaces). Built once per set of columns."""
+    key = (task_columns, attempt_columns)
+    statement = _UPDATE_BOTH_POSTGRES.get(key)
+    if statement is None:
+        attempt_sets = ", ".join(f"{c} = :a_set_{c}" for c in attempt_columns)
+        task_sets = ", ".join(f"{c} = :{c}" for c in task_columns)
+        statement = _UPDATE_BOTH_POSTGRES[key] = sa.text(
+            f"WITH live AS (UPDATE task_attempts SET {attempt_sets}"
+            " WHERE task_attempts.id = :a_id AND task_attempts.task_id = :b_id"
+            " AND task_attempts.lease_token_hash = :a_hash AND task_attempts.status = :a_status"
+            " AND task_attempts.lease_expires_at > :a_now RETURNING task_attempts.id)"
+            f" UPDATE tasks SET {task_sets}"
+            " WHERE tasks.id = :b_id AND tasks.status = :b_status AND tasks.state_version = :b_version"
+            " AND EXISTS (SELECT FROM live)"
+        ).bindparams(
+            *(sa.bindparam(c, type_=tasks.c[c].type) for c in task_columns),
+            *(sa.bindparam(f"a_set_{c}", type_=task_attempts.c[c].type) for c in attempt_columns),
+            sa.bindparam("a_now", type_=task_attempts.c.lease_expires_at.type),
+        )
+    return statement
+
+
 # ---------------------------------------------------------------- transitions
 
 
@@ -205,7 +236,8 @@ def apply_transition(
         attempt: ``(attempt row as read, values)``: also make :func:`_update_attempt`'s conditional
             update of the task's live attempt (same id, token digest and status, lease not lapsed),
             setting ``values``; on MySQL/MariaDB in the same statement as the task's (a multi-table
-            ``UPDATE`` that changes both rows or neither), elsewhere just before it.
+            ``UPDATE`` that changes both rows or neither), on PostgreSQL too (the attempt's update in a
+            ``WITH``), on SQLite just before it.
 
     Returns:
         ``task`` with the new status, version and values: pass it to a following transition.
@@ -238,16 +270,20 @@ def apply_transition(
         permits.release(conn, [task["current_attempt_id"]])
         changes["holds_permit"] = False
     fence = {"b_id": task["id"], "b_status": current.value, "b_version": task["state_version"]}
-    if attempt is not None and conn.dialect.name in ("mysql", "mariadb"):
+    if attempt is not None and conn.dialect.name in ("mysql", "mariadb", "postgresql"):
         row, attempt_values = attempt
+        postgres = conn.dialect.name == "postgresql"
+        build = _update_both_postgres if postgres else _update_both_statement
         result = conn.execute(
-            _update_both_statement(tuple(changes), tuple(attempt_values)),
+            build(tuple(changes), tuple(attempt_values)),
             {
                 **fence, **changes, **{f"a_set_{k}": v for k, v in attempt_values.items()},
                 "a_id": row["id"], "a_hash": row["lease_token_hash"], "a_status": row["status"], "a_now": now,
             },
         )  # fmt: skip
-        if result.rowcount != 2:  # both rows matched (the MySQL dialects count rows found), or neither
+        if result.rowcount != (
+            1 if postgres else 2
+        ):  # both rows (MySQL counts rows found; PostgreSQL the task's)
             raise errors.ConcurrentUpdate(
                 f"task {task['id']} or its attempt {row['id']} changed while they were being updated"
             )

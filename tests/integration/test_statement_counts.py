@@ -31,11 +31,11 @@ EXPECTED = {
         "empty lease": 3,  # queue + gate + clock + "sweep due"; the claim; COMMIT
     },
     "postgres": {
-        "start": 5,  # as MariaDB, but the attempt and the task are two UPDATEs (no multi-table UPDATE)
+        "start": 4,  # as MariaDB (task and attempt: the attempt's UPDATE in a WITH of the task's)
         "heartbeat": 3,
-        # two UPDATEs again, and the namespace's lock and the subscriptions are two statements (PostgreSQL
-        # cannot lock the nullable side of an outer join: tasks/result_events.py)
-        "complete": 8,
+        # the namespace's lock and the subscriptions are two statements (PostgreSQL cannot lock the nullable
+        # side of an outer join: tasks/result_events.py)
+        "complete": 7,
         "empty lease": 3,
     },
 }
