@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import platform
 import socket
 import subprocess
 import sys
@@ -13,6 +14,9 @@ import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
 
 import httpx
 
@@ -24,6 +28,7 @@ __all__ = [
     "orbit_server_processes",
     "orbit_servers",
     "peak_rss_mb",
+    "run_provenance",
 ]
 
 MYSQL_SERVER = os.environ.get("ORBIT_TEST_MYSQL_URL", "mysql+pymysql://root@127.0.0.1:3306/test")
@@ -206,3 +211,39 @@ def orbit_servers(url: str, count: int = 1) -> Iterator[list[str]]:
     """Start ``count`` ``orbit-server serve`` processes on ``url``; yield their base URLs."""
     with orbit_server_processes(url, count) as servers:
         yield [server.base for server in servers]
+
+
+def run_provenance(module: str, settings: dict[str, Any]) -> dict[str, Any]:
+    """A results file's ``meta``: when (UTC), on what commit, machine and load this run of ``python -m
+    module`` was made, its command line, and ``settings`` (every setting that differs from a default)."""
+    root = Path(__file__).resolve().parent.parent
+
+    def git(*argv: str) -> str:
+        try:
+            return subprocess.run(
+                ["git", *argv], cwd=root, capture_output=True, text=True, check=True
+            ).stdout.strip()
+        except (OSError, subprocess.CalledProcessError):
+            return ""
+
+    cpu = ""
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    started = datetime.now(UTC)
+    return {
+        "date": started.strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "started_at": started.isoformat(timespec="seconds"),
+        "machine": {
+            "platform": platform.platform(),
+            "cpu": cpu or platform.processor(),
+            "cores": os.cpu_count(),
+        },
+        "commit": git("rev-parse", "HEAD") or "unknown",
+        "uncommitted_changes": bool(git("status", "--porcelain", "--untracked-files=no")),
+        "loadavg_at_start": os.getloadavg(),
+        "command": f"python -m {module} " + " ".join(sys.argv[1:]),
+        "settings": settings,
+    }

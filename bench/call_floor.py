@@ -29,7 +29,6 @@ import argparse
 import contextlib
 import json
 import os
-import platform
 import socket
 import statistics
 import subprocess
@@ -44,7 +43,7 @@ from typing import Any
 import httpx
 import sqlalchemy as sa
 
-from bench._support import MYSQL_SERVER, cli, cpu_seconds, orbit_server_processes
+from bench._support import MYSQL_SERVER, cli, cpu_seconds, orbit_server_processes, run_provenance
 
 RESULTS = Path(__file__).resolve().parent / "results"
 NS = "floor"
@@ -233,34 +232,17 @@ def _floor_round(
 
 
 def provenance(args: argparse.Namespace) -> dict[str, Any]:
-    """When, on what code and machine load this run was made."""
-    root = Path(__file__).resolve().parent.parent
-
-    def git(*argv: str) -> str:
-        try:
-            return subprocess.run(
-                ["git", *argv], cwd=root, capture_output=True, text=True, check=True
-            ).stdout.strip()
-        except (OSError, subprocess.CalledProcessError):
-            return ""
-
-    started = datetime.now(UTC)
-    return {
-        "date": started.strftime("%Y-%m-%dT%H:%M:%SZ"),
-        "started_at": started.isoformat(timespec="seconds"),
-        "machine": {"platform": platform.platform(), "cores": os.cpu_count()},
-        "commit": git("rev-parse", "HEAD") or "unknown",
-        "uncommitted_changes": bool(git("status", "--porcelain", "--untracked-files=no")),
-        "loadavg_at_start": os.getloadavg(),
-        "command": "python -m bench.call_floor " + " ".join(sys.argv[1:]),
-        "settings": {
+    """When, on what code and machine load this run was made, and with which settings."""
+    return run_provenance(
+        "bench.call_floor",
+        {
             "calls": args.calls,
             "rounds": args.rounds,
             "orbit server": "orbit-server serve defaults, background loops off (sweep, scheduler, flow, metrics "
             "sampling intervals 0), MariaDB on this machine, PyMySQL",
             "floor": "bench._floor_app: FastAPI sync route, same uvicorn options, SQLAlchemy text statements, PyMySQL",
         },
-    }
+    )
 
 
 def main() -> None:

@@ -100,7 +100,7 @@ from bench._compare import (
     peer_worker_drain,
     postgres_databases,
 )
-from bench._support import MYSQL_SERVER, cli, orbit_server_processes, peak_rss_mb
+from bench._support import MYSQL_SERVER, cli, orbit_server_processes, peak_rss_mb, run_provenance
 from bench.compare_workers import run_workers
 from orbit_client import OrbitClient, RetryPolicy
 from outbox_adapter import Backoff, Outbox, OutboxTables, Relay, enqueue
@@ -675,42 +675,9 @@ SETTINGS = {
 
 def provenance(args: argparse.Namespace) -> dict[str, Any]:
     """When, on what code and what machine load this run was made, and with which settings."""
-    root = Path(__file__).resolve().parent.parent
-
-    def git(*argv: str) -> str:
-        try:
-            return subprocess.run(
-                ["git", *argv], cwd=root, capture_output=True, text=True, check=True
-            ).stdout.strip()
-        except (OSError, subprocess.CalledProcessError):
-            return ""
-
-    cpu = ""
-    with contextlib.suppress(OSError):
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    started = datetime.now(UTC)
-    return {
-        "date": started.strftime("%Y-%m-%dT%H:%M:%SZ"),
-        "started_at": started.isoformat(timespec="seconds"),
-        "machine": {
-            "platform": platform.platform(),
-            "cpu": cpu or platform.processor(),
-            "cores": os.cpu_count(),
-        },
-        "commit": git("rev-parse", "HEAD") or "unknown",
-        "uncommitted_changes": bool(git("status", "--porcelain", "--untracked-files=no")),
-        "loadavg_at_start": os.getloadavg(),
-        "command": "python -m bench.compare " + " ".join(sys.argv[1:]),
-        "settings": {
-            **SETTINGS,
-            "serve_args": args.serve_args,
-            "server_driver": args.server_driver,
-            "server_db": args.server_db,
-        },
-    }
+    settings = {**SETTINGS, "serve_args": args.serve_args, "server_driver": args.server_driver,
+                "server_db": args.server_db}  # fmt: skip
+    return run_provenance("bench.compare", settings)
 
 
 def main() -> None:

@@ -281,9 +281,8 @@ def apply_transition(
                 "a_id": row["id"], "a_hash": row["lease_token_hash"], "a_status": row["status"], "a_now": now,
             },
         )  # fmt: skip
-        if result.rowcount != (
-            1 if postgres else 2
-        ):  # both rows (MySQL counts rows found; PostgreSQL the task's)
+        both = 1 if postgres else 2  # the MySQL dialects count both rows found; PostgreSQL the task's row
+        if result.rowcount != both:
             raise errors.ConcurrentUpdate(
                 f"task {task['id']} or its attempt {row['id']} changed while they were being updated"
             )
