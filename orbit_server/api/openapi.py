@@ -74,7 +74,12 @@ _LOCATION = {"description": "The URL path of the resource.", "schema": {"type": 
 _TIME_NAMES = ("deadline",)
 #: Response properties the server leaves out at times: a batch of attempt reports carries ``grants`` and
 #: ``lease_error`` only when it carried a lease request (report-and-lease).
-_SOMETIMES_SENT = {"AttemptBatchResponse": {"grants", "lease_error"}}
+_SOMETIMES_SENT = {
+    "AttemptBatchResponse": {"grants", "lease_error"},
+    # A flow step's priority is left out when unset, so that older clients still read the graph.
+    "TaskNode": {"priority"},
+    "PollNode": {"priority"},
+}
 #: The operations whose 201 names the new resource in ``Location``.
 _SENDS_LOCATION = {"submit_task", "retry_task", "create_subscription", "start_flow"}
 
