@@ -224,11 +224,6 @@ def lease_tasks(
     # Lease-and-start starts only tasks declared retry-safe: a worker killed after its handler began
     # but before confirming would otherwise have its task run again as never started. Others are
     # granted LEASED, and their worker confirms each start before running it (README "Workers").
-    running_status: Any = (
-        sa.case((tasks.c.retry_safe, TaskStatus.RUNNING.value), else_=TaskStatus.LEASED.value)
-        if start else TaskStatus.LEASED.value
-    )  # fmt: skip
-    steps: Any = sa.case((tasks.c.retry_safe, 2), else_=1) if start else 1  # versions: leased (and started)
     if len(due) == 1:  # the common grant (a worker at concurrency 1, a long-poll woken): built once
         (row,) = due
         claimed = conn.execute(
@@ -241,6 +236,12 @@ def lease_tasks(
             },
         )
     else:
+        running_status: Any = (
+            sa.case((tasks.c.retry_safe, TaskStatus.RUNNING.value), else_=TaskStatus.LEASED.value)
+            if start else TaskStatus.LEASED.value
+        )  # fmt: skip
+        # versions: leased (and started)
+        steps: Any = sa.case((tasks.c.retry_safe, 2), else_=1) if start else 1
         claimed = conn.execute(
             by_primary_key(tasks.update())
             .where(

@@ -145,7 +145,8 @@ def test_a_cancel_of_a_confirmed_retry_safe_task_survives_its_lapse_with_the_bud
     # stop ends CANCELLED (it was NEEDS_REVIEW: a review of a task nobody wants any more).
     queue = env.queue()
     task_id = env.submit(queue, "h", retry_safe=True, max_attempts=1)
-    (grant,) = worker_client.lease_tasks(env.ns, queue, worker_id="w", lease_seconds=0.5, start=True)
+    # 2 s: the heartbeat must land inside the lease (0.5 s was missed once at load 7-10).
+    (grant,) = worker_client.lease_tasks(env.ns, queue, worker_id="w", lease_seconds=2, start=True)
     worker_client.heartbeat(env.ns, grant.attempt.id, grant.attempt.lease_token)
     env.admin.cancel_task(env.ns, task_id, reason="not wanted any more")
     _lapse(env, task_id, grant.attempt.id)
