@@ -14,7 +14,7 @@ from sqlalchemy.engine import URL, Engine
 from orbit_server import ServerSettings, create_app
 from orbit_server.api._http import uvicorn_options
 from orbit_server.db import migrate
-from orbit_server.db.engine import create_engine
+from orbit_server.db.engine import create_engine, dispose_when_returned
 from orbit_server.tasks import store
 
 
@@ -72,4 +72,6 @@ def run_server(database_url: URL, **settings: object) -> Iterator[RunningServer]
         server.should_exit = True
         thread.join(timeout=10)
         sock.close()
-        engine.dispose()
+        # Only once every connection is back: one returned to a disposed pool stays open until the garbage
+        # collector closes it, and psycopg's ResourceWarning then fails whatever test is running.
+        dispose_when_returned(engine)

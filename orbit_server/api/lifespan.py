@@ -23,6 +23,7 @@ from starlette.concurrency import run_in_threadpool
 from orbit_server.api.metrics import Metrics
 from orbit_server.api.wakeup import Wakeup
 from orbit_server.db import flow_hooks
+from orbit_server.db.engine import dispose_when_returned
 from orbit_server.db.pg_notify import PgNotifier, Wake
 from orbit_server.db.sampling import sample as sample_gauges
 from orbit_server.db.transact import transact
@@ -131,5 +132,5 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         wakeup.publisher = None
         if publish_flow is not None:
             flow_hooks.remove_publisher(publish_flow)
-        if state.owns_engine:
-            engine.dispose()
+        if state.owns_engine:  # after the loops' transactions still running in threads have ended
+            await run_in_threadpool(dispose_when_returned, engine)

@@ -34,6 +34,7 @@ __all__ = [
     "create_engine",
     "db_now",
     "db_now_expression",
+    "dispose_when_returned",
     "insert_unique",
     "is_lock_conflict",
     "is_sqlite",
@@ -152,6 +153,19 @@ def check_supported(url: str | URL) -> URL:
                 f"{url.drivername}:// needs the {package} package: pip install 'orbit-tasks[server,{extra}]'"
             ) from None
     return url
+
+
+def dispose_when_returned(engine: Engine, timeout: float = 10.0) -> None:
+    """``engine.dispose()`` once every connection checked out of its pool has been returned (work still
+    running in a thread, e.g. a background loop's transaction cancelled at shutdown), waiting up to
+    ``timeout`` seconds (then it disposes anyway). A connection returned to a pool after ``dispose()``
+    stays open in the discarded pool until the garbage collector closes it (psycopg warns then)."""
+    pool = engine.pool
+    checked_out = getattr(pool, "checkedout", None)
+    deadline = time.monotonic() + timeout
+    while checked_out is not None and checked_out() > 0 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    engine.dispose()
 
 
 def is_sqlite(url: str | URL) -> bool:
