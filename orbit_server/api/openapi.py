@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 from typing import Any
 
 from fastapi import FastAPI
@@ -9,6 +10,12 @@ from fastapi.routing import APIRoute
 
 from orbit_client import (
     IDEMPOTENCY_KEY_MAX_LENGTH,
+)
+from orbit_server.api.openapi_examples import (
+    PROBLEM_EXAMPLES,
+    REQUEST_EXAMPLES,
+    RESPONSE_EXAMPLES,
+    SCHEMA_EXAMPLES,
 )
 
 #: The ``Idempotency-Key`` rule of :func:`orbit_client.is_valid_idempotency_key` as a JSON Schema pattern.
@@ -82,6 +89,8 @@ _SOMETIMES_SENT = {
 }
 #: The operations whose 201 names the new resource in ``Location``.
 _SENDS_LOCATION = {"submit_task", "retry_task", "create_subscription", "start_flow"}
+#: The attempt calls whose 409 is most often ``lease_lost``.
+_LOSES_LEASE = {"start_attempt", "heartbeat_attempt", "complete_attempt", "fail_attempt"}
 
 
 def operation_id(route: APIRoute) -> str:
@@ -227,6 +236,59 @@ def _problems_and_headers(schema: dict[str, Any]) -> None:
                 operation["security"] = []
 
 
+def _problem_codes(operation: dict[str, Any], status: str) -> list[str]:
+    """The codes of :data:`PROBLEM_EXAMPLES` shown as examples of one error answer of ``operation``."""
+    if status == "422" and "requestBody" in operation:
+        reused = ["idempotency_key_reused"] if operation.get("operationId") == "submit_task" else []
+        return [*reused, "validation_error"]
+    if status == "409" and operation.get("operationId") in _LOSES_LEASE:
+        return ["lease_lost"]
+    return []
+
+
+def _examples(schema: dict[str, Any]) -> None:
+    """Named examples (:mod:`orbit_server.api.openapi_examples`) on the request bodies and the main
+    answers, the common problems on the error answers that give them, and JSON Schema ``examples`` on
+    the main schemas and on every request body's schema (its first named example; openapi-typescript
+    writes them as ``@example``). The problems are written out, not ``$ref``'d to ``components.examples``:
+    the docs site's renderer shows a referenced Example Object whole, summary and all. Copied in, so that
+    changing the served document cannot change them; new answer and media objects, because FastAPI and
+    :func:`_finish_openapi` share some between operations."""
+    schemas = schema.get("components", {}).get("schemas", {})
+    for name, values in SCHEMA_EXAMPLES.items():
+        schemas[name]["examples"] = copy.deepcopy(values)
+    for operations in schema.get("paths", {}).values():
+        for operation in operations.values():
+            name = operation.get("operationId")
+            if name in REQUEST_EXAMPLES:
+                body = operation["requestBody"]
+                media = body["content"]["application/json"]
+                named = copy.deepcopy(REQUEST_EXAMPLES[name])
+                operation["requestBody"] = {
+                    **body,
+                    "content": {**body["content"], "application/json": {**media, "examples": named}},
+                }
+                ref = media["schema"].get("$ref", "")
+                if ref.startswith("#/components/schemas/"):
+                    target = schemas[ref.rsplit("/", 1)[1]]
+                    target.setdefault("examples", [copy.deepcopy(next(iter(named.values()))["value"])])
+            responses = operation.get("responses", {})
+            for status, response in list(responses.items()):
+                content = dict(response.get("content", {}))
+                if (name, status) in RESPONSE_EXAMPLES:
+                    named = copy.deepcopy(RESPONSE_EXAMPLES[(name, status)])
+                    content["application/json"] = {**content["application/json"], "examples": named}
+                codes = _problem_codes(operation, status)
+                if codes:
+                    problems = {code: copy.deepcopy(PROBLEM_EXAMPLES[code]) for code in codes}
+                    content["application/problem+json"] = {
+                        **content["application/problem+json"],
+                        "examples": problems,
+                    }
+                if content != response.get("content", {}):
+                    responses[status] = {**response, "content": content}
+
+
 def _finish_openapi(app: FastAPI) -> None:
     """Mark ``Idempotency-Key`` required in the OpenAPI document, with its pattern; document the
     problem answers every operation with a body may give.
@@ -264,6 +326,7 @@ def _finish_openapi(app: FastAPI) -> None:
         _formats(schema)
         _outputs_required(schema)
         _problems_and_headers(schema)
+        _examples(schema)
         schema["tags"] = _TAGS
         schema["servers"] = [{"url": "/", "description": "The server that serves this document"}]
         app.openapi_schema = schema
