@@ -39,6 +39,7 @@ from pydantic import BaseModel
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
+from starlette.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from orbit_client import NAME_PATTERN
@@ -178,6 +179,10 @@ class FastLane:
             if handler is None:
                 raise
             response = await handler(request, exc)
+        if not isinstance(
+            response, Response
+        ):  # each lane's function answers a Response (its answer serialised once)
+            raise TypeError(f"{lane.route.path} answered {type(response).__name__}, not a Response")
         await response(scope, receive, send)
 
     def _match(self, scope: Scope) -> tuple[_Lane | None, dict[str, Any]]:
