@@ -1,6 +1,6 @@
 """Each worker call's server cost as a ratio to the floor: a minimal route doing a start's writes.
 
-    python -m bench.call_floor [--calls 300] [--rounds 3] [--json-file PATH|-]
+    python -m bench.call_floor [--calls 300] [--rounds 3] [--json-file PATH|-] [--ab-env NAME=VALUE ...]
 
 Issue 28's yardstick. One ``orbit-server serve`` process and the floor (:mod:`bench._floor_app`: a
 bare FastAPI route under the same uvicorn that updates a task and its attempt by primary key,
@@ -17,6 +17,11 @@ floor first in odd rounds and last in even ones; the medians. Targets (issue 28)
 and heartbeat ≤ 1.5× the floor and ≤ 4 commands with the ``COMMIT``; a lease with one grant ≤ 2×;
 an empty lease ≤ 1× and no write. Background loops of the server (sweep, scheduler, flows,
 metrics sampling) are off, as they are not part of any call.
+
+``--ab-env ORBIT_FAST_LANE=false`` (for example) runs a second ``orbit-server serve`` on the same
+database with that environment, measured in the same rounds (the two in alternating order): its calls
+are reported with the setting in brackets, each with its ratio to the floor and to the first server's
+same call (the median of the per-round ratios), an A/B comparison paired against the machine's load.
 
 Writes its figures with date, commit, machine and load averages to ``bench/results/floor-*.json``
 unless ``--json-file -``. Needs MariaDB at ``ORBIT_TEST_MYSQL_URL`` with a user that may create
@@ -130,7 +135,7 @@ def _floor_process(url: str) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
 class Orbit:
     """The Orbit side: its HTTP clients and task preparation."""
 
-    def __init__(self, base: str, keys: dict[str, str], url: str) -> None:
+    def __init__(self, base: str, keys: dict[str, str], url: str, prefix: str = "") -> None:
         self.work = httpx.Client(
             base_url=base, headers={"Authorization": f"Bearer {keys['work']}"}, timeout=60
         )
@@ -138,11 +143,12 @@ class Orbit:
             base_url=base, headers={"Authorization": f"Bearer {keys['submit']}"}, timeout=60
         )
         self.url = url
+        self.prefix = prefix
         self.queues = 0
 
     def queue(self) -> str:
         self.queues += 1
-        name = f"q{self.queues}"
+        name = f"{self.prefix}q{self.queues}"
         cli("queue", "create", NS, name, url=self.url)
         return name
 
@@ -241,6 +247,7 @@ def provenance(args: argparse.Namespace) -> dict[str, Any]:
             "orbit server": "orbit-server serve defaults, background loops off (sweep, scheduler, flow, metrics "
             "sampling intervals 0), MariaDB on this machine, PyMySQL",
             "floor": "bench._floor_app: FastAPI sync route, same uvicorn options, SQLAlchemy text statements, PyMySQL",
+            **({"second server's environment": args.ab_env} if args.ab_env else {}),
         },
     )
 
@@ -252,7 +259,14 @@ def main() -> None:
     parser.add_argument("--calls", type=int, default=300, help="calls of each kind per round (default 300)")
     parser.add_argument("--rounds", type=int, default=3, help="rounds (default 3)")
     parser.add_argument("--json-file", default=None, help="where to write the figures ('-': nowhere)")
+    parser.add_argument(
+        "--ab-env", action="append", default=[], metavar="NAME=VALUE",
+        help="also measure a second server with this environment variable (repeatable), paired in the same "
+        "rounds (e.g. ORBIT_FAST_LANE=false); its calls are reported with the variables in brackets",
+    )  # fmt: skip
     args = parser.parse_args()
+    ab_env = dict(item.split("=", 1) for item in args.ab_env)
+    suffix = f" [{' '.join(args.ab_env)}]"
     meta = provenance(args)
     admin = sa.create_engine(MYSQL_SERVER)
     with admin.connect() as conn:
@@ -277,17 +291,25 @@ def main() -> None:
             }
             with (
                 orbit_server_processes(url["orbit"], env=quiet) as [server],
+                orbit_server_processes(
+                    url["orbit"], count=1 if ab_env else 0, env={**quiet, **ab_env}
+                ) as other,
                 _floor_process(url["floor"]) as (floor_base, floor_proc),
                 httpx.Client(base_url=floor_base, timeout=60) as floor,
             ):
-                orbit = Orbit(server.base, keys, url["orbit"])
-                orbit.leased(20)  # warm-up: the key cache, the first statements, the sightings
+                sides = [(Orbit(server.base, keys, url["orbit"]), server.proc.pid, "")]
+                sides += [(Orbit(s.base, keys, url["orbit"], prefix="b"), s.proc.pid, suffix) for s in other]
+                for orbit, _, _ in sides:
+                    orbit.leased(20)  # warm-up: the key cache, the first statements, the sightings
+                orbit = sides[0][0]
                 for round_ in range(1, args.rounds + 1):
                     floor_grants = orbit.leased(args.calls)
                     figures: dict[str, dict[str, float]] = {}
                     if round_ % 2:
                         figures |= _floor_round(floor, floor_grants, counters, users["floor"], floor_proc.pid)
-                    figures |= _orbit_round(orbit, counters, users["orbit"], server.proc.pid, args.calls)
+                    for side, pid, name in sides if round_ % 2 else sides[::-1]:
+                        measured = _orbit_round(side, counters, users["orbit"], pid, args.calls)
+                        figures |= {kind + name: figure for kind, figure in measured.items()}
                     if not round_ % 2:
                         figures |= _floor_round(floor, floor_grants, counters, users["floor"], floor_proc.pid)
                     rounds.append(figures)
@@ -296,7 +318,7 @@ def main() -> None:
     finally:
         with admin.connect() as conn:
             conn.exec_driver_sql(f"SET GLOBAL userstat = {int(userstat_was)}")
-    report = _report(rounds)
+    report = _report(rounds, suffix if ab_env else None)
     _print(report, meta)
     if args.json_file != "-":
         path = (
@@ -309,21 +331,29 @@ def main() -> None:
         print(f"wrote {path}")
 
 
-def _report(rounds: list[dict[str, dict[str, float]]]) -> dict[str, dict[str, Any]]:
+def _report(
+    rounds: list[dict[str, dict[str, float]]], suffix: str | None = None
+) -> dict[str, dict[str, Any]]:
     """Medians over the rounds; each call's ratio is the median of its per-round ratios to the floor
-    (``/healthz``: to the bare route)."""
+    (``/healthz``: to the bare route). With ``suffix`` (``--ab-env``), the second server's calls too,
+    each also as the median of its per-round ratios to the first server's same call."""
     out: dict[str, dict[str, Any]] = {}
-    for kind in ["floor", "bare route", *(call for call, _, _ in CALLS)]:
+    calls = [call for call, _, _ in CALLS]
+    for kind in ["floor", "bare route", *calls, *(call + suffix for call in calls if suffix)]:
         values = [r[kind] for r in rounds]
         figure: dict[str, Any] = {
             key: round(statistics.median(v[key] for v in values), 3) for key in values[0]
         }
-        base = "bare route" if kind == "/healthz" else "floor"
+        call = kind.removesuffix(suffix) if suffix else kind
+        base = "bare route" if call == "/healthz" else "floor"
         if kind not in ("floor", "bare route"):
             ratios = [r[kind]["server_cpu_ms"] / r[base]["server_cpu_ms"] for r in rounds]
             figure["cpu_ratio_to_" + base.replace(" ", "_")] = round(statistics.median(ratios), 2)
-            target = next((t, c) for call, t, c in CALLS if call == kind)
+            target = next((t, c) for name, t, c in CALLS if name == call)
             figure["target_cpu_ratio"], figure["target_commands"] = target
+            if call != kind:
+                paired = [r[kind]["server_cpu_ms"] / r[call]["server_cpu_ms"] for r in rounds]
+                figure["cpu_ratio_to_first_server"] = round(statistics.median(paired), 2)
         out[kind] = figure
     return out
 
@@ -332,15 +362,20 @@ def _print(report: dict[str, dict[str, Any]], meta: dict[str, Any]) -> None:
     print(
         f"\nbench.call_floor at {meta['commit'][:7]}, {meta['date']}, load {meta['loadavg_at_start'][0]:.1f}"
     )
+    width = max(28, *(len(kind) for kind in report))
+    paired = any("cpu_ratio_to_first_server" in f for f in report.values())
     print(
-        f"{'call':28} {'server CPU ms':>13} {'× floor':>8} {'target':>7} {'commands':>9} {'MariaDB CPU ms':>15} {'wall ms':>8}"
+        f"{'call':{width}} {'server CPU ms':>13} {'× floor':>8} {'target':>7} {'commands':>9} {'MariaDB CPU ms':>15} "
+        f"{'wall ms':>8}" + (f" {'× first server':>15}" if paired else "")
     )
     for kind, f in report.items():
         ratio = f.get("cpu_ratio_to_floor", f.get("cpu_ratio_to_bare_route"))
         target = f.get("target_cpu_ratio")
+        first = f.get("cpu_ratio_to_first_server")
         print(
-            f"{kind:28} {f['server_cpu_ms']:13.2f} {'' if ratio is None else f'{ratio:.2f}×':>8} "
+            f"{kind:{width}} {f['server_cpu_ms']:13.2f} {'' if ratio is None else f'{ratio:.2f}×':>8} "
             f"{'' if target is None else f'≤{target}×':>7} {f['commands']:9.1f} {f['db_cpu_ms']:15.2f} {f['wall_ms']:8.2f}"
+            + (f" {'' if first is None else f'{first:.2f}×':>15}" if paired else "")
         )
 
 

@@ -23,6 +23,7 @@ from orbit_server.api.attempt_batches import attempt_batch_router
 from orbit_server.api.batch import batch_router
 from orbit_server.api.bodies import Utf8JsonBodies
 from orbit_server.api.docs import docs_router
+from orbit_server.api.fast_lane import FastLane
 from orbit_server.api.flows import flows_router
 from orbit_server.api.hosts import AllowedHosts
 from orbit_server.api.json_bodies import JsonContentTypeMiddleware
@@ -104,6 +105,10 @@ def create_app(settings: ServerSettings | None = None, *, engine: Engine | None 
     app.add_middleware(Utf8JsonBodies)
     # Inside the request context (its request id, size limit and timeouts), before any route.
     app.add_middleware(JsonContentTypeMiddleware, problem=_scope_problem)
+    if (
+        settings.fast_lane
+    ):  # the hot worker calls' happy path, in front of the routing (orbit_server.api.fast_lane)
+        app.add_middleware(FastLane, orbit=app)
     if settings.allowed_host_list:
         app.add_middleware(AllowedHosts, allowed=settings.allowed_host_list)
     app.add_middleware(

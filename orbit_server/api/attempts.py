@@ -110,7 +110,7 @@ async def lease_tasks(
         # After a wait, the worker may have given up: granting then would strand the task until its lease
         # lapses. Before the first try it has just sent the request (the check costs a receive).
         if sighted and await request.is_disconnected():
-            return []
+            return Response(b"[]", media_type="application/json")
         started_ns = time.time_ns()
         grants = await run_in_threadpool(
             transact,
