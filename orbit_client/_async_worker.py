@@ -96,7 +96,7 @@ class AsyncWorker(_WorkerCore):
         return AsyncReports(
             self._client, self._config.namespace, linger=self._config.report_linger,
             in_flight=lambda: self._pipe.running + self._pipe.reporting, starting=self._may_start,
-            rider=self if self._riding else None, body_limit=body_limit, busy=self._pipe.may_report,
+            rider=self if self._riding else None, body_limit=body_limit, busy=self._may_report,
         )  # fmt: skip
 
     def stop(self) -> None:
@@ -251,6 +251,7 @@ class AsyncWorker(_WorkerCore):
         while not self._stopped():
             await self._until(lambda: self._stopped() or not (
                 pipe.asking or pipe.want() <= 0 or (self._riding and self._quick_reports() and pipe.reporting > 0)
+                or self._starts_first()
             ))  # fmt: skip
             if self._stopped():
                 return
@@ -303,9 +304,14 @@ class AsyncWorker(_WorkerCore):
                     continue
                 return
             pipe.running += 1
+            self._in_start += self._needs_start(held)
+            self._pulse()  # the lease loop may go now, or once this start is answered (_starts_first)
             try:
                 await self._execute(held)
             finally:
+                if held.confirming:  # its start was never reached (an unexpected error)
+                    self._in_start -= 1
+                    held.confirming = False
                 self._free(held)
 
     async def _execute(self, held: Held) -> None:
@@ -348,8 +354,7 @@ class AsyncWorker(_WorkerCore):
             error = self._unknown_handler_error(grant)
             self._hand_off(grant, lambda: self._report(grant, lambda: reports.fail(attempt, error)))
             return
-        if not held.started:
-            self._in_start += 1
+        if not held.started:  # counted in _in_start by _slot (_needs_start)
             try:
                 await reports.start(attempt)
             except OrbitError as exc:
@@ -357,7 +362,10 @@ class AsyncWorker(_WorkerCore):
                 return
             finally:
                 self._starting -= 1
-                self._in_start -= 1
+                self._in_start -= held.confirming
+                held.confirming = False
+                self._pulse()  # a lease deferred behind this start may go (_starts_first)
+                reports.wake()  # and a report waiting for it (_may_report)
         ctx = config.context(grant)
         self._active[attempt.id] = _Active(grant, ctx, self._first_beat(held))
         began = time.monotonic()

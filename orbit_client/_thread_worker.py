@@ -114,7 +114,7 @@ class Worker(_WorkerCore):
         return Reports(
             self._client, self._config.namespace, linger=self._config.report_linger,
             in_flight=lambda: self._pipe.running + self._pipe.reporting, starting=self._may_start,
-            rider=self if self._riding else None, body_limit=body_limit, busy=self._pipe.may_report,
+            rider=self if self._riding else None, body_limit=body_limit, busy=self._may_report,
         )  # fmt: skip
 
     def stop(self) -> None:
@@ -270,6 +270,7 @@ class Worker(_WorkerCore):
                     pipe.asking
                     or pipe.want() <= 0
                     or (self._riding and self._quick_reports() and pipe.reporting > 0)
+                    or self._starts_first()
                 ):
                     self._lock.wait()
                 if self._stopping.is_set():
@@ -317,6 +318,7 @@ class Worker(_WorkerCore):
                 held, lapsed = pipe.next()
                 if held is not None:
                     pipe.running += 1
+                    self._in_start += self._needs_start(held)
                 for gone in lapsed:
                     self._starting -= not gone.started and gone.grant.task.handler in self._config.handlers
                 self._lock.notify_all()
@@ -333,6 +335,9 @@ class Worker(_WorkerCore):
                 self._execute(held, reporters)
             finally:
                 with self._lock:
+                    if held.confirming:  # its start was never reached (an unexpected error)
+                        self._in_start -= 1
+                        held.confirming = False
                     self._free(held)
 
     def _execute(self, held: Held, reporters: ThreadPoolExecutor) -> None:
@@ -381,9 +386,7 @@ class Worker(_WorkerCore):
                 reporters, grant, lambda: self._report(grant, lambda: reports.fail(attempt, error))
             )
             return
-        if not held.started:
-            with self._lock:
-                self._in_start += 1
+        if not held.started:  # counted in _in_start by _slot (_needs_start)
             try:
                 reports.start(attempt)
             except OrbitError as exc:
@@ -392,7 +395,10 @@ class Worker(_WorkerCore):
             finally:
                 with self._lock:
                     self._starting -= 1
-                    self._in_start -= 1
+                    self._in_start -= held.confirming
+                    held.confirming = False
+                    self._lock.notify_all()  # a lease deferred behind this start may go (_starts_first)
+                reports.wake()  # and a report waiting for it (_may_report)
         ctx = config.context(grant)
         with self._lock:
             self._active[attempt.id] = _Active(grant, ctx, self._first_beat(held))
