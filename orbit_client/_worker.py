@@ -33,7 +33,7 @@ from orbit_client import _tracing
 from orbit_client._attempt_models import AttemptError, AttemptState, LeaseGrant
 from orbit_client._exceptions import LeaseLostError, OrbitError, OrbitUsageError
 from orbit_client._metrics import WorkerMetrics, release_server, serve
-from orbit_client._pipeline import Held, Pipeline
+from orbit_client._pipeline import START_WITHIN, Held, Pipeline
 from orbit_client._task_models import Task
 
 __all__ = ["RetryableError", "TaskCancelled", "TaskContext"]
@@ -346,6 +346,8 @@ class _WorkerCore:
         self._active: dict[str, _Active] = {}
         #: Leased tasks with a handler whose start is not answered yet (the start batch waits for them).
         self._starting = 0
+        #: Whether the last lease answer granted fewer tasks than it asked for: nothing more was due.
+        self._drained = False
         #: Slots inside their start call (``start`` sent or about to be), for the start batch's linger.
         self._in_start = 0
 
@@ -376,6 +378,31 @@ class _WorkerCore:
             if pipe.mean is None or pipe.mean >= linger:
                 return pipe.handing + self._in_start
         return pipe.may_report()
+
+    #: Set by each worker: whether report batches may carry leases (report-and-lease offered and on),
+    #: and the running mean of report batches' round trips, in seconds (``None``: none answered yet).
+    _riding: bool
+    _report_rtt: float | None
+
+    def _quick_reports(self) -> bool:
+        """Whether report answers come back fast enough to carry grants: within a quarter lease
+        (a grant travelling back longer would be a grant waiting longer; module docstring of
+        :mod:`orbit_client._pipeline`). Unknown until one report batch was answered: no ride."""
+        rtt = self._report_rtt
+        return rtt is not None and rtt <= START_WITHIN * self._config.lease_seconds
+
+    def _lease_after_reports(self) -> bool:
+        """Whether a standalone lease request waits for the reports on their way to be answered.
+
+        While tasks are due, a ``complete``/``fail`` batch carries the lease (report-and-lease: one
+        call fewer). Once a lease came back short (``_drained``: nothing more was due) a carried lease
+        would find nothing and could not wait, and the long poll would follow anyway: no report carries
+        one then, and the long poll leaves once the reports are answered, so that it does not meet
+        them on the server (``bench.timeline``'s trickle round: a carried lease made each complete
+        slower and each task cost one more claim)."""
+        if self._drained:
+            return True
+        return self._riding and self._quick_reports()
 
     def _needs_start(self, held: Held) -> bool:
         """Whether the grant a slot just took needs a ``start`` call before its handler runs; if so the

@@ -49,6 +49,8 @@ class Sent:
     #: When the request went out, and when its answer came back (``time.monotonic()``).
     at: float = field(default_factory=time.monotonic)
     answered: float = 0.0
+    #: A report batch that carried a lease request (report-and-lease).
+    rides: bool = False
 
 
 def kind_of(request: httpx.Request) -> str:
@@ -73,14 +75,14 @@ class Recorder:
 
     def before(self, request: httpx.Request) -> httpx.Response | None:
         kind = kind_of(request)
-        items = len(json.loads(request.content)["items"]) if "(batch)" in kind else 1
-        sent = Sent(kind, items)
+        body = json.loads(request.content) if "(batch)" in kind else {}
+        sent = Sent(kind, len(body["items"]) if body else 1, rides="lease" in body)
         request.extensions["orbit_sent"] = sent  # for after(): its answer time and grants
         with self.lock:
             self.sent.append(sent)
             fault = self.faults.get(kind)
             self.lock.notify_all()
-        if kind == "heartbeat (batch)" and items > 1:
+        if kind == "heartbeat (batch)" and sent.items > 1:
             self.shared_heartbeat.set()
         if fault == "missing":
             body = {"title": "Not found", "status": 404, "code": "not_found"}
@@ -430,6 +432,10 @@ def test_a_start_goes_before_the_next_lease(env: Env) -> None:
     grant, start, between = leases_before_the_start(recorder)
     assert grant.grants == 1 and start.items == 1 and start.at >= grant.answered
     assert between == [], "a lease was sent before the start was answered"
+    # Its lease came back short (nothing more was due): the complete carried no lease, which would have
+    # found nothing and could not wait (the long poll follows anyway).
+    with recorder.lock:
+        assert not [s for s in recorder.sent if s.kind == "complete (batch)"][-1].rides
 
 
 def test_a_start_goes_before_the_next_lease_async(env: Env) -> None:
