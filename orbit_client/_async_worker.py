@@ -22,7 +22,7 @@ from orbit_client import _tracing
 from orbit_client._attempt_models import AttemptState, BatchLease, LeaseGrant
 from orbit_client._client import AsyncOrbitClient
 from orbit_client._exceptions import LeaseLostError, NotFoundError, OrbitError, OrbitUsageError
-from orbit_client._pipeline import START_WITHIN, Held, Pipeline
+from orbit_client._pipeline import Held, Pipeline
 from orbit_client._reports import AsyncReports
 from orbit_client._worker import (
     _DOC_ARGS,
@@ -96,7 +96,7 @@ class AsyncWorker(_WorkerCore):
         return AsyncReports(
             self._client, self._config.namespace, linger=self._config.report_linger,
             in_flight=lambda: self._pipe.running + self._pipe.reporting, starting=self._may_start,
-            rider=self if self._riding else None, body_limit=body_limit, busy=self._pipe.may_report,
+            rider=self if self._riding else None, body_limit=body_limit, busy=self._may_report,
         )  # fmt: skip
 
     def stop(self) -> None:
@@ -202,7 +202,7 @@ class AsyncWorker(_WorkerCore):
 
     def ask(self, reports: int) -> BatchLease | None:
         config, pipe = self._config, self._pipe
-        if pipe.asking or self._stopped() or not self._quick_reports():
+        if pipe.asking or self._stopped() or not self._quick_reports() or self._drained:
             return None
         want = pipe.want(freeing=reports)
         if want <= 0:
@@ -222,13 +222,6 @@ class AsyncWorker(_WorkerCore):
         """A report batch took ``seconds`` (the running mean decides whether reports carry leases)."""
         self._report_rtt = seconds if self._report_rtt is None else 0.7 * self._report_rtt + 0.3 * seconds
 
-    def _quick_reports(self) -> bool:
-        """Whether report answers come back fast enough to carry grants: within a quarter lease
-        (a grant travelling back longer would be a grant waiting longer; module docstring of
-        :mod:`orbit_client._pipeline`). Unknown until one report batch was answered: no ride."""
-        rtt = self._report_rtt
-        return rtt is not None and rtt <= START_WITHIN * self._config.lease_seconds
-
     def got(self, ask: BatchLease, sent_at: float, grants: list[LeaseGrant] | None, error: object) -> None:
         if error is not None and not isinstance(error, BaseException):
             logger.warning("the lease carried by a report batch was refused: %s", error)
@@ -238,6 +231,7 @@ class AsyncWorker(_WorkerCore):
         if self._metrics is not None and grants:
             self._metrics.leased(len(grants))
         pipe = self._pipe
+        self._drained = len(grants) < pipe.asked
         pipe.asking, pipe.asked = False, 0
         pipe.hold(grants, sent_at)
         self._starting += sum(
@@ -250,7 +244,8 @@ class AsyncWorker(_WorkerCore):
         failures = 0
         while not self._stopped():
             await self._until(lambda: self._stopped() or not (
-                pipe.asking or pipe.want() <= 0 or (self._riding and self._quick_reports() and pipe.reporting > 0)
+                pipe.asking or pipe.want() <= 0 or (pipe.reporting > 0 and self._lease_after_reports())
+                or self._starts_first()
             ))  # fmt: skip
             if self._stopped():
                 return
@@ -303,9 +298,14 @@ class AsyncWorker(_WorkerCore):
                     continue
                 return
             pipe.running += 1
+            self._in_start += self._needs_start(held)
+            self._pulse()  # the lease loop may go now, or once this start is answered (_starts_first)
             try:
                 await self._execute(held)
             finally:
+                if held.confirming:  # its start was never reached (an unexpected error)
+                    self._in_start -= 1
+                    held.confirming = False
                 self._free(held)
 
     async def _execute(self, held: Held) -> None:
@@ -348,8 +348,7 @@ class AsyncWorker(_WorkerCore):
             error = self._unknown_handler_error(grant)
             self._hand_off(grant, lambda: self._report(grant, lambda: reports.fail(attempt, error)))
             return
-        if not held.started:
-            self._in_start += 1
+        if not held.started:  # counted in _in_start by _slot (_needs_start)
             try:
                 await reports.start(attempt)
             except OrbitError as exc:
@@ -357,7 +356,10 @@ class AsyncWorker(_WorkerCore):
                 return
             finally:
                 self._starting -= 1
-                self._in_start -= 1
+                self._in_start -= held.confirming
+                held.confirming = False
+                self._pulse()  # a lease deferred behind this start may go (_starts_first)
+                reports.wake()  # and a report waiting for it (_may_report)
         ctx = config.context(grant)
         self._active[attempt.id] = _Active(grant, ctx, self._first_beat(held))
         began = time.monotonic()

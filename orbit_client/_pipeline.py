@@ -65,6 +65,8 @@ class Held:
     start_by: float
     #: Whether its slot was given back (the handler returned; the report may still be on its way).
     freed: bool = False
+    #: Whether its slot counts it as confirming its start (``_in_start`` of the workers), until answered.
+    confirming: bool = False
 
     def renewed(self, sent_at: float, lease_seconds: float) -> None:
         """A heartbeat sent at ``sent_at`` renewed it (and confirmed a lease-and-start grant)."""

@@ -209,6 +209,11 @@ class _Batcher(Generic[_Item]):
         with self._cond:
             return bool(self._pending)
 
+    def wake(self) -> None:
+        """Look again whether a forming batch may leave (what ``busy`` counts has changed)."""
+        with self._cond:
+            self._cond.notify_all()
+
     def _full(self) -> bool:
         """Whether no more reports can join: ``enough()`` wait, or (with ``busy``) nothing is busy."""
         if self._busy is not None:
@@ -356,6 +361,12 @@ class Reports:
         """Whether a ``complete`` or ``fail`` batch is forming (it may carry the next lease)."""
         return self._completes.forming() or self._fails.forming()
 
+    def wake(self) -> None:
+        """What ``busy`` counts has changed (a start was answered): a forming ``complete`` or ``fail``
+        batch looks again whether it may leave."""
+        self._completes.wake()
+        self._fails.wake()
+
     def _submit(
         self, batcher: _Batcher[_Item], item: _Item, single: Callable[[], AttemptState]
     ) -> AttemptState:
@@ -464,6 +475,11 @@ class _AsyncBatcher(Generic[_Item]):
 
     def forming(self) -> bool:
         return bool(self._pending)
+
+    def wake(self) -> None:
+        """Let a forming batch leave now if ``busy`` says no more reports can join."""
+        if self._full is not None and self._full_now():
+            self._full.set()
 
     def _full_now(self) -> bool:
         if self._busy is not None:
@@ -620,6 +636,12 @@ class AsyncReports:
     def forming(self) -> bool:
         """Whether a ``complete`` or ``fail`` batch is forming (it may carry the next lease)."""
         return self._completes.forming() or self._fails.forming()
+
+    def wake(self) -> None:
+        """What ``busy`` counts has changed (a start was answered): a forming ``complete`` or ``fail``
+        batch looks again whether it may leave."""
+        self._completes.wake()
+        self._fails.wake()
 
     async def _submit(
         self, batcher: _AsyncBatcher[_Item], item: _Item, single: Callable[[], Awaitable[AttemptState]]

@@ -27,7 +27,7 @@ from orbit_client import _tracing
 from orbit_client._attempt_models import AttemptState, BatchLease, LeaseGrant
 from orbit_client._client import OrbitClient
 from orbit_client._exceptions import LeaseLostError, NotFoundError, OrbitError, OrbitUsageError
-from orbit_client._pipeline import START_WITHIN, Held, Pipeline
+from orbit_client._pipeline import Held, Pipeline
 from orbit_client._reports import Reports
 from orbit_client._worker import (
     _DOC_ARGS,
@@ -114,7 +114,7 @@ class Worker(_WorkerCore):
         return Reports(
             self._client, self._config.namespace, linger=self._config.report_linger,
             in_flight=lambda: self._pipe.running + self._pipe.reporting, starting=self._may_start,
-            rider=self if self._riding else None, body_limit=body_limit, busy=self._pipe.may_report,
+            rider=self if self._riding else None, body_limit=body_limit, busy=self._may_report,
         )  # fmt: skip
 
     def stop(self) -> None:
@@ -215,7 +215,7 @@ class Worker(_WorkerCore):
         """A lease request for a ``complete``/``fail`` batch of ``reports`` to carry, or ``None``."""
         config, pipe = self._config, self._pipe
         with self._lock:
-            if pipe.asking or self._stopping.is_set() or not self._quick_reports():
+            if pipe.asking or self._stopping.is_set() or not self._quick_reports() or self._drained:
                 return None
             want = pipe.want(freeing=reports)
             if want <= 0:
@@ -235,13 +235,6 @@ class Worker(_WorkerCore):
         """A report batch took ``seconds`` (the running mean decides whether reports carry leases)."""
         self._report_rtt = seconds if self._report_rtt is None else 0.7 * self._report_rtt + 0.3 * seconds
 
-    def _quick_reports(self) -> bool:
-        """Whether report answers come back fast enough to carry grants: within a quarter lease
-        (a grant travelling back longer would be a grant waiting longer; module docstring of
-        :mod:`orbit_client._pipeline`). Unknown until one report batch was answered: no ride."""
-        rtt = self._report_rtt
-        return rtt is not None and rtt <= START_WITHIN * self._config.lease_seconds
-
     def got(self, ask: BatchLease, sent_at: float, grants: list[LeaseGrant] | None, error: object) -> None:
         """The grants of a riding lease request (``None``: none, ``error`` says why)."""
         if error is not None and not isinstance(error, OrbitError | BaseException):
@@ -253,6 +246,7 @@ class Worker(_WorkerCore):
         if self._metrics is not None and grants:
             self._metrics.leased(len(grants))
         with self._lock:
+            self._drained = len(grants) < self._pipe.asked
             self._pipe.asking, self._pipe.asked = False, 0
             self._pipe.hold(grants, sent_at)
             self._starting += sum(
@@ -269,7 +263,8 @@ class Worker(_WorkerCore):
                 while not self._stopping.is_set() and (
                     pipe.asking
                     or pipe.want() <= 0
-                    or (self._riding and self._quick_reports() and pipe.reporting > 0)
+                    or (pipe.reporting > 0 and self._lease_after_reports())
+                    or self._starts_first()
                 ):
                     self._lock.wait()
                 if self._stopping.is_set():
@@ -317,6 +312,7 @@ class Worker(_WorkerCore):
                 held, lapsed = pipe.next()
                 if held is not None:
                     pipe.running += 1
+                    self._in_start += self._needs_start(held)
                 for gone in lapsed:
                     self._starting -= not gone.started and gone.grant.task.handler in self._config.handlers
                 self._lock.notify_all()
@@ -333,6 +329,9 @@ class Worker(_WorkerCore):
                 self._execute(held, reporters)
             finally:
                 with self._lock:
+                    if held.confirming:  # its start was never reached (an unexpected error)
+                        self._in_start -= 1
+                        held.confirming = False
                     self._free(held)
 
     def _execute(self, held: Held, reporters: ThreadPoolExecutor) -> None:
@@ -381,9 +380,7 @@ class Worker(_WorkerCore):
                 reporters, grant, lambda: self._report(grant, lambda: reports.fail(attempt, error))
             )
             return
-        if not held.started:
-            with self._lock:
-                self._in_start += 1
+        if not held.started:  # counted in _in_start by _slot (_needs_start)
             try:
                 reports.start(attempt)
             except OrbitError as exc:
@@ -392,7 +389,10 @@ class Worker(_WorkerCore):
             finally:
                 with self._lock:
                     self._starting -= 1
-                    self._in_start -= 1
+                    self._in_start -= held.confirming
+                    held.confirming = False
+                    self._lock.notify_all()  # a lease deferred behind this start may go (_starts_first)
+                reports.wake()  # and a report waiting for it (_may_report)
         ctx = config.context(grant)
         with self._lock:
             self._active[attempt.id] = _Active(grant, ctx, self._first_beat(held))

@@ -33,7 +33,7 @@ from orbit_client import _tracing
 from orbit_client._attempt_models import AttemptError, AttemptState, LeaseGrant
 from orbit_client._exceptions import LeaseLostError, OrbitError, OrbitUsageError
 from orbit_client._metrics import WorkerMetrics, release_server, serve
-from orbit_client._pipeline import Pipeline
+from orbit_client._pipeline import START_WITHIN, Held, Pipeline
 from orbit_client._task_models import Task
 
 __all__ = ["RetryableError", "TaskCancelled", "TaskContext"]
@@ -346,6 +346,8 @@ class _WorkerCore:
         self._active: dict[str, _Active] = {}
         #: Leased tasks with a handler whose start is not answered yet (the start batch waits for them).
         self._starting = 0
+        #: Whether the last lease answer granted fewer tasks than it asked for: nothing more was due.
+        self._drained = False
         #: Slots inside their start call (``start`` sent or about to be), for the start batch's linger.
         self._in_start = 0
 
@@ -356,6 +358,70 @@ class _WorkerCore:
         a slot takes it: counting them kept every start batch lingering its whole
         ``report_linger`` (``bench.workers``: 44 → 102 tasks/s at concurrency 1, 1.3× at 4)."""
         return min(self._starting, self._config.concurrency - (self._pipe.running - self._in_start))
+
+    def _may_report(self) -> int:
+        """What a forming ``complete``/``fail`` batch waits for (its ``busy``; it leaves at 0 or at the
+        linger's end): the handlers running or starting and the reports handed off that have not joined
+        one yet.
+
+        At concurrency 1 the only report that can join is the one slot's *next* task's, a start's round
+        trip and a whole handler away. While handlers are shorter on average than ``report_linger`` it
+        comes within the linger and is waited for: batching the two halves the calls
+        (``bench.timeline``'s backlog round with instant handlers: a report sent at once met the next
+        start on the server and slowed it, 98-116 → 49-96 tasks/s). With longer handlers the batch
+        waits only for a start under way, so that it does not meet that start on the server, and then
+        leaves; before, it waited out the whole linger for a report that could not come.
+        """
+        pipe = self._pipe
+        if pipe.concurrency == 1:
+            linger = self._config.report_linger or 0.0
+            if pipe.mean is None or pipe.mean >= linger:
+                return pipe.handing + self._in_start
+        return pipe.may_report()
+
+    #: Set by each worker: whether report batches may carry leases (report-and-lease offered and on),
+    #: and the running mean of report batches' round trips, in seconds (``None``: none answered yet).
+    _riding: bool
+    _report_rtt: float | None
+
+    def _quick_reports(self) -> bool:
+        """Whether report answers come back fast enough to carry grants: within a quarter lease
+        (a grant travelling back longer would be a grant waiting longer; module docstring of
+        :mod:`orbit_client._pipeline`). Unknown until one report batch was answered: no ride."""
+        rtt = self._report_rtt
+        return rtt is not None and rtt <= START_WITHIN * self._config.lease_seconds
+
+    def _lease_after_reports(self) -> bool:
+        """Whether a standalone lease request waits for the reports on their way to be answered.
+
+        While tasks are due, a ``complete``/``fail`` batch carries the lease (report-and-lease: one
+        call fewer). Once a lease came back short (``_drained``: nothing more was due) a carried lease
+        would find nothing and could not wait, and the long poll would follow anyway: no report carries
+        one then, and the long poll leaves once the reports are answered, so that it does not meet
+        them on the server (``bench.timeline``'s trickle round: a carried lease made each complete
+        slower and each task cost one more claim)."""
+        if self._drained:
+            return True
+        return self._riding and self._quick_reports()
+
+    def _needs_start(self, held: Held) -> bool:
+        """Whether the grant a slot just took needs a ``start`` call before its handler runs; if so the
+        slot counts it in ``_in_start`` until the start is answered (``held.confirming``)."""
+        held.confirming = not held.started and held.grant.task.handler in self._config.handlers
+        return held.confirming
+
+    def _starts_first(self) -> bool:
+        """Whether a standalone lease request waits for the starts under way: while a free slot is
+        taking a grant in hand, and while every slot is confirming the start of its grant (no handler
+        runs). The start is on the task's path and the lease then only refills what the worker holds
+        beyond its slots: sent first, it took the interpreter (or event loop) and the server ahead of
+        the start (``bench.timeline`` at concurrency 1: the next lease left 0.3-0.9 ms before the start,
+        which then waited behind it). Bounded by one start's round trip; a report batch may still
+        carry the lease meanwhile (report-and-lease)."""
+        pipe = self._pipe
+        if pipe.waiting and pipe.running < pipe.concurrency:
+            return True
+        return 0 < pipe.running == self._in_start
 
     @property
     def worker_id(self) -> str:

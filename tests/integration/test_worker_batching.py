@@ -46,9 +46,11 @@ class Sent:
     kind: str
     items: int
     grants: int = 0
-    #: When the request went out, and (leases) when its answer came back (``time.monotonic()``).
+    #: When the request went out, and when its answer came back (``time.monotonic()``).
     at: float = field(default_factory=time.monotonic)
     answered: float = 0.0
+    #: A report batch that carried a lease request (report-and-lease).
+    rides: bool = False
 
 
 def kind_of(request: httpx.Request) -> str:
@@ -67,17 +69,20 @@ class Recorder:
     #: kind → what to do instead of (``"missing"``: answer 404 as an old server) or after
     #: (``"lose"``: forward, then raise ReadTimeout once) forwarding the request.
     faults: dict[str, str] = field(default_factory=dict)
-    lock: threading.Lock = field(default_factory=threading.Lock)
+    lock: threading.Condition = field(default_factory=threading.Condition)
     #: Set once a heartbeat call renewed more than one lease.
     shared_heartbeat: threading.Event = field(default_factory=threading.Event)
 
     def before(self, request: httpx.Request) -> httpx.Response | None:
         kind = kind_of(request)
-        items = len(json.loads(request.content)["items"]) if "(batch)" in kind else 1
+        body = json.loads(request.content) if "(batch)" in kind else {}
+        sent = Sent(kind, len(body["items"]) if body else 1, rides="lease" in body)
+        request.extensions["orbit_sent"] = sent  # for after(): its answer time and grants
         with self.lock:
-            self.sent.append(Sent(kind, items))
+            self.sent.append(sent)
             fault = self.faults.get(kind)
-        if kind == "heartbeat (batch)" and items > 1:
+            self.lock.notify_all()
+        if kind == "heartbeat (batch)" and sent.items > 1:
             self.shared_heartbeat.set()
         if fault == "missing":
             body = {"title": "Not found", "status": 404, "code": "not_found"}
@@ -86,20 +91,23 @@ class Recorder:
 
     def after(self, request: httpx.Request, response: httpx.Response) -> None:
         kind = kind_of(request)
-        if kind == "lease" and response.status_code == 200:
-            grants = len(json.loads(response.content))
-            with self.lock:
-                for sent in reversed(self.sent):
-                    if sent.kind == "lease" and sent.grants == 0:
-                        sent.grants = grants
-                        sent.answered = time.monotonic()
-                        break
+        sent: Sent = request.extensions["orbit_sent"]
+        with self.lock:
+            sent.answered = time.monotonic()
+            if kind == "lease" and response.status_code == 200:
+                sent.grants = len(json.loads(response.content))
+            self.lock.notify_all()
         with self.lock:
             lose = self.faults.get(kind) == "lose"
             if lose:
                 del self.faults[kind]
         if lose:
             raise httpx.ReadTimeout("the answer was lost on the way back", request=request)
+
+    def wait_until(self, ready: Callable[[list[Sent]], bool], timeout: float = 10) -> None:
+        """Block until ``ready(sent)`` holds (checked as each request goes out or is answered)."""
+        with self.lock:
+            assert self.lock.wait_for(lambda: ready(self.sent), timeout), self.sent
 
     def count(self, kind: str) -> int:
         return sum(1 for s in self.sent if s.kind == kind)
@@ -381,3 +389,107 @@ def test_heartbeats_due_together_share_one_call(env: Env) -> None:
             env.wait(task_id, "SUCCEEDED")
     assert recorder.count("heartbeat") == 0
     assert [env.admin.get_task(env.ns, i).attempt_count for i in ids] == [1] * 4
+
+
+# --- concurrency 1: no wall time wasted (bench.timeline) ---------------------------------------------
+
+
+def idle_after_one_task(recorder: Recorder) -> Callable[[list[Sent]], bool]:
+    """Whether the worker, its first task reported, waits in a lease sent after that report's answer."""
+
+    def ready(sent: list[Sent]) -> bool:
+        completes = [s for s in sent if s.kind == "complete (batch)" and s.answered]
+        return bool(completes) and any(
+            s.kind == "lease" and s.at > completes[-1].answered and not s.answered for s in sent
+        )
+
+    return ready
+
+
+def leases_before_the_start(recorder: Recorder) -> tuple[Sent, Sent, list[Sent]]:
+    """The lease that granted the last task, its start, and the leases sent between the two answers."""
+    with recorder.lock:
+        grant = [s for s in recorder.sent if s.kind == "lease" and s.grants][-1]
+        start = [s for s in recorder.sent if s.kind == "start (batch)"][-1]
+        between = [s for s in recorder.sent if s.kind == "lease" and grant.answered <= s.at < start.answered]
+    return grant, start, between
+
+
+def test_a_start_goes_before_the_next_lease(env: Env) -> None:
+    # Concurrency 1, the worker idle in a long poll when a task comes (after a first one, so that it
+    # prefetches): the task's start is on its path, the next lease only refills the worker's hand. Before,
+    # the next lease left first (0.3-1.3 ms ahead) and the start waited behind it, in the worker and on the
+    # server (bench.timeline, trickle round).
+    queue = env.queue()
+    recorder = Recorder()
+    with (
+        counted_client(env, recorder) as client,
+        running(Worker(client, env.ns, queue, {"echo": echo}, **FAST)),
+    ):
+        env.wait(env.submit(queue, "echo", {"n": 0}), "SUCCEEDED")
+        recorder.wait_until(idle_after_one_task(recorder))
+        env.wait(env.submit(queue, "echo", {"n": 1}), "SUCCEEDED")
+    grant, start, between = leases_before_the_start(recorder)
+    assert grant.grants == 1 and start.items == 1 and start.at >= grant.answered
+    assert between == [], "a lease was sent before the start was answered"
+    # Its lease came back short (nothing more was due): the complete carried no lease, which would have
+    # found nothing and could not wait (the long poll follows anyway).
+    with recorder.lock:
+        assert not [s for s in recorder.sent if s.kind == "complete (batch)"][-1].rides
+
+
+def test_a_start_goes_before_the_next_lease_async(env: Env) -> None:
+    queue = env.queue()
+    recorder = Recorder()
+
+    async def aecho(ctx: TaskContext) -> Any:
+        return {"n": ctx.params["n"]}
+
+    async def scenario() -> None:
+        async with AsyncOrbitClient(
+            env.server.base_url, api_key=env.keys["work"], transport=AsyncCountingTransport(recorder)
+        ) as client:
+            worker = AsyncWorker(client, env.ns, queue, {"echo": aecho}, **FAST)
+            runner = asyncio.create_task(worker.run())
+            first = await asyncio.to_thread(env.submit, queue, "echo", {"n": 0})
+            await asyncio.to_thread(env.wait, first, "SUCCEEDED")
+            await asyncio.to_thread(recorder.wait_until, idle_after_one_task(recorder))
+            second = await asyncio.to_thread(env.submit, queue, "echo", {"n": 1})
+            await asyncio.to_thread(env.wait, second, "SUCCEEDED")
+            worker.stop()
+            await asyncio.wait_for(runner, 20)
+
+    asyncio.run(scenario())
+    grant, start, between = leases_before_the_start(recorder)
+    assert grant.grants == 1 and start.items == 1 and start.at >= grant.answered
+    assert between == [], "a lease was sent before the start was answered"
+
+
+def test_a_report_at_concurrency_1_does_not_linger_for_the_next_task(env: Env) -> None:
+    # One slot, handlers longer than the linger: the next report is a start and a whole handler away, so
+    # the complete leaves at once, or once the next task's start (under way as the handler returns) is
+    # answered, instead of waiting out the linger for a report that cannot come within it.
+    queue = env.queue()
+    linger, handler_seconds = 0.3, 0.35
+    ended: list[float] = []
+
+    def slow(ctx: TaskContext) -> Any:
+        ctx.wait_for_stop(handler_seconds)  # the handler's work: longer than the linger
+        ended.append(time.monotonic())
+        return "done"
+
+    ids = [env.submit(queue, "slow") for _ in range(3)]
+    recorder = Recorder()
+    drain(
+        env,
+        lambda client: Worker(client, env.ns, queue, {"slow": slow}, report_linger=linger, **FAST),
+        recorder,
+        ids,
+    )
+    with recorder.lock:
+        completes = [s for s in recorder.sent if s.kind == "complete (batch)"]
+    assert [s.items for s in completes] == [1, 1, 1]
+    # The second task's complete: its handler had returned while the third task was in hand.
+    waited = [complete.at - end for complete, end in zip(completes, ended, strict=True)]
+    assert waited[1] < linger / 2, waited
+    assert result_event_counts(env, ids) == dict.fromkeys(ids, 1)
