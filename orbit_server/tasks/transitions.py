@@ -294,7 +294,7 @@ def apply_transition(
             raise errors.ConcurrentUpdate(f"task {task['id']} changed while it was being updated")
     _append_event(conn, task["id"], version, event, current, to, now, actor=actor, reason=reason, data=data)
     if to in result_events.RESULT_STATUSES:
-        event_id = result_events.record_result_event(conn, task["id"], now)
+        event_id = result_events.record_result_event(conn, task["id"], now, read=task.get("subscribers"))
         if task.get("flow_instance_id") is not None:  # a flow step: its internal event, same transaction
             flow_hooks.record_events(conn, [({**task, **changes}, event_id)], now)
     return {**task, **changes}
@@ -562,20 +562,26 @@ _ATTEMPT_COLUMNS = (
     task_attempts.c.leased_at,
     task_attempts.c.started_at,
 )
-#: :func:`_locked_attempt`'s statement, built once per dialect.
-_LOCKED_ATTEMPT: dict[str, sa.Executable] = {}
+#: :func:`_locked_attempt`'s statements, built once per dialect and kind.
+_LOCKED_ATTEMPT: dict[tuple[str, bool], sa.Executable] = {}
 
 
-def _locked_attempt_statement(conn: Connection) -> sa.Executable:
+def _locked_attempt_statement(conn: Connection, *, ending: bool = False) -> sa.Executable:
     """``SELECT <task>, <clock>, <attempt columns as scalar subqueries> FROM tasks WHERE id = <the
     attempt's task> AND namespace_id = :namespace_id FOR UPDATE``, with ``:attempt_id``.
 
     The attempt's columns come from subqueries, so the locking clause locks the task row alone
     (MySQL/MariaDB and PostgreSQL lock no rows read by a nested subquery): the lock order stays
     task first.
+
+    ``ending`` (a call that may end the attempt with a result event: complete, fail), on MySQL/MariaDB:
+    also the task's ``retry_of`` and :func:`~orbit_server.tasks.result_events.locked_subscribers`, which
+    takes the result event's shared locks (namespace, queue, then the subscriptions) after the task's, as
+    the result event would later in the transaction: the statement the event then needs no more.
     """
     name = conn.dialect.name
-    statement = _LOCKED_ATTEMPT.get(name)
+    ending = ending and name == "mysql"
+    statement = _LOCKED_ATTEMPT.get((name, ending))
     if statement is None:
         attempt_id = sa.bindparam("attempt_id", type_=task_attempts.c.id.type)
 
@@ -587,13 +593,16 @@ def _locked_attempt_statement(conn: Connection) -> sa.Executable:
                 .label(f"attempt_{column.name}")
             )
 
+        clock = _clock(conn)
+        extra = (tasks.c.retry_of, result_events.locked_subscribers(clock)) if ending else ()
         task_of_attempt = sa.select(task_attempts.c.task_id).where(task_attempts.c.id == attempt_id)
-        statement = _LOCKED_ATTEMPT[name] = (
+        statement = _LOCKED_ATTEMPT[(name, ending)] = (
             sa.select(
                 *_TASK_COLUMNS,
-                _clock(conn).label("db_now"),
+                clock.label("db_now"),
                 gate_paused(),
                 *(of(c) for c in _ATTEMPT_COLUMNS),
+                *extra,
             )
             .where(
                 tasks.c.id == task_of_attempt.scalar_subquery(),
@@ -615,9 +624,13 @@ def gate_paused() -> sa.Label[Any]:
 
 
 def _locked_attempt(
-    conn: Connection, namespace_id: int, attempt_id: str
+    conn: Connection, namespace_id: int, attempt_id: str, *, ending: bool = False
 ) -> tuple[dict[str, Any], dict[str, Any], datetime]:
     """Lock the attempt's task, and read it, the attempt and the database clock in one statement.
+
+    ``ending``: the call may end the attempt with a result event (complete, fail); on MySQL/MariaDB the
+    same statement then takes the result event's shared locks and reads its subscriptions
+    (:func:`_locked_attempt_statement`), kept on the task as ``subscribers`` for :func:`apply_transition`.
 
     Returns ``(task, attempt, now)``. The task row is read under its lock; the attempt row is
     read by a subquery of the same statement, without a lock (lock order: task first), so it
@@ -633,7 +646,8 @@ def _locked_attempt(
         raise errors.AttemptNotFound(f"no attempt {attempt_id!r} in this namespace")
     row = (
         conn.execute(
-            _locked_attempt_statement(conn), {"attempt_id": attempt_id, "namespace_id": namespace_id}
+            _locked_attempt_statement(conn, ending=ending),
+            {"attempt_id": attempt_id, "namespace_id": namespace_id},
         )
         .mappings()
         .first()
@@ -642,6 +656,9 @@ def _locked_attempt(
         raise errors.AttemptNotFound(f"no attempt {attempt_id!r} in this namespace")
     task = {column.name: row[column.name] for column in _TASK_COLUMNS}
     task["gate_paused"] = bool(row["gate_paused"])
+    if "subscribers" in row:
+        task["retry_of"] = row["retry_of"]
+        task["subscribers"] = result_events.subscribers(task, row["subscribers"])
     attempt = {column.name: row[f"attempt_{column.name}"] for column in _ATTEMPT_COLUMNS}
     return task, attempt, _naive(row["db_now"])
 
