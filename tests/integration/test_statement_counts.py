@@ -31,7 +31,9 @@ EXPECTED = {
         # attempt; task event; result event; COMMIT. Not 4: MariaDB writes two tables (the task event, the
         # result event) in two statements, and has no UPDATE ... RETURNING to fold a read into a write.
         "complete": 5,
-        "empty lease": 3,  # queue + gate + clock + "sweep due"; the claim; COMMIT
+        # queue + gate + clock + "sweep due", and the claim, in one statement (a UNION); COMMIT
+        "empty lease": 2,
+        "lease, one grant": 5,  # that statement; the claim (UPDATE); the task event; the attempt; COMMIT
     },
     "postgres": {
         "start": 4,  # as MariaDB (task and attempt: the attempt's UPDATE in a WITH of the task's)
@@ -40,6 +42,7 @@ EXPECTED = {
         # side of an outer join: tasks/result_events.py)
         "complete": 7,
         "empty lease": 3,
+        "lease, one grant": 6,
     },
 }
 
@@ -107,6 +110,9 @@ def test_each_worker_call_costs_its_statements_and_no_more(api: Api, batched: bo
         "complete": _commands(api, report("complete", result={"ok": True}))[0],
         "empty lease": _commands(api, lambda: api.lease_response(queue, 5))[0],
     }
+    api.submit(queue)
+    counted["lease, one grant"], granted = _commands(api, lambda: api.lease_response(queue, 5))
+    assert len(granted.json()) == 1
     for call, commands in counted.items():
         expected = EXPECTED["postgres" if api.server.engine.dialect.name == "postgresql" else "mariadb"][call]
         assert len(commands) == expected, f"{call}: {len(commands)} commands\n" + "\n".join(commands)
