@@ -63,27 +63,41 @@ class Subscribers(NamedTuple):
     """What :func:`record_result_event` reads under the namespace's shared lock, read ahead by the statement
     that locked the task (:func:`locked_subscribers`): the task's namespace and ``retry_of``, and the ids of
     the namespace's subscriptions that match the task's queue and were created at or before the transition's
-    database time."""
+    database time (MySQL/MariaDB); on PostgreSQL only the queue's name (``ids`` is ``None``): the
+    subscriptions are read by a later statement (below)."""
 
     namespace_id: int
     retry_of: str | None
-    ids: Sequence[int]
+    ids: Sequence[int] | None
+    queue_name: str | None = None
 
 
-def locked_subscribers(clock: sa.ColumnElement[Any]) -> sa.Label[Any]:
-    """MySQL/MariaDB: a column of a ``SELECT ... FROM tasks ... FOR UPDATE`` (the task locked first) that takes
-    :func:`record_result_event`'s shared locks, in its order (the namespace and queue rows, then a locking
-    read of the namespace's subscriptions created at or before ``clock``, the statement's own clock), and
-    gives the ids of those that match the task's queue, comma-separated (``''`` for none; ``NULL`` when the
-    namespace or queue row is missing). Read through :func:`subscribers`.
+def locked_subscribers(clock: sa.ColumnElement[Any], dialect: str) -> sa.Label[Any]:
+    """A column of a ``SELECT ... FROM tasks ... FOR UPDATE`` that takes :func:`record_result_event`'s shared
+    locks (the namespace and queue rows) in the statement that locks the task. Read through :func:`subscribers`.
+
+    On MySQL/MariaDB it also makes the locking read of the namespace's subscriptions created at or before
+    ``clock`` (the statement's own clock) and gives the ids of those that match the task's queue,
+    comma-separated (``''`` for none; ``NULL`` when the namespace or queue row is missing): the subscriptions
+    are the inner side of an outer join on the namespace, so they are read after its lock is granted, and a
+    locking read sees the newest committed rows. On PostgreSQL it gives the queue's name: a statement sees
+    the rows committed before it began, so the subscriptions must be read by a later statement, once the
+    lock is held (:func:`record_result_event` does).
 
     A subquery with its own locking clause: the outer ``FOR UPDATE`` locks no row of a nested subquery,
-    and ``LOCK IN SHARE MODE`` here locks the namespace and queue rows shared, not exclusively (a
-    ``SELECT ... FOR UPDATE`` joining them would serialise every transition of the namespace). The
-    subscriptions are the inner side of an outer join on the namespace, so they are read after its lock
-    is granted; a locking read sees the newest committed rows (the module docstring of
-    :mod:`orbit_server.results.deliveries` gives the argument)."""
+    and the clause here locks the namespace and queue rows shared, not exclusively (a ``SELECT ... FOR
+    UPDATE`` joining them would serialise every transition of the namespace). Why these locks make the
+    fan-out exact: the module docstring of :mod:`orbit_server.results.deliveries`."""
     n, q, s = namespaces, queues, subscriptions
+    if dialect == "postgresql":
+        return (
+            sa.select(q.c.name)
+            .select_from(n.join(q, q.c.namespace_id == n.c.id))
+            .where(n.c.id == tasks.c.namespace_id, q.c.id == tasks.c.queue_id)
+            .with_for_update(read=True)
+            .scalar_subquery()
+            .label("subscribers")
+        )
     matches = sa.or_(
         s.c.queues.is_(None), sa.func.json_contains(s.c.queues, sa.func.json_quote(q.c.name)) == 1
     )
@@ -102,7 +116,7 @@ def locked_subscribers(clock: sa.ColumnElement[Any]) -> sa.Label[Any]:
     )
 
 
-def subscribers(task: Mapping[str, Any], column: str | None) -> Subscribers:
+def subscribers(task: Mapping[str, Any], column: str | None, dialect: str) -> Subscribers:
     """The value of :func:`locked_subscribers`, with ``task``'s ``namespace_id`` and ``retry_of``.
 
     Raises:
@@ -110,6 +124,8 @@ def subscribers(task: Mapping[str, Any], column: str | None) -> Subscribers:
     """
     if column is None:
         raise errors.ConcurrentUpdate(f"the queue of task {task['id']} vanished while it was being read")
+    if dialect == "postgresql":
+        return Subscribers(int(task["namespace_id"]), task["retry_of"], None, column)
     ids = [int(part) for part in column.split(",")] if column else []
     return Subscribers(int(task["namespace_id"]), task["retry_of"], ids)
 
@@ -148,21 +164,24 @@ def record_result_event(
     # locking read of the subscriptions, so it sees the newest committed ones whatever the isolation
     # level: on MySQL/MariaDB and SQLite both in one statement (the subscriptions outer-joined), in the
     # same lock order; PostgreSQL cannot lock the nullable side of an outer join, so two statements there.
-    if read is not None:  # taken with the task's lock (locked_subscribers); held since
+    if read is not None and read.ids is not None:  # read with the task's lock (locked_subscribers)
         namespace_id, retry_of = read.namespace_id, read.retry_of
         matching: Sequence[int] = read.ids
-    elif conn.dialect.name == "postgresql":
-        namespace_id, queue_name, retry_of = conn.execute(_LOCK_TASK_NAMESPACE, {"task_id": task_id}).one()
+    elif read is not None:  # PostgreSQL: the locks were taken with the task's; the subscriptions now
+        namespace_id, queue_name, retry_of = read.namespace_id, read.queue_name, read.retry_of
         subscribed: Sequence[Any] = conn.execute(
             _LOCK_SUBSCRIPTIONS, {"namespace_id": namespace_id, "now": now}
         ).all()
+    elif conn.dialect.name == "postgresql":
+        namespace_id, queue_name, retry_of = conn.execute(_LOCK_TASK_NAMESPACE, {"task_id": task_id}).one()
+        subscribed = conn.execute(_LOCK_SUBSCRIPTIONS, {"namespace_id": namespace_id, "now": now}).all()
     else:
         rows = conn.execute(_LOCK_TASK_NAMESPACE_SUBSCRIPTIONS, {"task_id": task_id, "now": now}).all()
         if not rows:
             raise errors.ConcurrentUpdate(f"task {task_id} vanished while its result event was written")
         namespace_id, queue_name, retry_of = rows[0].ns_id, rows[0].queue_name, rows[0].retry_of
         subscribed = [row for row in rows if row.id is not None]
-    if read is None:
+    if read is None or read.ids is None:
         matching = [row.id for row in subscribed if row.queues is None or queue_name in row.queues]
     if retry_of is not None:  # a manual retry: the event carries the key of the chain's first task
         conn.execute(

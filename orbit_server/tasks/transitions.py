@@ -574,13 +574,13 @@ def _locked_attempt_statement(conn: Connection, *, ending: bool = False) -> sa.E
     (MySQL/MariaDB and PostgreSQL lock no rows read by a nested subquery): the lock order stays
     task first.
 
-    ``ending`` (a call that may end the attempt with a result event: complete, fail), on MySQL/MariaDB:
-    also the task's ``retry_of`` and :func:`~orbit_server.tasks.result_events.locked_subscribers`, which
-    takes the result event's shared locks (namespace, queue, then the subscriptions) after the task's, as
-    the result event would later in the transaction: the statement the event then needs no more.
+    ``ending`` (a call that may end the attempt with a result event: complete, fail), on MySQL/MariaDB and
+    PostgreSQL: also the task's ``retry_of`` and :func:`~orbit_server.tasks.result_events.locked_subscribers`,
+    which takes the result event's shared locks (namespace and queue; on MySQL/MariaDB then the
+    subscriptions) in this statement rather than later in the transaction: a statement less for the event.
     """
     name = conn.dialect.name
-    ending = ending and name == "mysql"
+    ending = ending and name in ("mysql", "postgresql")
     statement = _LOCKED_ATTEMPT.get((name, ending))
     if statement is None:
         attempt_id = sa.bindparam("attempt_id", type_=task_attempts.c.id.type)
@@ -594,7 +594,7 @@ def _locked_attempt_statement(conn: Connection, *, ending: bool = False) -> sa.E
             )
 
         clock = _clock(conn)
-        extra = (tasks.c.retry_of, result_events.locked_subscribers(clock)) if ending else ()
+        extra = (tasks.c.retry_of, result_events.locked_subscribers(clock, name)) if ending else ()
         task_of_attempt = sa.select(task_attempts.c.task_id).where(task_attempts.c.id == attempt_id)
         statement = _LOCKED_ATTEMPT[(name, ending)] = (
             sa.select(
@@ -628,8 +628,9 @@ def _locked_attempt(
 ) -> tuple[dict[str, Any], dict[str, Any], datetime]:
     """Lock the attempt's task, and read it, the attempt and the database clock in one statement.
 
-    ``ending``: the call may end the attempt with a result event (complete, fail); on MySQL/MariaDB the
-    same statement then takes the result event's shared locks and reads its subscriptions
+    ``ending``: the call may end the attempt with a result event (complete, fail); on MySQL/MariaDB and
+    PostgreSQL the same statement then takes the result event's shared locks (MySQL/MariaDB: and reads its
+    subscriptions)
     (:func:`_locked_attempt_statement`), kept on the task as ``subscribers`` for :func:`apply_transition`.
 
     Returns ``(task, attempt, now)``. The task row is read under its lock; the attempt row is
@@ -658,7 +659,7 @@ def _locked_attempt(
     task["gate_paused"] = bool(row["gate_paused"])
     if "subscribers" in row:
         task["retry_of"] = row["retry_of"]
-        task["subscribers"] = result_events.subscribers(task, row["subscribers"])
+        task["subscribers"] = result_events.subscribers(task, row["subscribers"], conn.dialect.name)
     attempt = {column.name: row[f"attempt_{column.name}"] for column in _ATTEMPT_COLUMNS}
     return task, attempt, _naive(row["db_now"])
 

@@ -335,15 +335,19 @@ def test_a_transition_during_a_subscription_creation_waits_for_it_and_delivers_t
     assert delivery["event"]["task_id"] == task_id
 
 
-def _lock_waits(probe: sa.Engine) -> int:
-    """How many transactions wait for a lock now (MariaDB, PostgreSQL), seen through ``probe``: an engine
-    of its own, so that probing takes no connection from the server's pool."""
+def _waiting_for(probe: sa.Engine, holder: int) -> int:
+    """How many transactions wait for a lock that the session ``holder`` (its connection id on MariaDB, its
+    backend pid on PostgreSQL) holds, seen through ``probe``: an engine of its own, so that probing takes
+    no connection from the server's pool."""
     with probe.connect() as conn:
         if probe.dialect.name == "postgresql":
-            query = "SELECT count(*) FROM pg_locks WHERE NOT granted"
+            query = "SELECT count(*) FROM pg_stat_activity WHERE %(holder)s = ANY(pg_blocking_pids(pid))"
         else:
-            query = "SELECT count(*) FROM information_schema.INNODB_TRX WHERE trx_state = 'LOCK WAIT'"
-        return int(conn.exec_driver_sql(query).scalar_one())
+            query = (
+                "SELECT count(*) FROM information_schema.INNODB_LOCK_WAITS w JOIN information_schema.INNODB_TRX t"
+                " ON t.trx_id = w.blocking_trx_id WHERE t.trx_mysql_thread_id = %(holder)s"
+            )
+        return int(conn.exec_driver_sql(query, {"holder": holder}).scalar_one())
 
 
 def _until(condition: Any, what: str, timeout: float = 30) -> None:
@@ -367,9 +371,14 @@ def test_a_complete_and_a_subscription_creation_in_either_order(api: Api, first:
     grant = api.running(api.queue())
     attempt_id, token = grant["attempt"]["id"], grant["attempt"]["lease_token"]
     probe = sa.create_engine(engine.url, poolclass=sa.NullPool)
-    waits = _lock_waits(probe)
     with engine.connect() as conn:
         trans = conn.begin()
+        postgres = engine.dialect.name == "postgresql"
+        holder = int(
+            conn.exec_driver_sql(
+                "SELECT pg_backend_pid()" if postgres else "SELECT CONNECTION_ID()"
+            ).scalar_one()
+        )
         if first == "subscription":
             subscription, created = results.create_subscription(conn, ns_id, api.ns, "in-flight", None)
             other = threading.Thread(
@@ -384,7 +393,7 @@ def test_a_complete_and_a_subscription_creation_in_either_order(api: Api, first:
                 )
             )
         other.start()
-        _until(lambda: _lock_waits(probe) > waits, f"the {first} did not make the other wait")
+        _until(lambda: _waiting_for(probe, holder) > 0, f"the {first} did not make the other wait")
         assert other.is_alive()
         trans.commit()
     other.join(timeout=30)
