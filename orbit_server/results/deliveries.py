@@ -22,7 +22,13 @@ events with ``occurred_at >= created_at``, and here is why that holds under conc
 - The fan-out first takes a **shared** lock on the namespace row, then reads the
   subscriptions with a locking read (which sees the latest committed rows at any
   isolation level). :func:`create_subscription` takes an **exclusive** lock on the same
-  row *before* it reads the clock for ``created_at``.
+  row *before* it reads the clock for ``created_at``. (A worker's single ``complete`` or
+  ``fail`` takes the shared locks in the statement that locks its task, and on
+  MySQL/MariaDB reads the subscriptions there too, after the namespace's lock:
+  :func:`orbit_server.tasks.result_events.locked_subscribers`. On PostgreSQL, where a
+  statement sees only rows committed before it began, the subscriptions are read by a
+  later statement. The argument below needs only that the event's time is read before
+  its transaction commits and the subscriptions after the shared lock is granted.)
 - If the transition locks first, the new subscription waits for it to commit and its
   ``created_at`` is read afterwards, so it is later than the event's ``occurred_at``
   (taken at the start of the transition): the event is rightly not its own.

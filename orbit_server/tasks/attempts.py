@@ -192,7 +192,7 @@ def complete_attempt(
         errors.LeaseLost: wrong token, or the attempt is no longer live (409). With the right
             token the report is kept on the attempt as late evidence; the task is unchanged.
     """
-    task, attempt, now = _locked_attempt(conn, namespace_id, attempt_id)
+    task, attempt, now = _locked_attempt(conn, namespace_id, attempt_id, ending=True)
     _check_token(attempt, lease_token)
     status = attempt["status"]
     if status == AttemptStatus.SUCCEEDED.value and _canonical(attempt["result"]) == _canonical(result):
@@ -248,7 +248,7 @@ def fail_attempt(
         errors.LeaseLost: wrong token, or the attempt is no longer live (409). With the right
             token the report is kept on the attempt as late evidence; the task is unchanged.
     """
-    task, attempt, now = _locked_attempt(conn, namespace_id, attempt_id)
+    task, attempt, now = _locked_attempt(conn, namespace_id, attempt_id, ending=True)
     _check_token(attempt, lease_token)
     reported = error.model_dump(mode="json")
     finished = (AttemptStatus.FAILED.value, AttemptStatus.CANCELLED.value)

@@ -8,7 +8,7 @@ import secrets
 import uuid
 from collections.abc import Mapping, Sequence
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, NamedTuple
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
@@ -101,6 +101,128 @@ def _find_queue_statement(conn: Connection) -> sa.Executable:
     return statement
 
 
+_NOW = sa.bindparam("now", type_=tasks.c.available_at.type)
+#: The plain claim's read: ``:max_tasks`` due tasks of ``:queue_id`` at ``:now``, in lease order, locked.
+_CLAIM_READ = _faults.skip_locked(
+    sa.select(tasks)
+    .where(
+        tasks.c.queue_id == sa.bindparam("queue_id"),
+        tasks.c.status == TaskStatus.WAITING.value,
+        tasks.c.available_at <= _NOW,
+        tasks.c.cancel_requested == sa.false(),  # a cancel asked for is never granted
+        sa.or_(tasks.c.deadline.is_(None), tasks.c.deadline > _NOW),
+    )
+    .order_by(*permits.LEASE_ORDER)
+    .limit(sa.bindparam("max_tasks"))
+)
+#: :func:`_find_queue_and_claim_statement`'s statement (MySQL/MariaDB), built once.
+_FIND_QUEUE_AND_CLAIM: list[sa.Executable] = []
+#: The columns of that statement's queue row (``NULL`` in its task rows).
+_QUEUE_INFO = ("q_id", "q_namespace", "q_now", "q_paused", "q_per_key", "q_max", "q_sweep_due")
+
+
+def _find_queue_and_claim_statement(conn: Connection) -> sa.Executable:
+    """MySQL/MariaDB: :func:`_find_queue_statement` and the plain claim's read in one statement (one round
+    trip less per lease; an empty lease is this statement and its ``COMMIT``).
+
+    ``(SELECT <task> ... FOR UPDATE SKIP LOCKED) UNION ALL SELECT <queue row>``: the first part is the claim
+    read of :func:`lease_tasks` (``:max_tasks`` due tasks of the queue named ``:queue`` in ``:namespace_id``,
+    in lease order from ``ix_tasks_claim_order``), made only when the queue's gate is neither paused nor
+    limited (read by an uncorrelated subquery: such a queue takes its own path, under its gate's lock);
+    the second is the queue's row as :func:`_find_queue_statement` reads it, its columns named
+    :data:`_QUEUE_INFO` (``NULL`` in the task rows). Both parts read the clock of the same statement
+    (MySQL's ``UTC_TIMESTAMP`` is the statement's time), and the subqueries lock nothing."""
+    if not _FIND_QUEUE_AND_CLAIM:
+        clock = _clock(conn)
+        namespace_id: sa.BindParameter[Any] = sa.bindparam("namespace_id")
+        queue: sa.BindParameter[Any] = sa.bindparam("queue")
+        queue_id = (
+            sa.select(queues.c.id)
+            .where(queues.c.namespace_id == namespace_id, queues.c.name == queue)
+            .scalar_subquery()
+        )
+        gated = (
+            sa.select(queue_gates.c.queue_id)
+            .where(
+                queue_gates.c.queue_id == queue_id,
+                sa.or_(
+                    queue_gates.c.paused == sa.true(),
+                    queue_gates.c.max_concurrency_per_key.is_not(None),
+                    queue_gates.c.max_concurrency.is_not(None),
+                ),
+            )
+            .exists()
+        )
+        claim = _faults.skip_locked(
+            sa.select(tasks, *(sa.null().label(name) for name in _QUEUE_INFO))
+            .where(
+                tasks.c.queue_id == queue_id,
+                tasks.c.status == TaskStatus.WAITING.value,
+                tasks.c.available_at <= clock,
+                tasks.c.cancel_requested == sa.false(),
+                sa.or_(tasks.c.deadline.is_(None), tasks.c.deadline > clock),
+                ~gated,
+            )
+            .order_by(*permits.LEASE_ORDER)
+            .limit(sa.bindparam("max_tasks"))
+            .with_hint(tasks, "FORCE INDEX (ix_tasks_claim_order)", dialect_name="mysql")
+        )
+        lookup = _find_queue_statement(conn)
+        assert isinstance(lookup, sa.Select)
+        found = lookup.subquery()
+        row = sa.select(
+            *(sa.null() for _ in tasks.c),
+            *(found.c[name].label(label) for name, label in zip(
+                ("id", "name", "db_now", "paused", "max_concurrency_per_key", "max_concurrency", "sweep_due"),
+                _QUEUE_INFO, strict=True,
+            )),
+        )  # fmt: skip
+        _FIND_QUEUE_AND_CLAIM.append(sa.union_all(claim, row))
+    return _FIND_QUEUE_AND_CLAIM[0]
+
+
+def _find_queue_and_claim(
+    conn: Connection, namespace_id: int, queue: str, max_tasks: int
+) -> tuple[Any, Sequence[Mapping[Any, Any]] | None]:
+    """The queue's row (:func:`_find_queue_statement`'s columns; ``None``: no such queue) and, on
+    MySQL/MariaDB when its gate is plain and no sweep is due, the claimed due tasks (locked, in lease
+    order); ``None`` for them otherwise (the caller reads them on its path)."""
+    params = {"namespace_id": namespace_id, "queue": queue}
+    if conn.dialect.name != "mysql":
+        return conn.execute(_find_queue_statement(conn), params).first(), None
+    rows = conn.execute(_find_queue_and_claim_statement(conn), {**params, "max_tasks": max_tasks}).mappings()
+    due: list[Mapping[Any, Any]] = []
+    found = None
+    for row in rows:
+        if row["q_id"] is None:
+            due.append(row)
+        else:
+            found = _QueueRow(
+                row["q_id"], row["q_namespace"], row["q_now"], row["q_paused"], row["q_per_key"], row["q_max"],
+                row["q_sweep_due"],
+            )  # fmt: skip
+    if (
+        found is None
+        or found.sweep_due
+        or found.paused
+        or found.max_concurrency_per_key is not None
+        or (found.max_concurrency is not None)
+    ):
+        return found, None  # the sweep first, or the gate's own path: the caller reads the due tasks again
+    due.sort(key=lambda row: (-row["priority"], row["available_at"], row["id"]))  # lease order
+    return found, due
+
+
+class _QueueRow(NamedTuple):
+    id: int
+    name: str
+    db_now: Any
+    paused: Any
+    max_concurrency_per_key: int | None
+    max_concurrency: int | None
+    sweep_due: Any
+
+
 #: :func:`_claim_one_statement`'s statements, by ``(start, limited)``.
 _CLAIM_ONE: dict[tuple[bool, bool], sa.Executable] = {}
 _INSERT_EVENTS = task_events.insert()
@@ -180,7 +302,7 @@ def lease_tasks(
     Raises:
         errors.QueueNotFound: no such queue in the namespace (404).
     """
-    found = conn.execute(_find_queue_statement(conn), {"namespace_id": namespace_id, "queue": queue}).first()
+    found, due = _find_queue_and_claim(conn, namespace_id, queue, max_tasks)
     if found is None:
         raise errors.QueueNotFound(f"queue {queue!r} does not exist in this namespace")
     queue_id, namespace_name, now = found.id, found.name, _naive(found.db_now)
@@ -188,32 +310,15 @@ def lease_tasks(
         _sweep(conn, now, queue_id=queue_id, limit=_SWEEP_BATCH)
     if found.paused:
         return []  # the execution gate is shut: no new grants (invariant 12)
-    due: Sequence[Mapping[Any, Any]] | None = None
     claimed_limited = None
     if found.max_concurrency_per_key is not None or found.max_concurrency is not None:
         claimed_limited = permits.claim_limited(conn, queue_id, now, max_tasks, _clock(conn))
     if claimed_limited is not None:
         due, now = claimed_limited
-    limited = due is not None
+    limited = claimed_limited is not None
     if due is None:
-        due = (
-            conn.execute(
-                _faults.skip_locked(
-                    sa.select(tasks)
-                    .where(
-                        tasks.c.queue_id == queue_id,
-                        tasks.c.status == TaskStatus.WAITING.value,
-                        tasks.c.available_at <= now,
-                        tasks.c.cancel_requested == sa.false(),  # a cancel asked for is never granted
-                        sa.or_(tasks.c.deadline.is_(None), tasks.c.deadline > now),
-                    )
-                    .order_by(*permits.LEASE_ORDER)
-                    .limit(max_tasks)
-                )
-            )
-            .mappings()
-            .all()
-        )
+        params = {"queue_id": queue_id, "now": now, "max_tasks": max_tasks}
+        due = conn.execute(_CLAIM_READ, params).mappings().all()
     if not due:
         return []
     # Set-based: one conditional UPDATE of every claimed row (each at the status and version it was

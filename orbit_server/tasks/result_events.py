@@ -8,7 +8,7 @@ from __future__ import annotations
 import uuid
 from collections.abc import Mapping, Sequence
 from datetime import datetime
-from typing import Any, Final
+from typing import Any, Final, NamedTuple
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
@@ -28,7 +28,15 @@ from orbit_server.db.schema import (
     tasks,
 )
 
-__all__ = ["RESULT_STATUSES", "chain_key", "record_result_event", "record_result_events"]
+__all__ = [
+    "RESULT_STATUSES",
+    "Subscribers",
+    "chain_key",
+    "locked_subscribers",
+    "record_result_event",
+    "record_result_events",
+    "subscribers",
+]
 
 #: The task states whose transitions write a result event (DESIGN §4).
 RESULT_STATUSES: Final[frozenset[TaskStatus]] = frozenset(
@@ -51,7 +59,80 @@ def _at(value: datetime) -> datetime:
 # ---------------------------------------------------------------------- events
 
 
-def record_result_event(conn: Connection, task_id: str, now: datetime) -> str:
+class Subscribers(NamedTuple):
+    """What :func:`record_result_event` reads under the namespace's shared lock, read ahead by the statement
+    that locked the task (:func:`locked_subscribers`): the task's namespace and ``retry_of``, and the ids of
+    the namespace's subscriptions that match the task's queue and were created at or before the transition's
+    database time (MySQL/MariaDB); on PostgreSQL only the queue's name (``ids`` is ``None``): the
+    subscriptions are read by a later statement (below)."""
+
+    namespace_id: int
+    retry_of: str | None
+    ids: Sequence[int] | None
+    queue_name: str | None = None
+
+
+def locked_subscribers(clock: sa.ColumnElement[Any], dialect: str) -> sa.Label[Any]:
+    """A column of a ``SELECT ... FROM tasks ... FOR UPDATE`` that takes :func:`record_result_event`'s shared
+    locks (the namespace and queue rows) in the statement that locks the task. Read through :func:`subscribers`.
+
+    On MySQL/MariaDB it also makes the locking read of the namespace's subscriptions created at or before
+    ``clock`` (the statement's own clock) and gives the ids of those that match the task's queue,
+    comma-separated (``''`` for none; ``NULL`` when the namespace or queue row is missing): the subscriptions
+    are the inner side of an outer join on the namespace, so they are read after its lock is granted, and a
+    locking read sees the newest committed rows. On PostgreSQL it gives the queue's name: a statement sees
+    the rows committed before it began, so the subscriptions must be read by a later statement, once the
+    lock is held (:func:`record_result_event` does).
+
+    A subquery with its own locking clause: the outer ``FOR UPDATE`` locks no row of a nested subquery,
+    and the clause here locks the namespace and queue rows shared, not exclusively (a ``SELECT ... FOR
+    UPDATE`` joining them would serialise every transition of the namespace). Why these locks make the
+    fan-out exact: the module docstring of :mod:`orbit_server.results.deliveries`."""
+    n, q, s = namespaces, queues, subscriptions
+    if dialect == "postgresql":
+        return (
+            sa.select(q.c.name)
+            .select_from(n.join(q, q.c.namespace_id == n.c.id))
+            .where(n.c.id == tasks.c.namespace_id, q.c.id == tasks.c.queue_id)
+            .with_for_update(read=True)
+            .scalar_subquery()
+            .label("subscribers")
+        )
+    matches = sa.or_(
+        s.c.queues.is_(None), sa.func.json_contains(s.c.queues, sa.func.json_quote(q.c.name)) == 1
+    )
+    ids = sa.func.coalesce(sa.func.group_concat(s.c.id), sa.literal_column("''"))
+    return (
+        sa.select(sa.case((sa.func.count(q.c.id) == 0, sa.null()), else_=ids))
+        .select_from(
+            n.join(q, q.c.namespace_id == n.c.id).outerjoin(
+                s, sa.and_(s.c.namespace_id == n.c.id, s.c.created_at <= clock, matches)
+            )
+        )
+        .where(n.c.id == tasks.c.namespace_id, q.c.id == tasks.c.queue_id)
+        .with_for_update(read=True)
+        .scalar_subquery()
+        .label("subscribers")
+    )
+
+
+def subscribers(task: Mapping[str, Any], column: str | None, dialect: str) -> Subscribers:
+    """The value of :func:`locked_subscribers`, with ``task``'s ``namespace_id`` and ``retry_of``.
+
+    Raises:
+        errors.ConcurrentUpdate: the task's namespace or queue row was not found.
+    """
+    if column is None:
+        raise errors.ConcurrentUpdate(f"the queue of task {task['id']} vanished while it was being read")
+    if dialect == "postgresql":
+        return Subscribers(int(task["namespace_id"]), task["retry_of"], None, column)
+    ids = [int(part) for part in column.split(",")] if column else []
+    return Subscribers(int(task["namespace_id"]), task["retry_of"], ids)
+
+
+def record_result_event(
+    conn: Connection, task_id: str, now: datetime, *, read: Subscribers | None = None
+) -> str:
     """Write the result event of a transition that just happened, and its deliveries.
 
     Call it in the transition's transaction, after the task row was updated (and while it is
@@ -65,6 +146,8 @@ def record_result_event(conn: Connection, task_id: str, now: datetime) -> str:
     Args:
         task_id: the task that changed state.
         now: the transition's database time (naive UTC); becomes ``occurred_at``.
+        read: the subscriptions, read ahead under the same locks by the statement that locked the task
+            (:func:`locked_subscribers`), in this transaction and at ``now``: one statement less here.
 
     Returns:
         The new event's id (a UUID).
@@ -74,43 +157,38 @@ def record_result_event(conn: Connection, task_id: str, now: datetime) -> str:
             the caller's transaction must roll back).
     """
     event_id = str(uuid.uuid4())
-    copied = conn.execute(
-        result_events.insert().from_select(
-            [
-                "id", "task_id", "namespace_id", "queue_id", "handler", "status", "result", "error",
-                "state_version", "occurred_at", "retry_of",
-            ],
-            sa.select(
-                sa.literal(event_id, Key(36)), tasks.c.id, tasks.c.namespace_id, tasks.c.queue_id,
-                tasks.c.handler, tasks.c.status, tasks.c.result, tasks.c.error, tasks.c.state_version,
-                sa.literal(now, Timestamp), tasks.c.retry_of,
-            ).where(tasks.c.id == task_id),
-        )
-    )  # fmt: skip
+    copied = conn.execute(_COPY_EVENT, {"event_id": event_id, "task_id": task_id, "occurred_at": now})
     if copied.rowcount != 1:
         raise errors.ConcurrentUpdate(f"task {task_id} vanished while its result event was written")
     # Shared lock on the namespace row: serialises with create_subscription's exclusive lock. Then a
     # locking read of the subscriptions, so it sees the newest committed ones whatever the isolation
     # level: on MySQL/MariaDB and SQLite both in one statement (the subscriptions outer-joined), in the
     # same lock order; PostgreSQL cannot lock the nullable side of an outer join, so two statements there.
-    if conn.dialect.name == "postgresql":
-        namespace_id, queue_name, retry_of = conn.execute(_LOCK_TASK_NAMESPACE, {"task_id": task_id}).one()
+    if read is not None and read.ids is not None:  # read with the task's lock (locked_subscribers)
+        namespace_id, retry_of = read.namespace_id, read.retry_of
+        matching: Sequence[int] = read.ids
+    elif read is not None:  # PostgreSQL: the locks were taken with the task's; the subscriptions now
+        namespace_id, queue_name, retry_of = read.namespace_id, read.queue_name, read.retry_of
         subscribed: Sequence[Any] = conn.execute(
             _LOCK_SUBSCRIPTIONS, {"namespace_id": namespace_id, "now": now}
         ).all()
+    elif conn.dialect.name == "postgresql":
+        namespace_id, queue_name, retry_of = conn.execute(_LOCK_TASK_NAMESPACE, {"task_id": task_id}).one()
+        subscribed = conn.execute(_LOCK_SUBSCRIPTIONS, {"namespace_id": namespace_id, "now": now}).all()
     else:
         rows = conn.execute(_LOCK_TASK_NAMESPACE_SUBSCRIPTIONS, {"task_id": task_id, "now": now}).all()
         if not rows:
             raise errors.ConcurrentUpdate(f"task {task_id} vanished while its result event was written")
         namespace_id, queue_name, retry_of = rows[0].ns_id, rows[0].queue_name, rows[0].retry_of
         subscribed = [row for row in rows if row.id is not None]
+    if read is None or read.ids is None:
+        matching = [row.id for row in subscribed if row.queues is None or queue_name in row.queues]
     if retry_of is not None:  # a manual retry: the event carries the key of the chain's first task
         conn.execute(
             result_events.update()
             .where(result_events.c.id == event_id)
             .values(idempotency_key=chain_key(conn, namespace_id, retry_of))
         )
-    matching = [row.id for row in subscribed if row.queues is None or queue_name in row.queues]
     if matching:
         conn.execute(
             event_deliveries.insert(),
@@ -126,6 +204,20 @@ def record_result_event(conn: Connection, task_id: str, now: datetime) -> str:
             ],
         )
     return event_id
+
+
+#: :func:`record_result_event`'s copy of the task row: ``:event_id``, ``:task_id``, ``:occurred_at``.
+_COPY_EVENT = result_events.insert().from_select(
+    [
+        "id", "task_id", "namespace_id", "queue_id", "handler", "status", "result", "error",
+        "state_version", "occurred_at", "retry_of",
+    ],
+    sa.select(
+        sa.bindparam("event_id", type_=Key(36)), tasks.c.id, tasks.c.namespace_id, tasks.c.queue_id,
+        tasks.c.handler, tasks.c.status, tasks.c.result, tasks.c.error, tasks.c.state_version,
+        sa.bindparam("occurred_at", type_=Timestamp), tasks.c.retry_of,
+    ).where(tasks.c.id == sa.bindparam("task_id", type_=Key(36))),
+)  # fmt: skip
 
 
 def record_result_events(

@@ -177,28 +177,35 @@ _UPDATE_BOTH_POSTGRES: dict[tuple[tuple[str, ...], tuple[str, ...]], sa.TextClau
 
 
 def _update_both_postgres(task_columns: tuple[str, ...], attempt_columns: tuple[str, ...]) -> sa.TextClause:
-    """PostgreSQL: :func:`_update_both_statement`'s update in one statement (same parameters): the live
-    attempt's conditional ``UPDATE`` in a data-modifying ``WITH``, the task's conditional ``UPDATE`` only
-    when it changed a row. One row counted means both changed; none, that the task or the attempt had moved
-    on (the attempt may then be changed alone: the caller's ``ConcurrentUpdate`` rolls back its transaction
-    or savepoint, as for the two statements this replaces). Built once per set of columns."""
+    """PostgreSQL: :func:`_update_both_statement`'s update in one statement (same parameters), with the
+    transition's ``task_events`` row: the live attempt's conditional ``UPDATE`` in a data-modifying ``WITH``,
+    the task's conditional ``UPDATE`` only when it changed a row, and the event (``:e_<column>``) inserted
+    only for a task row changed. It answers how many task rows changed: one means all three were written;
+    none, that the task or the attempt had moved on (the attempt may then be changed alone: the caller's
+    ``ConcurrentUpdate`` rolls back its transaction or savepoint, as for the statements this replaces).
+    Built once per set of columns."""
     key = (task_columns, attempt_columns)
     statement = _UPDATE_BOTH_POSTGRES.get(key)
     if statement is None:
         attempt_sets = ", ".join(f"{c} = :a_set_{c}" for c in attempt_columns)
         task_sets = ", ".join(f"{c} = :{c}" for c in task_columns)
+        event_columns = [c.name for c in task_events.c if c.name not in ("id", "task_id")]
         statement = _UPDATE_BOTH_POSTGRES[key] = sa.text(
             f"WITH live AS (UPDATE task_attempts SET {attempt_sets}"
             " WHERE task_attempts.id = :a_id AND task_attempts.task_id = :b_id"
             " AND task_attempts.lease_token_hash = :a_hash AND task_attempts.status = :a_status"
-            " AND task_attempts.lease_expires_at > :a_now RETURNING task_attempts.id)"
-            f" UPDATE tasks SET {task_sets}"
+            " AND task_attempts.lease_expires_at > :a_now RETURNING task_attempts.id),"
+            f" changed AS (UPDATE tasks SET {task_sets}"
             " WHERE tasks.id = :b_id AND tasks.status = :b_status AND tasks.state_version = :b_version"
-            " AND EXISTS (SELECT FROM live)"
+            " AND EXISTS (SELECT FROM live) RETURNING tasks.id),"
+            f" logged AS (INSERT INTO task_events (task_id, {', '.join(event_columns)})"
+            f" SELECT changed.id, {', '.join(f':e_{c}' for c in event_columns)} FROM changed)"
+            " SELECT count(*) FROM changed"
         ).bindparams(
             *(sa.bindparam(c, type_=tasks.c[c].type) for c in task_columns),
             *(sa.bindparam(f"a_set_{c}", type_=task_attempts.c[c].type) for c in attempt_columns),
             sa.bindparam("a_now", type_=task_attempts.c.lease_expires_at.type),
+            *(sa.bindparam(f"e_{c}", type_=task_events.c[c].type) for c in event_columns),
         )
     return statement
 
@@ -279,10 +286,11 @@ def apply_transition(
             {
                 **fence, **changes, **{f"a_set_{k}": v for k, v in attempt_values.items()},
                 "a_id": row["id"], "a_hash": row["lease_token_hash"], "a_status": row["status"], "a_now": now,
+                **(_event_values(version, event, current, to, now, actor, reason, data) if postgres else {}),
             },
         )  # fmt: skip
-        both = 1 if postgres else 2  # the MySQL dialects count both rows found; PostgreSQL the task's row
-        if result.rowcount != both:
+        # the MySQL dialects count both rows found; PostgreSQL answers the task rows changed (its event too)
+        if (result.scalar_one() != 1) if postgres else (result.rowcount != 2):
             raise errors.ConcurrentUpdate(
                 f"task {task['id']} or its attempt {row['id']} changed while they were being updated"
             )
@@ -292,12 +300,26 @@ def apply_transition(
         result = conn.execute(_UPDATE_TASK, {**fence, **changes})
         if result.rowcount != 1:
             raise errors.ConcurrentUpdate(f"task {task['id']} changed while it was being updated")
-    _append_event(conn, task["id"], version, event, current, to, now, actor=actor, reason=reason, data=data)
+    if not (attempt is not None and conn.dialect.name == "postgresql"):  # there: written with the update
+        _append_event(
+            conn, task["id"], version, event, current, to, now, actor=actor, reason=reason, data=data
+        )
     if to in result_events.RESULT_STATUSES:
-        event_id = result_events.record_result_event(conn, task["id"], now)
+        event_id = result_events.record_result_event(conn, task["id"], now, read=task.get("subscribers"))
         if task.get("flow_instance_id") is not None:  # a flow step: its internal event, same transaction
             flow_hooks.record_events(conn, [({**task, **changes}, event_id)], now)
     return {**task, **changes}
+
+
+def _event_values(
+    version: int, event: str, current: TaskStatus, to: TaskStatus, now: datetime, actor: str | None,
+    reason: str | None, data: Any,
+) -> dict[str, Any]:  # fmt: skip
+    """The ``:e_<column>`` parameters of :func:`_update_both_postgres`'s event row."""
+    return {
+        "e_state_version": version, "e_event": event, "e_from_status": current.value, "e_to_status": to.value,
+        "e_actor": actor, "e_reason": reason, "e_data": data, "e_created_at": now,
+    }  # fmt: skip
 
 
 def _append_event(
@@ -562,20 +584,26 @@ _ATTEMPT_COLUMNS = (
     task_attempts.c.leased_at,
     task_attempts.c.started_at,
 )
-#: :func:`_locked_attempt`'s statement, built once per dialect.
-_LOCKED_ATTEMPT: dict[str, sa.Executable] = {}
+#: :func:`_locked_attempt`'s statements, built once per dialect and kind.
+_LOCKED_ATTEMPT: dict[tuple[str, bool], sa.Executable] = {}
 
 
-def _locked_attempt_statement(conn: Connection) -> sa.Executable:
+def _locked_attempt_statement(conn: Connection, *, ending: bool = False) -> sa.Executable:
     """``SELECT <task>, <clock>, <attempt columns as scalar subqueries> FROM tasks WHERE id = <the
     attempt's task> AND namespace_id = :namespace_id FOR UPDATE``, with ``:attempt_id``.
 
     The attempt's columns come from subqueries, so the locking clause locks the task row alone
     (MySQL/MariaDB and PostgreSQL lock no rows read by a nested subquery): the lock order stays
     task first.
+
+    ``ending`` (a call that may end the attempt with a result event: complete, fail), on MySQL/MariaDB and
+    PostgreSQL: also the task's ``retry_of`` and :func:`~orbit_server.tasks.result_events.locked_subscribers`,
+    which takes the result event's shared locks (namespace and queue; on MySQL/MariaDB then the
+    subscriptions) in this statement rather than later in the transaction: a statement less for the event.
     """
     name = conn.dialect.name
-    statement = _LOCKED_ATTEMPT.get(name)
+    ending = ending and name in ("mysql", "postgresql")
+    statement = _LOCKED_ATTEMPT.get((name, ending))
     if statement is None:
         attempt_id = sa.bindparam("attempt_id", type_=task_attempts.c.id.type)
 
@@ -587,13 +615,16 @@ def _locked_attempt_statement(conn: Connection) -> sa.Executable:
                 .label(f"attempt_{column.name}")
             )
 
+        clock = _clock(conn)
+        extra = (tasks.c.retry_of, result_events.locked_subscribers(clock, name)) if ending else ()
         task_of_attempt = sa.select(task_attempts.c.task_id).where(task_attempts.c.id == attempt_id)
-        statement = _LOCKED_ATTEMPT[name] = (
+        statement = _LOCKED_ATTEMPT[(name, ending)] = (
             sa.select(
                 *_TASK_COLUMNS,
-                _clock(conn).label("db_now"),
+                clock.label("db_now"),
                 gate_paused(),
                 *(of(c) for c in _ATTEMPT_COLUMNS),
+                *extra,
             )
             .where(
                 tasks.c.id == task_of_attempt.scalar_subquery(),
@@ -615,9 +646,14 @@ def gate_paused() -> sa.Label[Any]:
 
 
 def _locked_attempt(
-    conn: Connection, namespace_id: int, attempt_id: str
+    conn: Connection, namespace_id: int, attempt_id: str, *, ending: bool = False
 ) -> tuple[dict[str, Any], dict[str, Any], datetime]:
     """Lock the attempt's task, and read it, the attempt and the database clock in one statement.
+
+    ``ending``: the call may end the attempt with a result event (complete, fail); on MySQL/MariaDB and
+    PostgreSQL the same statement then takes the result event's shared locks (MySQL/MariaDB: and reads its
+    subscriptions)
+    (:func:`_locked_attempt_statement`), kept on the task as ``subscribers`` for :func:`apply_transition`.
 
     Returns ``(task, attempt, now)``. The task row is read under its lock; the attempt row is
     read by a subquery of the same statement, without a lock (lock order: task first), so it
@@ -633,7 +669,8 @@ def _locked_attempt(
         raise errors.AttemptNotFound(f"no attempt {attempt_id!r} in this namespace")
     row = (
         conn.execute(
-            _locked_attempt_statement(conn), {"attempt_id": attempt_id, "namespace_id": namespace_id}
+            _locked_attempt_statement(conn, ending=ending),
+            {"attempt_id": attempt_id, "namespace_id": namespace_id},
         )
         .mappings()
         .first()
@@ -642,6 +679,9 @@ def _locked_attempt(
         raise errors.AttemptNotFound(f"no attempt {attempt_id!r} in this namespace")
     task = {column.name: row[column.name] for column in _TASK_COLUMNS}
     task["gate_paused"] = bool(row["gate_paused"])
+    if "subscribers" in row:
+        task["retry_of"] = row["retry_of"]
+        task["subscribers"] = result_events.subscribers(task, row["subscribers"], conn.dialect.name)
     attempt = {column.name: row[f"attempt_{column.name}"] for column in _ATTEMPT_COLUMNS}
     return task, attempt, _naive(row["db_now"])
 

@@ -98,7 +98,10 @@ def _claim_statements(seeded: Seeded, queue: str) -> tuple[list[tuple[str, Any]]
     captured: list[tuple[str, Any]] = []
 
     def capture(conn: Any, cursor: Any, statement: str, parameters: Any, context: Any, many: bool) -> None:
-        if statement.lstrip().startswith("SELECT") and "ORDER BY tasks.priority DESC" in statement:
+        if (
+            statement.lstrip().startswith(("SELECT", "(SELECT"))
+            and "ORDER BY tasks.priority DESC" in statement
+        ):
             captured.append((statement, parameters))
 
     sa.event.listen(seeded.engine, "before_cursor_execute", capture)
@@ -121,7 +124,10 @@ def test_the_claim_reads_the_index_in_lease_order_without_a_sort(seeded: Seeded,
     the queue's waiting tasks, never by the finished ones)."""
     statements, order = _claim_statements(seeded, queue)
     assert len(order) == LEASE and order == sorted(order, key=lambda g: (-g[0], g[1]))
-    assert len(statements) == (2 if queue == "crowded" else 1), [s for s, _ in statements]
+    # on MariaDB a limited queue's lease also runs the plain claim's read (with the queue's lookup, in one
+    # statement), which the gate's subquery keeps from reading any task
+    merged = queue != "plain" and seeded.engine.dialect.name == "mysql"
+    assert len(statements) == (2 if queue == "crowded" else 1) + merged, [s for s, _ in statements]
     for statement, parameters in statements:
         # plain: ~LEASE entries; limited: 4 x LEASE entries, each with its key's permit count looked up
         most = {"plain": 100, "limited": 400, "crowded": WAITING}[queue]
@@ -147,7 +153,11 @@ def _assert_indexed(engine: Engine, statement: str, parameters: Any, *, most_rea
             assert not [n for n in nodes if n["Node Type"] in ("Sort", "Incremental Sort")], nodes
             return
         plan = [dict(row) for row in conn.exec_driver_sql(f"EXPLAIN {statement}", parameters).mappings()]
-        [claim] = [row for row in plan if row["table"] == "tasks"]
+        # the claim's own read (on MariaDB, the first part of a UNION with the queue's row, whose subqueries
+        # read tasks through other indexes to tell whether a sweep is due)
+        [claim] = [
+            row for row in plan if row["table"] == "tasks" and row["select_type"] in ("SIMPLE", "PRIMARY")
+        ]
         assert claim["key"] == "ix_tasks_claim_order", plan
         assert claim["type"] not in ("ALL", "index"), plan  # not a scan of the table or of a whole index
         assert "filesort" not in (claim["Extra"] or "") and "temporary" not in (claim["Extra"] or ""), plan

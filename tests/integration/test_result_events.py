@@ -24,7 +24,7 @@ from orbit_server.db.engine import db_now
 from orbit_server.db.schema import event_deliveries, result_events, subscriptions, task_events, tasks
 from orbit_server.db.transact import transact
 from orbit_server.results import deliveries as results
-from orbit_server.tasks import operations, transitions
+from orbit_server.tasks import attempts, operations, transitions
 from orbit_server.tasks.result_events import RESULT_STATUSES
 from tests.conftest import DatabaseFactory
 from tests.integration.conftest import BACKENDS
@@ -333,6 +333,84 @@ def test_a_transition_during_a_subscription_creation_waits_for_it_and_delivers_t
     assert seen["now"] >= subscription.created_at.replace(tzinfo=None)
     (delivery,) = lease(api, "in-flight")
     assert delivery["event"]["task_id"] == task_id
+
+
+def _waiting_for(probe: sa.Engine, holder: int) -> int:
+    """How many transactions wait for a lock that the session ``holder`` (its connection id on MariaDB, its
+    backend pid on PostgreSQL) holds, seen through ``probe``: an engine of its own, so that probing takes
+    no connection from the server's pool."""
+    with probe.connect() as conn:
+        if probe.dialect.name == "postgresql":
+            query = "SELECT count(*) FROM pg_stat_activity WHERE %(holder)s = ANY(pg_blocking_pids(pid))"
+        else:
+            query = (
+                "SELECT count(*) FROM information_schema.INNODB_LOCK_WAITS w JOIN information_schema.INNODB_TRX t"
+                " ON t.trx_id = w.blocking_trx_id WHERE t.trx_mysql_thread_id = %(holder)s"
+            )
+        return int(conn.exec_driver_sql(query, {"holder": holder}).scalar_one())
+
+
+def _until(condition: Any, what: str, timeout: float = 30) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, what
+        time.sleep(0.01)
+
+
+@pytest.mark.parametrize("first", ["subscription", "complete"])
+def test_a_complete_and_a_subscription_creation_in_either_order(api: Api, first: str) -> None:
+    """A worker's ``complete`` takes the result event's shared locks in its first statement (MariaDB): a
+    subscription being created (uncommitted) makes it wait, and then the event is delivered to it; a
+    complete holding them makes the creation wait, and the subscription is then newer than the event."""
+    engine = api.server.engine
+    if engine.dialect.name == "sqlite":
+        pytest.skip("SQLite has one writer: the second transaction waits to begin")
+
+    with engine.connect() as conn:
+        ns_id = int(conn.scalar(sa.text("SELECT id FROM namespaces WHERE name = :n"), {"n": api.ns}))
+    grant = api.running(api.queue())
+    attempt_id, token = grant["attempt"]["id"], grant["attempt"]["lease_token"]
+    probe = sa.create_engine(engine.url, poolclass=sa.NullPool)
+    with engine.connect() as conn:
+        trans = conn.begin()
+        postgres = engine.dialect.name == "postgresql"
+        holder = int(
+            conn.exec_driver_sql(
+                "SELECT pg_backend_pid()" if postgres else "SELECT CONNECTION_ID()"
+            ).scalar_one()
+        )
+        if first == "subscription":
+            subscription, created = results.create_subscription(conn, ns_id, api.ns, "in-flight", None)
+            other = threading.Thread(
+                target=transact, args=(engine, attempts.complete_attempt, ns_id, attempt_id, token, 1)
+            )
+        else:
+            attempts.complete_attempt(conn, ns_id, attempt_id, token, 1)
+            made: list[Any] = []
+            other = threading.Thread(
+                target=lambda: made.append(
+                    transact(engine, results.create_subscription, ns_id, api.ns, "in-flight", None)
+                )
+            )
+        other.start()
+        _until(lambda: _waiting_for(probe, holder) > 0, f"the {first} did not make the other wait")
+        assert other.is_alive()
+        trans.commit()
+    other.join(timeout=30)
+    probe.dispose()
+    assert api.task(grant["task"]["id"])["status"] == "SUCCEEDED"
+    with engine.connect() as conn:
+        occurred_at = conn.execute(
+            sa.select(result_events.c.occurred_at).where(result_events.c.task_id == grant["task"]["id"])
+        ).scalar_one()
+    if first == "subscription":
+        assert occurred_at >= subscription.created_at.replace(tzinfo=None)
+        (delivery,) = lease(api, "in-flight")
+        assert delivery["event"]["task_id"] == grant["task"]["id"]
+    else:
+        ((subscription, created),) = made
+        assert created and subscription.created_at.replace(tzinfo=None) > occurred_at
+        assert lease(api, "in-flight") == []
 
 
 # -------------------------------------------------------------- deliveries
