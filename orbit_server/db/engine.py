@@ -28,6 +28,7 @@ from orbit_server.db.cluster import reset_on_return
 
 __all__ = [
     "BIGINT_MAX",
+    "INTEGER_MAX",
     "as_db_time",
     "by_primary_key",
     "check_supported",
@@ -48,6 +49,9 @@ __all__ = [
 #: The largest id or integer a column holds (signed 64-bit) on every database; SQLite's driver cannot
 #: even send a larger one (OverflowError), so an id above it is answered "not found" before a query.
 BIGINT_MAX = 2**63 - 1
+#: The largest value of an ``INTEGER`` column (signed 32-bit; a flow version): PostgreSQL refuses a larger
+#: parameter for it (``integer out of range``), so such a value is answered "not found" before a query.
+INTEGER_MAX = 2**31 - 1
 
 #: MySQL/MariaDB error numbers meaning "another transaction got in the way; try again": lock wait
 #: timeout, deadlock (on a Galera cluster also a certification conflict at COMMIT, or a brute-force

@@ -38,7 +38,7 @@ from orbit_client import (
     canonical_graph_digest,
 )
 from orbit_server import _ids, errors
-from orbit_server.db.engine import BIGINT_MAX, as_db_time, db_now, db_now_expression, to_utc
+from orbit_server.db.engine import BIGINT_MAX, INTEGER_MAX, as_db_time, db_now, db_now_expression, to_utc
 from orbit_server.db.schema import (
     flow_definitions,
     flow_events,
@@ -195,6 +195,8 @@ def get_version(conn: Connection, principal: Principal, name: str, version: int)
     definition = _definition(conn, principal.namespace_id, name)
     if definition is None:
         raise _flow_missing(principal, name)
+    if version > INTEGER_MAX:  # no such version (PostgreSQL refuses the parameter: out of range)
+        raise errors.FlowVersionNotFound(f"flow {name!r} has no version {version}")
     row = conn.execute(
         sa.select(flow_versions).where(
             flow_versions.c.definition_id == definition["id"], flow_versions.c.version == version
@@ -309,7 +311,7 @@ def start(
         errors.FlowNotFound, errors.FlowVersionNotFound: 404.
         sqlalchemy.exc.IntegrityError: a concurrent start with the same key committed first.
     """
-    if body.version is not None and body.version > BIGINT_MAX:  # SQLite cannot even send it (OverflowError)
+    if body.version is not None and body.version > INTEGER_MAX:  # no such version (PostgreSQL: out of range)
         raise errors.FlowVersionNotFound(f"flow {name!r} has no version {body.version}")
     digest = start_digest(name, body)
     found = conn.execute(_start_lookup(conn), {"ns": principal.namespace_id, "key": key, "name": name,

@@ -129,6 +129,12 @@ def test_start_is_idempotent_per_key(api: FlowApi, server: RunningServer) -> Non
     assert r.status_code == 404 and r.json()["code"] == "flow_not_found"
     r = api.post("submit", f"/flows/{flow}/instances", {"version": 9}, **{"Idempotency-Key": "k2"})
     assert r.status_code == 404 and r.json()["code"] == "flow_version_not_found"
+    # Regression: a version past a 32-bit INTEGER answered 500 on PostgreSQL ("integer out of range"; found
+    # by the OpenAPI fuzz), on a start and on a read of the version.
+    for version in (2**31, 2**63 - 1):
+        r = api.post("submit", f"/flows/{flow}/instances", {"version": version}, **{"Idempotency-Key": "k3"})
+        assert r.status_code == 404 and r.json()["code"] == "flow_version_not_found", r.text
+        assert api.get(f"/flows/{flow}/versions/{version}").json()["code"] == "flow_version_not_found"
     # One task for the start, with the submission key derived from instance, node, token and activation.
     with server.engine.connect() as conn:
         keys = conn.execute(
