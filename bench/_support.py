@@ -207,6 +207,28 @@ def orbit_server_processes(
 
 
 @contextmanager
+def migrated_mariadb(prefix: str) -> Iterator[str]:
+    """A new database on the MariaDB at ``ORBIT_TEST_MYSQL_URL`` (``<prefix>_<8 hex>``), migrated by
+    ``orbit-server migrate``; yields its URL and drops it on exit."""
+    import uuid
+
+    import sqlalchemy as sa
+
+    name = f"{prefix}_{uuid.uuid4().hex[:8]}"
+    admin = sa.create_engine(MYSQL_SERVER, isolation_level="AUTOCOMMIT")
+    with admin.connect() as conn:
+        conn.exec_driver_sql(f"CREATE DATABASE `{name}` CHARACTER SET utf8mb4")
+    try:
+        url = sa.make_url(MYSQL_SERVER).set(database=name).render_as_string(hide_password=False)
+        cli("migrate", url=url)
+        yield url
+    finally:
+        with admin.connect() as conn:
+            conn.exec_driver_sql(f"DROP DATABASE IF EXISTS `{name}`")
+        admin.dispose()
+
+
+@contextmanager
 def orbit_servers(url: str, count: int = 1) -> Iterator[list[str]]:
     """Start ``count`` ``orbit-server serve`` processes on ``url``; yield their base URLs."""
     with orbit_server_processes(url, count) as servers:

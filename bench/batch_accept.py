@@ -33,7 +33,7 @@ import httpx
 import sqlalchemy as sa
 import uvicorn
 
-from bench._support import MYSQL_SERVER, cli, orbit_servers
+from bench._support import cli, migrated_mariadb, orbit_servers
 from orbit_server import ServerSettings, create_app
 from orbit_server.db.engine import create_engine
 
@@ -46,18 +46,8 @@ def database(kind: str) -> Iterator[str]:
         cli("migrate", url=url)
         yield url
         return
-    name = f"orbit_bench_{uuid.uuid4().hex[:8]}"
-    admin = sa.create_engine(MYSQL_SERVER, isolation_level="AUTOCOMMIT")
-    with admin.connect() as conn:
-        conn.execute(sa.text(f"CREATE DATABASE `{name}` CHARACTER SET utf8mb4"))
-    try:
-        url = sa.make_url(MYSQL_SERVER).set(database=name).render_as_string(hide_password=False)
-        cli("migrate", url=url)
+    with migrated_mariadb("orbit_bench") as url:
         yield url
-    finally:
-        with admin.connect() as conn:
-            conn.execute(sa.text(f"DROP DATABASE IF EXISTS `{name}`"))
-        admin.dispose()
 
 
 def _item(run: str, n: int) -> dict[str, Any]:

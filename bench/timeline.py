@@ -46,9 +46,8 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-import sqlalchemy as sa
 
-from bench._support import MYSQL_SERVER, cli, orbit_server_processes, run_provenance
+from bench._support import cli, migrated_mariadb, orbit_server_processes, run_provenance
 from orbit_client import AsyncOrbitClient, AsyncWorker, OrbitClient, TaskContext, Worker
 
 NAMESPACE = "bench"
@@ -433,18 +432,8 @@ def database(kind: str, tmp: Path) -> Iterator[str]:
         yield url
         return
     if kind == "mariadb":
-        name = f"orbit_timeline_{uuid.uuid4().hex[:8]}"
-        admin = sa.create_engine(MYSQL_SERVER, isolation_level="AUTOCOMMIT")
-        with admin.connect() as conn:
-            conn.exec_driver_sql(f"CREATE DATABASE `{name}` CHARACTER SET utf8mb4")
-        try:
-            url = sa.make_url(MYSQL_SERVER).set(database=name).render_as_string(hide_password=False)
-            cli("migrate", url=url)
+        with migrated_mariadb("orbit_timeline") as url:
             yield url
-        finally:
-            with admin.connect() as conn:
-                conn.exec_driver_sql(f"DROP DATABASE IF EXISTS `{name}`")
-            admin.dispose()
         return
     from bench._compare import postgres_databases
 
