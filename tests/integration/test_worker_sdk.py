@@ -228,13 +228,15 @@ def test_heartbeats_keep_a_long_handler_alive(env: Env) -> None:
     queue = env.queue()
 
     def slow(ctx: TaskContext) -> Any:
-        ctx.wait_for_stop(2.5)  # longer than two leases
+        ctx.wait_for_stop(4.5)  # longer than two leases
         return {"lease_lost": ctx.lease_lost}
 
     task_id = env.submit(queue, "slow")
+    # A 2 s lease (a heartbeat every 0.67 s): with 1 s, heartbeats 0.33 s apart once missed the lease on
+    # PostgreSQL at a load of 5-6 on two cores (CI), and the task went to review.
     with (
         env.client() as client,
-        running(Worker(client, env.ns, queue, {"slow": slow}, lease_seconds=1, **FAST)),
+        running(Worker(client, env.ns, queue, {"slow": slow}, lease_seconds=2, **FAST)),
     ):
         task = env.wait(task_id, "SUCCEEDED")
     assert task.result == {"lease_lost": False} and task.attempt_count == 1
