@@ -41,7 +41,8 @@ Sections (``--only`` takes their names):
 - ``workers`` (needs ``orbit``; beside the peer when ``peer`` runs too): a concurrency sweep
   (``--sweep``, default 1, 4, 16, 64) of both workers with each side's CPU per task (Orbit: server +
   worker, and with MariaDB; the peer: worker + PostgreSQL, its backends sampled while they live),
-  Orbit's HTTP requests and round trips per task, two Orbit worker processes against one; and each
+  Orbit's HTTP requests and round trips per task, two Orbit worker processes against one, two server
+  processes (``--workers 2``) against one at concurrency 16; and each
   side at its best (``best``): 1, 2 and 4 worker processes at ``--concurrency``, the peer's pool at
   the size its docs recommend (:mod:`bench.compare_workers`).
 - ``claim``: the relay's claim with 1,000 vs 1,000,000 terminal (``DELIVERED``) rows in the
@@ -471,7 +472,7 @@ def run_orbit(
                               rounds=worker_rounds_, peer=peer)  # fmt: skip
                 if sweep:  # the workers section (bench.compare_workers)
                     run_workers(report, server_db, base, keys, n, concurrency, server_pid=server.proc.pid,
-                                peer=peer, sweep=sweep)  # fmt: skip
+                                peer=peer, sweep=sweep, serve_url=serve_url, serve_args=serve_args)  # fmt: skip
                 end_to_end(report, business, urls["business"], server_db, base, keys, n, concurrency)
                 end_to_end(report, business, urls["business"], server_db, base, keys, n, concurrency,
                            retry_safe=True)  # fmt: skip
@@ -616,6 +617,7 @@ def judge(report: Report) -> None:
     r.target("orbit HTTP requests per task, concurrency 4", "≤ 0.3", lambda f: (f.value or 99) <= 0.3)
     r.target("orbit DB round trips per task, concurrency 4", "≤ 3", lambda f: (f.value or 99) <= 3)
     r.target("orbit: 2 worker processes / 1", "≥ 1.7×", lambda f: (f.value or 0) >= 1.7)
+    r.target("orbit: 2 server processes / 1", "≥ 1.6×", lambda f: (f.value or 0) >= 1.6)
     r.target("enqueue cost with ordering key (time / without)", "≤ 1.6×", lambda f: (f.value or 99) <= 1.6)
     r.target("orbit: end to end", "≥ 1.5× peer", lambda f: None if f.ratio is None else f.ratio >= 1.5)
     r.target(

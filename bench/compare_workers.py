@@ -14,8 +14,11 @@ with one Orbit worker process and ``--n`` no-op jobs with one procrastinate work
 - for Orbit, HTTP requests and database round trips (MariaDB's global counters; not counted on
   PostgreSQL) per task.
 
-Then two Orbit worker processes against one, at the base concurrency. The 1-minute load average
-before and after each step is printed beside it, because these machines are shared.
+Then two Orbit worker processes against one, at the base concurrency; and two server processes
+(``orbit-server serve --workers 2``, a second server on the same database) against the run's one, each
+drained by one worker process at concurrency 16 (:data:`SERVERS_AT`), the one-process drain first and
+last and their mean taken, so that a load that moves during the run weighs on both sides. The 1-minute
+load average before and after each step is printed beside it, because these machines are shared.
 """
 
 from __future__ import annotations
@@ -27,11 +30,13 @@ from typing import Any
 import sqlalchemy as sa
 
 from bench._compare import _orbit_worker_drain, database_cpu, peer_defer, peer_worker_drain
-from bench._support import cli
+from bench._support import cli, orbit_server_processes
 
-__all__ = ["SWEEP", "run_workers"]
+__all__ = ["SERVERS_AT", "SWEEP", "run_workers"]
 
 SWEEP = (1, 4, 16, 64)
+#: The worker concurrency at which two server processes are set against one (issue 28: ≥ 1.6×).
+SERVERS_AT = 16
 
 
 def _peer_drain(
@@ -88,11 +93,41 @@ def at_best(
     report.add("best", "orbit at its best / peer at its best", best["orbit"] / best["peer"], "×")
 
 
+def server_processes(
+    report: Any, server: sa.Engine, base: str, keys: dict[str, str], n: int, *,
+    server_pid: int, serve_url: str, serve_args: list[str],
+) -> None:  # fmt: skip
+    """Two server processes against one (module docstring): ``serve_url`` and ``serve_args`` are those of the
+    run's server (``serve_args`` without its own ``--workers``)."""
+    url = server.url.render_as_string(hide_password=False)
+    for queue in ("servers-1a", "servers-2", "servers-1b"):
+        cli("queue", "create", "bench", queue, url=url)
+    args = list(serve_args)
+    if "--workers" in args:
+        del args[args.index("--workers") : args.index("--workers") + 2]
+    load = os.getloadavg()[0]
+    first = _orbit_worker_drain(server, base, keys, n, SERVERS_AT, "servers-1a", server_pid)
+    with orbit_server_processes(serve_url, serve_args=[*args, "--workers", "2"]) as (two_server,):
+        two = _orbit_worker_drain(
+            server, two_server.base, keys, n, SERVERS_AT, "servers-2", two_server.proc.pid
+        )
+    last = _orbit_worker_drain(server, base, keys, n, SERVERS_AT, "servers-1b", server_pid)
+    one = (first.rate + last.rate) / 2
+    note = f"1 worker process, concurrency {SERVERS_AT}; load {load:.1f} → {os.getloadavg()[0]:.1f}"
+    report.add("workers", f"orbit: 1 server process, concurrency {SERVERS_AT}", one, "tasks/s",
+               f"{note}; mean of the drains before and after: {first.rate:.0f}, {last.rate:.0f}")  # fmt: skip
+    report.add("workers", f"orbit: 2 server processes, concurrency {SERVERS_AT}", two.rate, "tasks/s",
+               f"{note}; server CPU per task {two.server_ms:.2f} ms (vs {first.server_ms:.2f}, {last.server_ms:.2f})")  # fmt: skip
+    report.add("workers", "orbit: 2 server processes / 1", two.rate / one, "×", f"{os.cpu_count()} cores")
+
+
 def run_workers(
     report: Any, server: sa.Engine, base: str, keys: dict[str, str], n: int, concurrency: int, *,
     server_pid: int, peer: str | None, sweep: tuple[int, ...] = SWEEP,
+    serve_url: str | None = None, serve_args: list[str] | None = None,
 ) -> None:  # fmt: skip
-    """The section (module docstring); ``report`` is ``bench.compare``'s :class:`Report`."""
+    """The section (module docstring); ``report`` is ``bench.compare``'s :class:`Report`. Without
+    ``serve_url`` (the run's server's database URL, as served) two server processes are not measured."""
     url = server.url.render_as_string(hide_password=False)
     # A queue per drain: the sweep's, and the two of "two processes against one" (whatever the sweep holds).
     for queue in [f"sweep-{level}" for level in sweep] + ["processes-1", "processes-2"]:
@@ -143,6 +178,9 @@ def run_workers(
     report.add("workers", f"orbit: 2 worker processes, concurrency {concurrency} each", two.rate, "tasks/s",
                f"load {os.getloadavg()[0]:.1f}")  # fmt: skip
     report.add("workers", "orbit: 2 worker processes / 1", two.rate / one, "×")
+    if serve_url is not None:
+        server_processes(report, server, base, keys, n, server_pid=server_pid, serve_url=serve_url,
+                         serve_args=serve_args or [])  # fmt: skip
     if peer is not None:
         at_best(report, server, base, keys, n, concurrency, server_pid=server_pid, peer=peer)
     report.meta["workers_sweep_done_at"] = time.time()
