@@ -11,10 +11,12 @@ names ("enqueue cost (time with / without)", "enqueue cost with ordering key (ti
 and their median, with the load average. No results file: ``bench.compare`` writes the ones the docs quote.
 
 ``--ab-pythonpath DIR`` compares two versions of the code in one run (a paired measurement on a noisy
-machine): each round runs once with the packages in ``DIR`` first on the path (A, e.g. the base commit's
-``git archive BASE outbox_adapter orbit_client migrations/outbox | tar -x -C DIR``; the benchmark itself comes from this
-checkout) and once with this checkout alone (B), in alternating order, each in a process of its own;
-the report gives both sides' figures per round and the median of B / A.
+machine): side A imports the packages in ``DIR`` first (e.g. the base commit's
+``git archive BASE outbox_adapter orbit_client migrations/outbox | tar -x -C DIR``; the benchmark itself
+comes from this checkout), side B this checkout alone. Each side is a process of its own with a business
+database of its own, and the two run the same chunks in lockstep (A's chunk 1, B's chunk 1, B's chunk 2,
+A's chunk 2, ...), so both meet the same load; each side's figures are computed as ``bench.compare``'s,
+and B / A is the median over rounds of the ratio of B's figure to A's.
 """
 
 from __future__ import annotations
@@ -64,6 +66,14 @@ def _business_database(db: str) -> Iterator[sa.Engine]:
         admin.dispose()
 
 
+def _figures(n: int, seconds: list[float]) -> dict[str, float]:
+    from bench.compare import add_business_figures
+
+    report = Report()
+    add_business_figures(report, n, *seconds)
+    return {f.name: f.value for f in report.figures if f.value is not None}
+
+
 def one_round(n: int, db: str) -> dict[str, float]:
     """One :func:`bench.compare.business_transactions` on a new database: its figures by name."""
     from bench.compare import business_transactions
@@ -74,19 +84,65 @@ def one_round(n: int, db: str) -> dict[str, float]:
     return {f.name: f.value for f in report.figures if f.value is not None}
 
 
-def _child(n: int, db: str, first: str, here: str) -> dict[str, float]:
-    """One round in a process of its own, importing packages from ``first`` before this checkout."""
-    pythonpath = here if first == here else f"{first}{os.pathsep}{here}"
-    done = subprocess.run(
-        [sys.executable, "-m", "bench.enqueue_cost", "--n", str(n), "--db", db, "--child"],
-        env={**os.environ, "PYTHONPATH": pythonpath},
-        cwd=first,
-        check=True,
-        capture_output=True,
-        text=True,
-    )
-    figures: dict[str, float] = json.loads(done.stdout.strip().splitlines()[-1])
-    return figures
+def _serve(db: str) -> None:
+    """Side process: run the chunk ``start count`` read from each stdin line; answer its seconds."""
+    from bench.compare import Business
+
+    with _business_database(db) as engine:
+        business = Business.create(engine)
+        print("ready", flush=True)
+        for line in sys.stdin:
+            start, count = map(int, line.split())
+            print(json.dumps(business.chunk(start, count)), flush=True)
+
+
+class _Side:
+    def __init__(self, first: str, here: str, db: str) -> None:
+        pythonpath = here if first == here else f"{first}{os.pathsep}{here}"
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "bench.enqueue_cost", "--db", db, "--serve"],
+            env={**os.environ, "PYTHONPATH": pythonpath},
+            cwd=first,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        self._read()
+        self.seconds = [0.0, 0.0, 0.0]
+
+    def _read(self) -> str:
+        assert self.proc.stdout is not None
+        line = self.proc.stdout.readline()
+        if not line:
+            raise SystemExit(f"a side process ended early (exit code {self.proc.wait()})")
+        return line
+
+    def chunk(self, start: int, count: int) -> None:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(f"{start} {count}\n")
+        self.proc.stdin.flush()
+        for i, value in enumerate(json.loads(self._read())):
+            self.seconds[i] += value
+
+    def close(self) -> None:
+        assert self.proc.stdin is not None
+        self.proc.stdin.close()
+        self.proc.wait()
+
+
+def paired_round(n: int, db: str, a_dir: str, here: str) -> dict[str, dict[str, float]]:
+    """Sides A (``a_dir`` first on the path) and B (this checkout) in lockstep chunks: their figures."""
+    from bench.compare import BUSINESS_CHUNK
+
+    sides = {"A": _Side(a_dir, here, db), "B": _Side(here, here, db)}
+    try:
+        for index, start in enumerate(range(0, n, BUSINESS_CHUNK)):
+            for name in ("A", "B") if index % 2 == 0 else ("B", "A"):
+                sides[name].chunk(start, min(BUSINESS_CHUNK, n - start))
+    finally:
+        for side in sides.values():
+            side.close()
+    return {name: _figures(n, side.seconds) for name, side in sides.items()}
 
 
 def main() -> None:
@@ -102,37 +158,36 @@ def main() -> None:
         "--ab-pythonpath", metavar="DIR", help="side A's code (B: this checkout), paired rounds"
     )
     parser.add_argument("--json", action="store_true", help="print the rounds as JSON")
-    parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
-    if args.child:
-        print(json.dumps(one_round(args.n, args.db)))
+    if args.serve:
+        _serve(args.db)
         return
     here = str(Path(__file__).resolve().parent.parent)
     rounds: list[dict[str, Any]] = []
     for r in range(args.rounds):
         entry: dict[str, Any] = {"loadavg": os.getloadavg()}
         if args.ab_pythonpath:
-            order = ("A", "B") if r % 2 == 0 else ("B", "A")
-            for side in order:
-                entry[side] = _child(args.n, args.db, args.ab_pythonpath if side == "A" else here, here)
-            entry["order"] = "".join(order)
+            entry.update(paired_round(args.n, args.db, str(Path(args.ab_pythonpath).resolve()), here))
         else:
             entry["B"] = one_round(args.n, args.db)
         rounds.append(entry)
         print(_line(r, entry), file=sys.stderr)
-    summary = {
-        name: {
-            side: statistics.median(e[side][name] for e in rounds)
-            for side in ("A", "B")
-            if all(side in e for e in rounds)
-        }
+    sides = ("A", "B") if args.ab_pythonpath else ("B",)
+    summary: dict[str, dict[str, float]] = {
+        name: {side: statistics.median(e[side][name] for e in rounds) for side in sides}
         for name in (BASE, COST, KEYED_COST)
     }
     if args.ab_pythonpath:
         for name in (COST, KEYED_COST):
             summary[name]["B/A"] = statistics.median(e["B"][name] / e["A"][name] for e in rounds)
-    result = {"n": args.n, "db": args.db, "rounds": rounds, "median": summary,
-              "loadavg_at_end": os.getloadavg()}  # fmt: skip
+    result = {
+        "n": args.n,
+        "db": args.db,
+        "rounds": rounds,
+        "median": summary,
+        "loadavg_at_end": os.getloadavg(),
+    }
     if args.json:
         print(json.dumps(result, indent=2))
     else:
