@@ -16,7 +16,9 @@ machine): side A imports the packages in ``DIR`` first (e.g. the base commit's
 comes from this checkout), side B this checkout alone. Each side is a process of its own with a business
 database of its own, and the two run the same chunks in lockstep (A's chunk 1, B's chunk 1, B's chunk 2,
 A's chunk 2, ...), so both meet the same load; each side's figures are computed as ``bench.compare``'s,
-and B / A is the median over rounds of the ratio of B's figure to A's.
+and B / A is the median over rounds of the ratio of B's figure to A's. Paired runs also report each
+side's client CPU per ``enqueue`` (its process's CPU in transactions with ``enqueue`` minus without,
+per transaction, µs): the part of the price that is Python, without the commit's fsync noise.
 """
 
 from __future__ import annotations
@@ -42,6 +44,9 @@ from bench._support import MYSQL_SERVER
 COST = "enqueue cost (time with / without)"
 KEYED_COST = "enqueue cost with ordering key (time / without)"
 BASE = "business txn without enqueue (base)"
+#: Paired runs only: the client process's CPU per transaction, with minus without ``enqueue``.
+CPU = "client CPU per enqueue (µs)"
+KEYED_CPU = "client CPU per enqueue with ordering key (µs)"
 POSTGRES_SERVER = os.environ.get(
     "ORBIT_TEST_POSTGRES_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/postgres"
 )
@@ -93,7 +98,7 @@ def _serve(db: str) -> None:
         print("ready", flush=True)
         for line in sys.stdin:
             start, count = map(int, line.split())
-            print(json.dumps(business.chunk(start, count)), flush=True)
+            print(json.dumps([*business.chunk(start, count), *business.cpu]), flush=True)
 
 
 class _Side:
@@ -109,6 +114,7 @@ class _Side:
         )
         self._read()
         self.seconds = [0.0, 0.0, 0.0]
+        self.cpu = [0.0, 0.0, 0.0]
 
     def _read(self) -> str:
         assert self.proc.stdout is not None
@@ -121,8 +127,10 @@ class _Side:
         assert self.proc.stdin is not None
         self.proc.stdin.write(f"{start} {count}\n")
         self.proc.stdin.flush()
-        for i, value in enumerate(json.loads(self._read())):
+        answer = json.loads(self._read())
+        for i, value in enumerate(answer[:3]):
             self.seconds[i] += value
+        self.cpu = answer[3:]  # the process's totals so far
 
     def close(self) -> None:
         assert self.proc.stdin is not None
@@ -142,7 +150,13 @@ def paired_round(n: int, db: str, a_dir: str, here: str) -> dict[str, dict[str, 
     finally:
         for side in sides.values():
             side.close()
-    return {name: _figures(n, side.seconds) for name, side in sides.items()}
+    return {name: {**_figures(n, side.seconds), **_cpu_figures(n, side.cpu)} for name, side in sides.items()}
+
+
+def _cpu_figures(n: int, cpu: list[float]) -> dict[str, float]:
+    """This side's own CPU (the client's: the database's is not in it) per ``enqueue``, in µs: far less
+    noisy than the wall-clock figures, which the commit's fsync dominates."""
+    return {CPU: (cpu[1] - cpu[0]) / n * 1e6, KEYED_CPU: (cpu[2] - cpu[0]) / n * 1e6}
 
 
 def main() -> None:
@@ -176,10 +190,10 @@ def main() -> None:
     sides = ("A", "B") if args.ab_pythonpath else ("B",)
     summary: dict[str, dict[str, float]] = {
         name: {side: statistics.median(e[side][name] for e in rounds) for side in sides}
-        for name in (BASE, COST, KEYED_COST)
+        for name in (BASE, COST, KEYED_COST, *((CPU, KEYED_CPU) if args.ab_pythonpath else ()))
     }
     if args.ab_pythonpath:
-        for name in (COST, KEYED_COST):
+        for name in (COST, KEYED_COST, CPU, KEYED_CPU):
             summary[name]["B/A"] = statistics.median(e["B"][name] / e["A"][name] for e in rounds)
     result = {
         "n": args.n,
@@ -204,7 +218,10 @@ def _line(r: int, entry: dict[str, Any]) -> str:
     for side in ("A", "B"):
         if side in entry:
             f = entry[side]
-            parts.append(f"{side}: base {f[BASE]:.0f} txn/s, cost {f[COST]:.2f}x, keyed {f[KEYED_COST]:.2f}x")
+            cpu = f" (client CPU {f[CPU]:.0f} / {f[KEYED_CPU]:.0f} µs)" if CPU in f else ""
+            parts.append(
+                f"{side}: base {f[BASE]:.0f} txn/s, cost {f[COST]:.2f}x, keyed {f[KEYED_COST]:.2f}x{cpu}"
+            )
     return "; ".join(parts)
 
 
