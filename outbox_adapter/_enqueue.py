@@ -72,6 +72,10 @@ _NAME_RE = re.compile(NAME_PATTERN)
 #: Whether ``opentelemetry-api`` is installed: without it, ``enqueue`` never looks for a span.
 _TRACING = _tracing.AVAILABLE
 _DEFAULT_TABLES: OutboxTables | None = None
+#: ``(queue, handler)`` pairs (exact ``str``) that ``TaskSubmission`` accepted without options: its
+#: check is a function of the two strings alone. At most ``_VALID_TARGETS_MAX``, then forgotten.
+_VALID_TARGETS: set[tuple[str, str]] = set()
+_VALID_TARGETS_MAX = 1024
 
 
 def _default_tables() -> OutboxTables:
@@ -152,7 +156,13 @@ def prepare_task(
         if options is not None and not isinstance(options, SubmitOptions):
             options = SubmitOptions.model_validate(dict(options))
         # The client's own wire model: what the server will be sent is valid before it is stored.
-        TaskSubmission(queue=queue, handler=handler, params=None, options=options)
+        # Without options it checks only the two names, so a pair it accepted is not checked again.
+        if options is not None or (queue, handler) not in _VALID_TARGETS:
+            TaskSubmission(queue=queue, handler=handler, params=None, options=options)
+            if options is None and type(queue) is str and type(handler) is str:
+                if len(_VALID_TARGETS) >= _VALID_TARGETS_MAX:
+                    _VALID_TARGETS.clear()
+                _VALID_TARGETS.add((queue, handler))
     except (ValidationError, TypeError) as exc:
         if isinstance(exc, ValidationError):
             problems = "; ".join(
