@@ -71,7 +71,7 @@ import sys
 import threading
 import time
 import uuid
-from dataclasses import asdict
+from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -188,49 +188,84 @@ def _fill_outbox(engine: sa.Engine, tables: OutboxTables, n: int) -> None:
             enqueue(conn, namespace=NS, queue=QUEUE, handler=HANDLER, params={"n": i}, tables=tables)
 
 
-def business_transactions(report: Report, engine: sa.Engine, n: int) -> OutboxTables:
-    """``n`` order transactions without and ``n`` with ``enqueue``, alternated in chunks of 50."""
-    metadata = sa.MetaData()
-    orders = _orders_table(metadata)
-    metadata.create_all(engine)
-    tables = _new_outbox(engine)
-    keyed_tables = _new_outbox(
-        engine
-    )  # keyed rows apart: the relay rounds drain exactly the n rows of ``tables``
-    insert = orders.insert()
-    plain = with_enqueue = keyed = 0.0
-    chunk = 50
-    for start in range(0, n, chunk):
-        count = min(chunk, n - start)
+@dataclass(frozen=True)
+class Business:
+    """A business database's order table and two new outboxes (keyed rows apart: the relay rounds
+    drain exactly the rows of ``tables``)."""
 
-        def without(start: int = start, count: int = count) -> None:
+    engine: sa.Engine
+    insert: sa.Insert
+    tables: OutboxTables
+    keyed_tables: OutboxTables
+    #: This process's CPU seconds in the transactions of each kind so far (without, with, with a key).
+    cpu: list[float] = field(default_factory=lambda: [0.0, 0.0, 0.0])
+
+    @classmethod
+    def create(cls, engine: sa.Engine) -> Business:
+        metadata = sa.MetaData()
+        orders = _orders_table(metadata)
+        metadata.create_all(engine)
+        return cls(engine, orders.insert(), _new_outbox(engine), _new_outbox(engine))
+
+    def chunk(self, start: int, count: int) -> tuple[float, float, float]:
+        """``count`` order transactions without ``enqueue``, ``count`` with it and ``count`` with it and
+        an ordering key (100 customers, one key each), numbered from ``start``: their seconds."""
+        engine, insert = self.engine, self.insert
+
+        def without() -> None:
             for i in range(start, start + count):
                 with engine.begin() as conn:
                     conn.execute(insert, {"ref": f"order-{i}", "amount_cents": i})
 
-        def with_(start: int = start, count: int = count) -> None:
+        def with_() -> None:
             for i in range(start, start + count):
                 with engine.begin() as conn:
                     conn.execute(insert, {"ref": f"order-e-{i}", "amount_cents": i})
-                    enqueue(conn, namespace=NS, queue=QUEUE, handler=HANDLER, params={"n": i}, tables=tables)
+                    enqueue(
+                        conn, namespace=NS, queue=QUEUE, handler=HANDLER, params={"n": i}, tables=self.tables
+                    )
 
-        def with_key(start: int = start, count: int = count) -> None:  # 100 customers, one key each
+        def with_key() -> None:
             for i in range(start, start + count):
                 with engine.begin() as conn:
                     conn.execute(insert, {"ref": f"order-k-{i}", "amount_cents": i})
-                    enqueue(conn, namespace=NS, queue=QUEUE, handler=HANDLER, params={"n": i}, tables=keyed_tables,
-                            ordering_key=f"customer-{i % 100}")  # fmt: skip
+                    enqueue(conn, namespace=NS, queue=QUEUE, handler=HANDLER, params={"n": i},
+                            tables=self.keyed_tables, ordering_key=f"customer-{i % 100}")  # fmt: skip
 
-        plain += _timed(without)
-        with_enqueue += _timed(with_)
-        keyed += _timed(with_key)
+        seconds = []
+        for i, run in enumerate((without, with_, with_key)):
+            cpu = time.process_time()
+            seconds.append(_timed(run))
+            self.cpu[i] += time.process_time() - cpu
+        return seconds[0], seconds[1], seconds[2]
+
+
+#: Transactions of each kind per chunk of :func:`business_transactions`.
+BUSINESS_CHUNK = 50
+
+
+def business_transactions(report: Report, engine: sa.Engine, n: int) -> OutboxTables:
+    """``n`` order transactions without and ``n`` with ``enqueue`` (and ``n`` with an ordering key),
+    alternated in chunks of 50; returns the outbox tables holding the ``n`` rows without a key."""
+    business = Business.create(engine)
+    plain = with_enqueue = keyed = 0.0
+    for start in range(0, n, BUSINESS_CHUNK):
+        without, with_, with_key = business.chunk(start, min(BUSINESS_CHUNK, n - start))
+        plain += without
+        with_enqueue += with_
+        keyed += with_key
+    add_business_figures(report, n, plain, with_enqueue, keyed)
+    return business.tables
+
+
+def add_business_figures(report: Report, n: int, plain: float, with_enqueue: float, keyed: float) -> None:
+    """The figures of ``n`` transactions of each kind that took ``plain``, ``with_enqueue`` and ``keyed`` seconds."""
     report.add("orbit", "business txn without enqueue (base)", n / plain, "txn/s", "INSERT order, COMMIT")
     report.add("orbit", "business txn with enqueue", n / with_enqueue, "txn/s", "INSERT order + enqueue")
     report.add("orbit", "enqueue cost (time with / without)", with_enqueue / plain, "×")
     report.add("orbit", "business txn with enqueue + ordering key", n / keyed, "txn/s",
                "INSERT order + key upsert + enqueue")  # fmt: skip
     report.add("orbit", "enqueue cost with ordering key (time / without)", keyed / plain, "×")
-    return tables
 
 
 def relay_round(engine: sa.Engine, base: str, key: str, tables: OutboxTables, n: int, batch: int) -> float:

@@ -34,6 +34,7 @@ from outbox_adapter._queries import (
     _statements_lock,
     insert_row,
     insert_statement,
+    row_shape,
 )
 from outbox_adapter._tables import OutboxTables
 
@@ -42,17 +43,26 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("outbox_adapter")
 
-__all__ = ["BlockedKey", "blocked_keys", "insert_keyed_row", "take_ordering_key"]
+__all__ = [
+    "BlockedKey",
+    "blocked_keys",
+    "insert_keyed_row",
+    "keyed_insert",
+    "take_ordering_key",
+    "upsert_key",
+]
 
-_cache: weakref.WeakKeyDictionary[OutboxTables, dict[str, tuple[Any, sa.Insert]]] = (
+_upserts: weakref.WeakKeyDictionary[OutboxTables, dict[str, Any]] = weakref.WeakKeyDictionary()
+_keyed_inserts: weakref.WeakKeyDictionary[OutboxTables, dict[tuple[str, frozenset[str]], sa.Insert]] = (
     weakref.WeakKeyDictionary()
 )
 
 
-def _statements(t: OutboxTables, dialect_name: str) -> tuple[Any, sa.Insert]:
-    """(the key's upsert, the row's insert numbered from it), built once per tables and dialect."""
+def upsert_key(t: OutboxTables, dialect_name: str) -> Any:
+    """The key's upsert (:func:`take_ordering_key`'s statement, parameter ``b_ordering_key``), built
+    once per tables and dialect."""
     with _statements_lock:
-        found = _cache.setdefault(t, {}).get(dialect_name)
+        found = _upserts.setdefault(t, {}).get(dialect_name)
     if found is not None:
         return found
     k = t.keys
@@ -67,17 +77,31 @@ def _statements(t: OutboxTables, dialect_name: str) -> tuple[Any, sa.Insert]:
         upsert = upsert.on_conflict_do_update(
             index_elements=[k.c.ordering_key], set_={"last_seq": k.c.last_seq + 1}
         )
-    seq = sa.select(k.c.last_seq).where(k.c.ordering_key == key).scalar_subquery()
-    insert = insert_statement(t, dialect_name).values(ordering_seq=seq)
     with _statements_lock:
-        found = _cache[t][dialect_name] = (upsert, insert)
-    return found
+        _upserts[t][dialect_name] = upsert
+    return upsert
+
+
+def keyed_insert(t: OutboxTables, dialect_name: str, shape: frozenset[str]) -> sa.Insert:
+    """The ``INSERT`` of a row with an ordering key (:func:`insert_keyed_row`'s statement), built once
+    per tables, dialect and row shape (``_queries.row_shape``)."""
+    with _statements_lock:
+        found = _keyed_inserts.setdefault(t, {}).get((dialect_name, shape))
+    if found is not None:
+        return found
+    k = t.keys
+    key = sa.bindparam("b_ordering_key", type_=k.c.ordering_key.type)
+    seq = sa.select(k.c.last_seq).where(k.c.ordering_key == key).scalar_subquery()
+    insert = insert_statement(t, dialect_name, shape).values(ordering_seq=seq)
+    with _statements_lock:
+        _keyed_inserts[t][(dialect_name, shape)] = insert
+    return insert
 
 
 def take_ordering_key(t: OutboxTables, ordering_key: str, dialect_name: str) -> tuple[Any, dict[str, Any]]:
     """The upsert that locks ``ordering_key``'s row until the caller's transaction ends and counts
     one more row for it; the caller executes it on its own connection, before :func:`insert_keyed_row`."""
-    return _statements(t, dialect_name)[0], {"b_ordering_key": ordering_key}
+    return upsert_key(t, dialect_name), {"b_ordering_key": ordering_key}
 
 
 def insert_keyed_row(
@@ -86,7 +110,7 @@ def insert_keyed_row(
     """Like ``insert_row``, for a row with an ordering key: its ``ordering_seq`` is the key's
     ``last_seq`` as :func:`take_ordering_key` just set it (read in the same statement)."""
     _, params = insert_row(t, values, dialect_name)
-    return _statements(t, dialect_name)[1], params
+    return keyed_insert(t, dialect_name, row_shape(values)), params
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -51,6 +51,8 @@ __all__ = [
     "live_claims",
     "record_dead",
     "record_delivered",
+    "row_parameters",
+    "row_shape",
     "select_due",
     "take_rows",
 ]
@@ -119,51 +121,75 @@ class Claim:
 # --- enqueue -----------------------------------------------------------------------------------------
 
 
-_insert_statements: weakref.WeakKeyDictionary[OutboxTables, dict[str, sa.Insert]] = (
+_insert_statements: weakref.WeakKeyDictionary[OutboxTables, dict[tuple[str, frozenset[str]], sa.Insert]] = (
     weakref.WeakKeyDictionary()
 )
-#: The values :func:`insert_row` takes, one bound parameter each.
-_INSERT_COLUMNS = (
-    "idempotency_key", "namespace", "queue", "handler", "params", "options", "ordering_key", "business_ref",
-    "max_attempts", "traceparent", "tracestate", "kind", "flow",
+#: The values every new row binds, one parameter each.
+_INSERT_COLUMNS = ("idempotency_key", "namespace", "queue", "handler", "params", "kind")
+#: Nullable columns without a default, bound only when the row has a value: one left out is NULL, so
+#: the ``INSERT`` of a row without them is shorter (less for the database to parse and store for
+#: nothing). ``available_at`` too: left out, it is the database clock.
+_OPTIONAL_COLUMNS = (
+    "options", "ordering_key", "business_ref", "max_attempts", "traceparent", "tracestate", "flow", "available_at",
 )  # fmt: skip
+_PARAMETER = {c: f"b_{c}" for c in (*_INSERT_COLUMNS, *_OPTIONAL_COLUMNS)}
 
 
-def insert_statement(t: OutboxTables, dialect_name: str) -> sa.Insert:
-    """The ``INSERT`` of a new ``PENDING`` row, built once per tables and dialect: every value a bound
-    parameter (``b_<column>``, and ``b_available_at``: ``None`` means now); ``created_at``,
-    ``updated_at`` (and a missing ``available_at``) from the database clock, in the same statement."""
+def row_shape(values: Mapping[str, Any]) -> frozenset[str]:
+    """The optional columns (:data:`_OPTIONAL_COLUMNS`) that ``values`` gives a value (not ``None``):
+    which :func:`insert_statement` inserts them."""
+    return frozenset(c for c in _OPTIONAL_COLUMNS if values.get(c) is not None)
+
+
+def insert_statement(t: OutboxTables, dialect_name: str, shape: frozenset[str]) -> sa.Insert:
+    """The ``INSERT`` of a new ``PENDING`` row binding the columns every row has and the optional ones
+    in ``shape`` (:func:`row_shape`), built once per tables, dialect and shape: each value a bound
+    parameter ``b_<column>``; the optional columns outside ``shape`` are left to their default
+    (``NULL``); ``created_at``, ``updated_at`` (and ``available_at`` outside ``shape``) from the
+    database clock, in the same statement."""
+    key = (dialect_name, shape)
     with _statements_lock:
-        found = _insert_statements.setdefault(t, {}).get(dialect_name)
+        found = _insert_statements.setdefault(t, {}).get(key)
     if found is not None:
         return found
     o = t.outbox
     now = now_sql(dialect_name)
-    values: dict[str, Any] = {c: sa.bindparam(f"b_{c}", type_=o.c[c].type) for c in _INSERT_COLUMNS}
+    columns = [c for c in (*_INSERT_COLUMNS, *_OPTIONAL_COLUMNS) if c in _INSERT_COLUMNS or c in shape]
+    values: dict[str, Any] = {c: sa.bindparam(_PARAMETER[c], type_=o.c[c].type) for c in columns}
     values.update(
-        state=PENDING,
-        attempts=0,
-        send_count=0,
+        # Constants of every new row, written into the SQL (no parameters to convert and escape).
+        state=sa.literal_column(f"'{PENDING}'", o.c.state.type),
+        attempts=sa.literal_column("0", o.c.attempts.type),
+        send_count=sa.literal_column("0", o.c.send_count.type),
         created_at=now,
         updated_at=now,
-        available_at=sa.func.coalesce(sa.bindparam("b_available_at", type_=o.c.available_at.type), now),
     )
+    if "available_at" not in shape:
+        values["available_at"] = now
     stmt = o.insert().values(values)
     with _statements_lock:
-        _insert_statements[t][dialect_name] = stmt
+        _insert_statements[t][key] = stmt
     return stmt
 
 
 def insert_row(
     t: OutboxTables, values: Mapping[str, Any], dialect_name: str
 ) -> tuple[sa.Insert, dict[str, Any]]:
-    """The statement (:func:`insert_statement`) and parameters inserting one new ``PENDING`` row with
-    ``values`` (the columns of ``_INSERT_COLUMNS`` and ``available_at``). The caller executes it on
-    its own connection."""
-    params = {f"b_{c}": values.get(c) for c in _INSERT_COLUMNS}
-    params["b_kind"] = values.get("kind") or RowKind.TASK.value
-    params["b_available_at"] = values.get("available_at")
-    return insert_statement(t, dialect_name), params
+    """The statement (:func:`insert_statement` of the row's shape) and parameters inserting one new
+    ``PENDING`` row with ``values`` (the columns of ``_INSERT_COLUMNS`` and ``_OPTIONAL_COLUMNS``; a
+    missing or ``None`` optional one is ``NULL``, ``available_at`` the database clock). The caller
+    executes it on its own connection."""
+    shape = row_shape(values)
+    return insert_statement(t, dialect_name, shape), row_parameters(values, shape)
+
+
+def row_parameters(values: Mapping[str, Any], shape: frozenset[str]) -> dict[str, Any]:
+    """The parameters of :func:`insert_statement` of ``shape`` (:func:`row_shape` of ``values``)."""
+    params = {_PARAMETER[c]: values.get(c) for c in _INSERT_COLUMNS}
+    params["b_kind"] = params["b_kind"] or RowKind.TASK.value
+    for c in shape:
+        params[_PARAMETER[c]] = values[c]
+    return params
 
 
 # --- relay -------------------------------------------------------------------------------------------
