@@ -451,7 +451,7 @@ def run_orbit(
             role: cli("api-key", "create", NS, "--role", role, url=server_url) for role in ("submit", "work")
         }
         business = sa.create_engine(urls["business"])
-        server_db = sa.create_engine(server_url)
+        server_engine = sa.create_engine(server_url)
         try:
             serve_url = (
                 sa.make_url(server_url)
@@ -472,7 +472,7 @@ def run_orbit(
                 )
 
                 tables = business_transactions(report, business, n)
-                with Cost(server_db, base) as cost:
+                with Cost(server_engine, base) as cost:
                     rate = relay_round(business, base, keys["submit"], tables, n, 100)
                 report.add(
                     "orbit",
@@ -484,17 +484,17 @@ def run_orbit(
                 cost.report(report, "relayed row, batch 100", n)
                 tables = _new_outbox(business)
                 _fill_outbox(business, tables, n)
-                with Cost(server_db, base) as cost:
+                with Cost(server_engine, base) as cost:
                     rate = relay_round(business, base, keys["submit"], tables, n, 1)
                 report.add("orbit", "relay batch 1", rate, "rows/s")
                 cost.report(report, "relayed row, batch 1", n)
 
-                with Cost(server_db, base) as cost:
+                with Cost(server_engine, base) as cost:
                     rate = direct_single(base, keys["submit"], n)
                 report.add("orbit", "direct single submissions", rate, "tasks/s", "8 threads")
                 cost.report(report, "single submission", n)
                 if hasattr(OrbitClient, "submit_tasks"):
-                    with Cost(server_db, base) as cost:
+                    with Cost(server_engine, base) as cost:
                         rate = direct_batch(base, keys["submit"], n)
                     report.add(
                         "orbit", "direct batch submissions", rate, "tasks/s", "batches of 100, 2 threads"
@@ -503,13 +503,13 @@ def run_orbit(
                 else:
                     report.add("orbit", "direct batch submissions", None, "tasks/s", "n/a (no submit_tasks)")
 
-                worker_rounds(report, server_db, base, keys, n, concurrency, server_pid=server.proc.pid,
+                worker_rounds(report, server_engine, base, keys, n, concurrency, server_pid=server.proc.pid,
                               rounds=worker_rounds_, peer=peer)  # fmt: skip
                 if sweep:  # the workers section (bench.compare_workers)
-                    run_workers(report, server_db, base, keys, n, concurrency, server_pid=server.proc.pid,
+                    run_workers(report, server_engine, base, keys, n, concurrency, server_pid=server.proc.pid,
                                 peer=peer, sweep=sweep, serve_url=serve_url, serve_args=serve_args)  # fmt: skip
-                end_to_end(report, business, urls["business"], server_db, base, keys, n, concurrency)
-                end_to_end(report, business, urls["business"], server_db, base, keys, n, concurrency,
+                end_to_end(report, business, urls["business"], server_engine, base, keys, n, concurrency)
+                end_to_end(report, business, urls["business"], server_engine, base, keys, n, concurrency,
                            retry_safe=True)  # fmt: skip
                 rate, rss = relay_rss(business, urls["business"], base, keys["submit"], n)
                 report.add(
@@ -520,7 +520,7 @@ def run_orbit(
                            f"peak over the run; driver {driver} {' '.join(serve_args)}")  # fmt: skip
         finally:
             business.dispose()
-            server_db.dispose()
+            server_engine.dispose()
 
 
 # -------------------------------------------------------------------- claim
