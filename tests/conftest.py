@@ -169,7 +169,7 @@ def make_database(
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Mark each test with its xdist group (:func:`tests.xdist_groups.group_of`): a test module, every
-    cluster test, or the heavy acceptance modules. Under ``make test`` the scheduler of
+    cluster test, every Django test, or the heavy acceptance modules. Under ``make test`` the scheduler of
     :mod:`tests.xdist_groups` runs each group whole on one worker; without xdist the mark is inert."""
     root = Path(__file__).parent
     for item in items:

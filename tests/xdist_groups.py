@@ -2,8 +2,10 @@
 the groups start.
 
 A group runs whole on one worker, one test after another: a test module (its module-scoped servers and
-databases are made once), every cluster test (``galera``: they share the session's Galera cluster), and the
-heavy acceptance modules (``heavy``: :data:`HEAVY`, so that two of them never share the cores; each was seen to
+databases are made once), every cluster test (``galera``: they share the session's Galera cluster), every
+Django test (``django``: they share the process's Django project, its Orbit server and namespace, and pass in
+the order they are collected in; ``test_django_consumer`` leased the tasks ``test_django_enqueue`` left behind
+when it ran after it on one worker), and the heavy acceptance modules (``heavy``: :data:`HEAVY`, so that two of them never share the cores; each was seen to
 miss its deadline beside another at load 7).
 
 xdist's own ``loadgroup`` reads the ``xdist_group`` mark on the workers and passes it to the scheduler by
@@ -14,10 +16,9 @@ heavy modules ran beside each other, and each worker that met a cluster test sta
 own. :class:`GroupScheduling` therefore takes the group from the node id's file path (:func:`group_of`), which
 both pytest 8 and 9 report, and never from the suffix.
 
-xdist starts groups in decreasing number of tests, and a group of few but long tests (``heavy``: 36 tests,
-~7 min alone on a quiet 2-core machine; ``galera``: 13 tests, ~2 min) then started after dozens of short
-modules and ran on alone at the end. The groups of :data:`LONG_FIRST` start first, in that order (longest
-first); the others follow in xdist's order.
+xdist starts groups in decreasing number of tests, so ``heavy`` (36 tests, ~7 min alone on a 2-core machine at
+load 3) started after ~20 modules and ``galera`` (13 tests, ~2 min) after ~60: a late long group is what the run
+waits for at its end. The groups of :data:`LONG_FIRST` start first; the others follow in xdist's order.
 """
 
 from __future__ import annotations
@@ -33,9 +34,9 @@ HEAVY = frozenset(
     )
 )  # fmt: skip
 
-#: Groups that take minutes, longest first (seconds measured one group at a time at load 3-5): they start
-#: before every other group, so that none of them is what the run waits for at its end.
-LONG_FIRST = ("heavy", "galera", "integration/test_openapi_fuzz.py")
+#: The groups that take several minutes, longest first: they start before every other group. (The next
+#: longest, the OpenAPI fuzz and the worker pipeline, take 1-2 min; the order of those barely matters.)
+LONG_FIRST = ("heavy", "galera")
 
 
 def group_of(module: str) -> str:
@@ -46,11 +47,14 @@ def group_of(module: str) -> str:
             the repository (``"tests/acceptance/test_chaos.py"``) gives the same group.
 
     Returns:
-        ``"galera"`` for the cluster tests, ``"heavy"`` for :data:`HEAVY`, else ``module`` (relative to ``tests/``).
+        ``"galera"`` for the cluster tests, ``"django"`` for those of ``integration/django/``, ``"heavy"`` for
+        :data:`HEAVY`, else ``module`` (relative to ``tests/``).
     """
     module = module.removeprefix("tests/")
     if module.startswith("cluster/"):
         return "galera"
+    if module.startswith("integration/django/"):
+        return "django"
     if module in HEAVY:
         return "heavy"
     return module

@@ -39,6 +39,9 @@ def test_the_group_of_a_module() -> None:
     assert group_of("tests/integration/test_priority.py") == "integration/test_priority.py"
     assert group_of("cluster/test_multi_primary.py") == "galera"
     assert group_of("tests/cluster/test_chaos_on_galera.py") == "galera"
+    assert group_of("integration/django/test_django_consumer.py") == "django"
+    assert group_of("tests/integration/django/test_django_enqueue.py") == "django"
+    assert group_of("integration/test_django_shop_example.py") == "integration/test_django_shop_example.py"
     assert group_of("acceptance/test_chaos.py") == group_of("acceptance/test_docs_walkthrough.py") == "heavy"
     assert group_of("acceptance/test_admin_cli.py") == "acceptance/test_admin_cli.py"
 
