@@ -17,10 +17,13 @@ import uuid
 import warnings
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import sqlalchemy as sa
 from sqlalchemy.engine import URL, make_url
+
+from tests.xdist_groups import group_of, make_scheduler
 
 MYSQL_DEFAULT = "mysql+pymysql://root@127.0.0.1:3306/test"
 POSTGRES_DEFAULT = "postgresql+psycopg://postgres@127.0.0.1:5432/postgres"
@@ -163,32 +166,19 @@ def make_database(
         next(gen, None)
 
 
-#: Acceptance modules that run many processes against deadlines (chaos, demos, crash loops, load): under
-#: ``make test`` they run one after another on one xdist worker, so that two of them never share the cores
-#: (each was seen to miss its deadline beside another at load 7).
-_HEAVY = frozenset(
-    f"acceptance/{name}.py"
-    for name in (
-        "test_chaos", "test_claims_without_locks", "test_flow_cli", "test_flow_crashes", "test_flow_load",
-        "test_order_service_demo", "test_docs_walkthrough", "test_worker_processes",
-    )
-)  # fmt: skip
-
-
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Under ``pytest -n N --dist loadgroup`` (``make test``), each test module runs whole on one
-    worker (its module-scoped servers and databases are made once), every cluster test on the
-    same one (they share the session's Galera cluster: one cluster, not one per worker), and the
-    heavy acceptance modules (:data:`_HEAVY`) one after another. Without xdist the mark is inert."""
+    """Mark each test with its xdist group (:func:`tests.xdist_groups.group_of`): a test module, every
+    cluster test, every Django test, or the heavy acceptance modules. Under ``make test`` the scheduler of
+    :mod:`tests.xdist_groups` runs each group whole on one worker; without xdist the mark is inert."""
     root = Path(__file__).parent
     for item in items:
-        path = Path(str(item.fspath))
-        module = path.relative_to(root).as_posix()
-        if root / "cluster" in path.parents:
-            group = "galera"
-        elif module in _HEAVY:
-            group = "heavy"
-        else:
-            group = module
-        item.add_marker(pytest.mark.xdist_group(group))
+        module = Path(str(item.fspath)).relative_to(root).as_posix()
+        item.add_marker(pytest.mark.xdist_group(group_of(module)))
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """``--dist loadgroup`` groups by :func:`tests.xdist_groups.group_of` (pytest 9.2 broke xdist's own
+    grouping), the long groups first; any other ``--dist`` is xdist's."""
+    return make_scheduler(config, log)
