@@ -43,7 +43,9 @@ from starlette.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from orbit_client import NAME_PATTERN
+from orbit_server._tmp_ab import OFF
 from orbit_server.api.bodies import encoding_problem
+from orbit_server.api.threads import in_thread
 
 __all__ = ["FastLane"]
 
@@ -173,7 +175,7 @@ class FastLane:
             if lane.is_async:
                 response = await lane.call(**kwargs)
             else:
-                response = await run_in_threadpool(lane.call, **kwargs)
+                response = await (run_in_threadpool if 'thread' in OFF else in_thread)(lane.call, **kwargs)
         except Exception as exc:
             handler = self._handler(exc)
             if handler is None:
