@@ -25,6 +25,7 @@ from orbit_client import (
     LeaseTokenRequest,
     _tracing,
 )
+from orbit_server._tmp_ab import OFF
 from orbit_server.api import tracing as server_tracing
 from orbit_server.api.auth import Caller, authorize
 from orbit_server.api.deps import (
@@ -37,7 +38,6 @@ from orbit_server.api.deps import (
     SettingsDep,
     WakeupDep,
 )
-from orbit_server._tmp_ab import OFF
 from orbit_server.api.metrics import Metrics
 from orbit_server.api.threads import in_thread
 from orbit_server.db.transact import transact
@@ -114,7 +114,7 @@ async def lease_tasks(
         if sighted and await request.is_disconnected():
             return Response(b"[]", media_type="application/json")
         started_ns = time.time_ns()
-        grants = await (run_in_threadpool if 'thread' in OFF else in_thread)(
+        grants = await (run_in_threadpool if "thread" in OFF else in_thread)(
             transact,
             engine,
             leasing.lease_tasks,

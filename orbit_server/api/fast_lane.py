@@ -175,7 +175,7 @@ class FastLane:
             if lane.is_async:
                 response = await lane.call(**kwargs)
             else:
-                response = await (run_in_threadpool if 'thread' in OFF else in_thread)(lane.call, **kwargs)
+                response = await (run_in_threadpool if "thread" in OFF else in_thread)(lane.call, **kwargs)
         except Exception as exc:
             handler = self._handler(exc)
             if handler is None:
