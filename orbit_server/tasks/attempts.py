@@ -18,6 +18,7 @@ from orbit_client import (
     TaskStatus,
 )
 from orbit_server import errors
+from orbit_server._tmp_ab import OFF
 from orbit_server.db.schema import (
     task_attempts,
 )
@@ -26,6 +27,7 @@ from orbit_server.tasks.transitions import (
     _confirmed,
     _deadline_error,
     _expire_attempt,
+    _holds,
     _lapsed,
     _locked_attempt,
     _lost,
@@ -37,6 +39,9 @@ from orbit_server.tasks.transitions import (
 )
 
 __all__ = ["complete_attempt", "fail_attempt", "heartbeat", "start_attempt"]
+
+_LEASED = AttemptStatus.LEASED.value
+_LEAN = "lean" not in OFF
 
 
 def start_attempt(conn: Connection, namespace_id: int, attempt_id: str, lease_token: str) -> AttemptState:
@@ -51,8 +56,10 @@ def start_attempt(conn: Connection, namespace_id: int, attempt_id: str, lease_to
         errors.LeaseLost: wrong token, or the attempt is no longer live (409; nothing changed
             but the expiry of a lapsed lease).
     """
-    task, attempt, now = _locked_attempt(conn, namespace_id, attempt_id)
+    task, attempt, now = _locked_attempt(conn, namespace_id, attempt_id, lean=_LEAN)
     _check_token(attempt, lease_token)
+    if _LEAN and not (_holds(attempt, now) and not (task["gate_paused"] and attempt["status"] == _LEASED)):
+        task, attempt, now = _locked_attempt(conn, namespace_id, attempt_id)  # a rare path: every column
     if (lapsed := _lapsed(conn, task, attempt, now)) is not None:
         raise _lost(attempt, lapsed)
     if attempt["status"] == AttemptStatus.RUNNING.value:
@@ -118,8 +125,10 @@ def heartbeat(
         errors.AttemptNotFound: no such attempt in the namespace (404).
         errors.LeaseLost: wrong token, or the attempt is no longer live (409).
     """
-    task, attempt, now = _locked_attempt(conn, namespace_id, attempt_id)
+    task, attempt, now = _locked_attempt(conn, namespace_id, attempt_id, lean=_LEAN)
     _check_token(attempt, lease_token)
+    if _LEAN and not _holds(attempt, now):
+        task, attempt, now = _locked_attempt(conn, namespace_id, attempt_id)  # a rare path: every column
     if (lapsed := _lapsed(conn, task, attempt, now)) is not None:
         raise _lost(attempt, lapsed)
     seconds = float(attempt["lease_seconds"] if lease_seconds is None else lease_seconds)
@@ -192,8 +201,10 @@ def complete_attempt(
         errors.LeaseLost: wrong token, or the attempt is no longer live (409). With the right
             token the report is kept on the attempt as late evidence; the task is unchanged.
     """
-    task, attempt, now = _locked_attempt(conn, namespace_id, attempt_id, ending=True)
+    task, attempt, now = _locked_attempt(conn, namespace_id, attempt_id, ending=True, lean=_LEAN)
     _check_token(attempt, lease_token)
+    if _LEAN and not _holds(attempt, now):  # a repeated or conflicting report, a lost lease: every column
+        task, attempt, now = _locked_attempt(conn, namespace_id, attempt_id, ending=True)
     status = attempt["status"]
     if status == AttemptStatus.SUCCEEDED.value and _canonical(attempt["result"]) == _canonical(result):
         return _state(task, attempt)
