@@ -12,7 +12,6 @@ from typing import Any
 from fastapi import APIRouter, Request, Response
 from pydantic import TypeAdapter
 from sqlalchemy.engine import Engine
-from starlette.concurrency import run_in_threadpool
 
 from orbit_client import (
     AttemptState,
@@ -25,7 +24,6 @@ from orbit_client import (
     LeaseTokenRequest,
     _tracing,
 )
-from orbit_server._tmp_ab import OFF
 from orbit_server.api import tracing as server_tracing
 from orbit_server.api.auth import Caller, authorize
 from orbit_server.api.deps import (
@@ -114,7 +112,7 @@ async def lease_tasks(
         if sighted and await request.is_disconnected():
             return Response(b"[]", media_type="application/json")
         started_ns = time.time_ns()
-        grants = await (run_in_threadpool if "thread" in OFF else in_thread)(
+        grants = await in_thread(
             transact,
             engine,
             leasing.lease_tasks,

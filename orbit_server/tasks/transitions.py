@@ -51,7 +51,6 @@ from orbit_client import (
     TaskStatus,
 )
 from orbit_server import _ids, errors
-from orbit_server._tmp_ab import OFF
 from orbit_server.db import faults as _faults
 from orbit_server.db import flow_hooks
 from orbit_server.db.engine import by_primary_key, to_utc
@@ -141,14 +140,13 @@ _UPDATE_LIVE_ATTEMPT = by_primary_key(
         task_attempts.c.lease_expires_at > sa.bindparam("b_now", type_=task_attempts.c.lease_expires_at.type),
     )
 )
-#: :func:`_append_event`'s ``INSERT`` as text: the same row as ``task_events.insert()`` writes, without the
-#: work SQLAlchemy does for a compiled single-row ``INSERT`` (the inserted primary key, which nothing reads).
+_INSERT_EVENT = task_events.insert()  # also flows.advance's (its rows may leave columns out)
+#: :func:`_append_event`'s ``INSERT`` as text: the row ``_INSERT_EVENT`` writes, every column given, without
+#: the work SQLAlchemy does for a compiled single-row ``INSERT`` (the inserted primary key, which nothing reads).
 _EVENT_COLUMNS = tuple(c.name for c in task_events.c if c.name != "id")
-_INSERT_EVENT = sa.text(
+_APPEND_EVENT = sa.text(
     f"INSERT INTO task_events ({', '.join(_EVENT_COLUMNS)}) VALUES ({', '.join(f':{c}' for c in _EVENT_COLUMNS)})"
 ).bindparams(*(sa.bindparam(c, type_=task_events.c[c].type) for c in _EVENT_COLUMNS))
-if "insert" in OFF:
-    _INSERT_EVENT = task_events.insert()  # type: ignore[assignment]
 #: :func:`_update_both_statement`'s statements, by the task and attempt columns they set.
 _UPDATE_BOTH: dict[tuple[tuple[str, ...], tuple[str, ...]], sa.TextClause] = {}
 
@@ -344,7 +342,7 @@ def _append_event(
     data: Any = None,
 ) -> None:
     conn.execute(
-        _INSERT_EVENT,
+        _APPEND_EVENT,
         {
             "task_id": task_id,
             "state_version": state_version,
