@@ -165,7 +165,7 @@ class RequestContextMiddleware:
             )  # fmt: skip
             await response(scope, receive, send_with_id)
         finally:
-            if self.access_log:
+            if self.access_log and access_log.isEnabledFor(logging.INFO):  # else the line is dropped anyway
                 self._log_access(scope, method, status, began, request_id)
 
     def _log_access(self, scope: Scope, method: str, status: int, began: float, request_id: str) -> None:

@@ -26,6 +26,7 @@ from orbit_server.tasks.transitions import (
     _confirmed,
     _deadline_error,
     _expire_attempt,
+    _holds,
     _lapsed,
     _locked_attempt,
     _lost,
@@ -37,6 +38,8 @@ from orbit_server.tasks.transitions import (
 )
 
 __all__ = ["complete_attempt", "fail_attempt", "heartbeat", "start_attempt"]
+
+_LEASED = AttemptStatus.LEASED.value
 
 
 def start_attempt(conn: Connection, namespace_id: int, attempt_id: str, lease_token: str) -> AttemptState:
@@ -51,8 +54,11 @@ def start_attempt(conn: Connection, namespace_id: int, attempt_id: str, lease_to
         errors.LeaseLost: wrong token, or the attempt is no longer live (409; nothing changed
             but the expiry of a lapsed lease).
     """
-    task, attempt, now = _locked_attempt(conn, namespace_id, attempt_id)
+    task, attempt, now = _locked_attempt(conn, namespace_id, attempt_id, lean=True)
     _check_token(attempt, lease_token)
+    if not _holds(attempt, now) or (task["gate_paused"] and attempt["status"] == _LEASED):
+        # A rare path (a lapsed or ended lease, a start on a paused queue): every column, still locked.
+        task, attempt, now = _locked_attempt(conn, namespace_id, attempt_id)
     if (lapsed := _lapsed(conn, task, attempt, now)) is not None:
         raise _lost(attempt, lapsed)
     if attempt["status"] == AttemptStatus.RUNNING.value:
@@ -118,8 +124,10 @@ def heartbeat(
         errors.AttemptNotFound: no such attempt in the namespace (404).
         errors.LeaseLost: wrong token, or the attempt is no longer live (409).
     """
-    task, attempt, now = _locked_attempt(conn, namespace_id, attempt_id)
+    task, attempt, now = _locked_attempt(conn, namespace_id, attempt_id, lean=True)
     _check_token(attempt, lease_token)
+    if not _holds(attempt, now):
+        task, attempt, now = _locked_attempt(conn, namespace_id, attempt_id)  # a rare path: every column
     if (lapsed := _lapsed(conn, task, attempt, now)) is not None:
         raise _lost(attempt, lapsed)
     seconds = float(attempt["lease_seconds"] if lease_seconds is None else lease_seconds)
@@ -192,8 +200,10 @@ def complete_attempt(
         errors.LeaseLost: wrong token, or the attempt is no longer live (409). With the right
             token the report is kept on the attempt as late evidence; the task is unchanged.
     """
-    task, attempt, now = _locked_attempt(conn, namespace_id, attempt_id, ending=True)
+    task, attempt, now = _locked_attempt(conn, namespace_id, attempt_id, ending=True, lean=True)
     _check_token(attempt, lease_token)
+    if not _holds(attempt, now):  # a repeated or conflicting report, a lost lease: every column
+        task, attempt, now = _locked_attempt(conn, namespace_id, attempt_id, ending=True)
     status = attempt["status"]
     if status == AttemptStatus.SUCCEEDED.value and _canonical(attempt["result"]) == _canonical(result):
         return _state(task, attempt)

@@ -140,7 +140,13 @@ _UPDATE_LIVE_ATTEMPT = by_primary_key(
         task_attempts.c.lease_expires_at > sa.bindparam("b_now", type_=task_attempts.c.lease_expires_at.type),
     )
 )
-_INSERT_EVENT = task_events.insert()
+_INSERT_EVENT = task_events.insert()  # also flows.advance's (its rows may leave columns out)
+#: :func:`_append_event`'s ``INSERT`` as text: the row ``_INSERT_EVENT`` writes, every column given, without
+#: the work SQLAlchemy does for a compiled single-row ``INSERT`` (the inserted primary key, which nothing reads).
+_EVENT_COLUMNS = tuple(c.name for c in task_events.c if c.name != "id")
+_APPEND_EVENT = sa.text(
+    f"INSERT INTO task_events ({', '.join(_EVENT_COLUMNS)}) VALUES ({', '.join(f':{c}' for c in _EVENT_COLUMNS)})"
+).bindparams(*(sa.bindparam(c, type_=task_events.c[c].type) for c in _EVENT_COLUMNS))
 #: :func:`_update_both_statement`'s statements, by the task and attempt columns they set.
 _UPDATE_BOTH: dict[tuple[tuple[str, ...], tuple[str, ...]], sa.TextClause] = {}
 
@@ -336,7 +342,7 @@ def _append_event(
     data: Any = None,
 ) -> None:
     conn.execute(
-        _INSERT_EVENT,
+        _APPEND_EVENT,
         {
             "task_id": task_id,
             "state_version": state_version,
@@ -584,11 +590,29 @@ _ATTEMPT_COLUMNS = (
     task_attempts.c.leased_at,
     task_attempts.c.started_at,
 )
+#: The columns only the rare paths of a start, heartbeat or complete need (an expiry, a paused queue's give-back,
+#: a repeated or conflicting report): a ``lean`` :func:`_locked_attempt` leaves them out (each column of a
+#: result costs the server the parsing of its description, whatever its value: issue 28).
+_RARE_TASK_COLUMNS = frozenset(
+    {"attempt_count", "max_attempts", "retry_safe", "deadline", "backoff_base_seconds", "backoff_cap_seconds"}
+)
+_RARE_ATTEMPT_COLUMNS = frozenset({"result", "error"})
 #: :func:`_locked_attempt`'s statements, built once per dialect and kind.
-_LOCKED_ATTEMPT: dict[tuple[str, bool], sa.Executable] = {}
+_LOCKED_ATTEMPT: dict[tuple[str, bool, bool], sa.Executable] = {}
 
 
-def _locked_attempt_statement(conn: Connection, *, ending: bool = False) -> sa.Executable:
+_LEAN_COLUMNS = (
+    tuple(c for c in _TASK_COLUMNS if c.name not in _RARE_TASK_COLUMNS),
+    tuple(c for c in _ATTEMPT_COLUMNS if c.name not in _RARE_ATTEMPT_COLUMNS),
+)
+
+
+def _columns(lean: bool) -> tuple[tuple[sa.Column[Any], ...], tuple[sa.Column[Any], ...]]:
+    """The task and attempt columns :func:`_locked_attempt` reads (``lean``: without the rare ones)."""
+    return _LEAN_COLUMNS if lean else (_TASK_COLUMNS, _ATTEMPT_COLUMNS)
+
+
+def _locked_attempt_statement(conn: Connection, *, ending: bool = False, lean: bool = False) -> sa.Executable:
     """``SELECT <task>, <clock>, <attempt columns as scalar subqueries> FROM tasks WHERE id = <the
     attempt's task> AND namespace_id = :namespace_id FOR UPDATE``, with ``:attempt_id``.
 
@@ -600,11 +624,14 @@ def _locked_attempt_statement(conn: Connection, *, ending: bool = False) -> sa.E
     PostgreSQL: also the task's ``retry_of`` and :func:`~orbit_server.tasks.result_events.locked_subscribers`,
     which takes the result event's shared locks (namespace and queue; on MySQL/MariaDB then the
     subscriptions) in this statement rather than later in the transaction: a statement less for the event.
+
+    ``lean``: without the columns only the rare paths read (:data:`_RARE_TASK_COLUMNS`, :data:`_RARE_ATTEMPT_COLUMNS`).
     """
     name = conn.dialect.name
     ending = ending and name in ("mysql", "postgresql")
-    statement = _LOCKED_ATTEMPT.get((name, ending))
+    statement = _LOCKED_ATTEMPT.get((name, ending, lean))
     if statement is None:
+        task_columns, attempt_columns = _columns(lean)
         attempt_id = sa.bindparam("attempt_id", type_=task_attempts.c.id.type)
 
         def of(column: sa.Column[Any]) -> sa.Label[Any]:
@@ -618,12 +645,12 @@ def _locked_attempt_statement(conn: Connection, *, ending: bool = False) -> sa.E
         clock = _clock(conn)
         extra = (tasks.c.retry_of, result_events.locked_subscribers(clock, name)) if ending else ()
         task_of_attempt = sa.select(task_attempts.c.task_id).where(task_attempts.c.id == attempt_id)
-        statement = _LOCKED_ATTEMPT[(name, ending)] = (
+        statement = _LOCKED_ATTEMPT[(name, ending, lean)] = (
             sa.select(
-                *_TASK_COLUMNS,
+                *task_columns,
                 clock.label("db_now"),
                 gate_paused(),
-                *(of(c) for c in _ATTEMPT_COLUMNS),
+                *(of(c) for c in attempt_columns),
                 *extra,
             )
             .where(
@@ -646,7 +673,7 @@ def gate_paused() -> sa.Label[Any]:
 
 
 def _locked_attempt(
-    conn: Connection, namespace_id: int, attempt_id: str, *, ending: bool = False
+    conn: Connection, namespace_id: int, attempt_id: str, *, ending: bool = False, lean: bool = False
 ) -> tuple[dict[str, Any], dict[str, Any], datetime]:
     """Lock the attempt's task, and read it, the attempt and the database clock in one statement.
 
@@ -654,6 +681,10 @@ def _locked_attempt(
     PostgreSQL the same statement then takes the result event's shared locks (MySQL/MariaDB: and reads its
     subscriptions)
     (:func:`_locked_attempt_statement`), kept on the task as ``subscribers`` for :func:`apply_transition`.
+
+    ``lean``: the rows without the columns only the rare paths need (:data:`_RARE_TASK_COLUMNS`,
+    :data:`_RARE_ATTEMPT_COLUMNS`: the dictionaries lack those keys); a caller that finds itself on such a path
+    (:func:`_holds` is false) reads everything again, still under the task's lock.
 
     Returns ``(task, attempt, now)``. The task row is read under its lock; the attempt row is
     read by a subquery of the same statement, without a lock (lock order: task first), so it
@@ -669,7 +700,7 @@ def _locked_attempt(
         raise errors.AttemptNotFound(f"no attempt {attempt_id!r} in this namespace")
     row = (
         conn.execute(
-            _locked_attempt_statement(conn, ending=ending),
+            _locked_attempt_statement(conn, ending=ending, lean=lean),
             {"attempt_id": attempt_id, "namespace_id": namespace_id},
         )
         .mappings()
@@ -677,13 +708,19 @@ def _locked_attempt(
     )
     if row is None:
         raise errors.AttemptNotFound(f"no attempt {attempt_id!r} in this namespace")
-    task = {column.name: row[column.name] for column in _TASK_COLUMNS}
+    task_columns, attempt_columns = _columns(lean)
+    task = {column.name: row[column.name] for column in task_columns}
     task["gate_paused"] = bool(row["gate_paused"])
     if "subscribers" in row:
         task["retry_of"] = row["retry_of"]
         task["subscribers"] = result_events.subscribers(task, row["subscribers"], conn.dialect.name)
-    attempt = {column.name: row[f"attempt_{column.name}"] for column in _ATTEMPT_COLUMNS}
+    attempt = {column.name: row[f"attempt_{column.name}"] for column in attempt_columns}
     return task, attempt, _naive(row["db_now"])
+
+
+def _holds(attempt: Mapping[Any, Any], now: datetime) -> bool:
+    """Whether the attempt is live and its lease not lapsed at ``now``: a report's plain path."""
+    return attempt["status"] in _LIVE and attempt["lease_expires_at"] > now
 
 
 def _check_token(attempt: Mapping[Any, Any], lease_token: str) -> None:
