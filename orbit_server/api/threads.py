@@ -3,12 +3,12 @@
 Starlette's :func:`~starlette.concurrency.run_in_threadpool` goes through anyio (a capacity limiter, a
 cancel scope, run variables and a ``queue.Queue`` whose ``Condition`` wakes the thread): about a tenth
 of a ``start``'s server CPU, and more of an empty lease's (issue 28, ``python -m bench.call_floor``).
-:func:`in_thread` submits the call to a :class:`~concurrent.futures.ThreadPoolExecutor` and awaits it
-through :func:`asyncio.wrap_future`, with the same guarantees the fast lane relies on: the call sees
+:func:`in_thread` hands the call to a :class:`~concurrent.futures.ThreadPoolExecutor` with
+:meth:`asyncio.loop.run_in_executor`, with the same guarantees the fast lane relies on: the call sees
 the caller's context variables (a copy, as anyio gives it), and a cancellation of the awaiting task
 either stops the call before it began or waits for it to end (its transaction committed or rolled
-back) before it goes on, as anyio's shielded wait does. The pool (one per process, beside anyio's) has
-as many threads as anyio's default limiter allows (40 unless changed), created as needed.
+back) before it goes on, as anyio's shielded wait does. The pool has as many threads as anyio's default limiter allows
+(40 unless changed), created as needed.
 """
 
 from __future__ import annotations
@@ -44,8 +44,7 @@ def _executor() -> ThreadPoolExecutor:
 
 async def in_thread(func: Callable[P, T], /, *args: P.args, **kwargs: P.kwargs) -> T:
     """``func(*args, **kwargs)`` run in a worker thread, in a copy of the caller's context; its value, or
-    its exception raised here. Cancelling the caller stops ``func`` before it began, or waits for it to
-    end (module docstring).
+    its exception raised here. Cancelling the caller stops ``func`` before it began, or waits for it to end (module docstring).
 
     Must be called from a running event loop."""
     future = _executor().submit(contextvars.copy_context().run, func, *args, **kwargs)  # type: ignore[arg-type]
