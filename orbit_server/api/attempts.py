@@ -12,6 +12,7 @@ from typing import Any
 from fastapi import APIRouter, Request, Response
 from pydantic import TypeAdapter
 from sqlalchemy.engine import Engine
+from starlette.concurrency import run_in_threadpool
 
 from orbit_client import (
     AttemptState,
@@ -37,7 +38,6 @@ from orbit_server.api.deps import (
     WakeupDep,
 )
 from orbit_server.api.metrics import Metrics
-from orbit_server.api.threads import in_thread
 from orbit_server.db.transact import transact
 from orbit_server.tasks import attempts as attempt_reports
 from orbit_server.tasks import leases as leasing
@@ -112,7 +112,7 @@ async def lease_tasks(
         if sighted and await request.is_disconnected():
             return Response(b"[]", media_type="application/json")
         started_ns = time.time_ns()
-        grants = await in_thread(
+        grants = await run_in_threadpool(
             transact,
             engine,
             leasing.lease_tasks,
@@ -127,7 +127,7 @@ async def lease_tasks(
             sighted = True
             sightings = sightings_for(engine)
             if sightings.due(caller.namespace_id, queue, body.worker_id):
-                await in_thread(sightings.write, caller.namespace_id, queue, body.worker_id)
+                await run_in_threadpool(sightings.write, caller.namespace_id, queue, body.worker_id)
         remaining = give_up - loop.time()
         if grants:
             metrics.lease_grants.labels(namespace, queue).inc(len(grants))

@@ -14,7 +14,7 @@ already in the process's key cache whose namespace is the path's and whose role 
 body that ``json.loads`` parses and the route's request model validates (as FastAPI parses and
 validates it) — it calls the route's own function (the very ``endpoint`` of the :class:`APIRoute`)
 with the arguments FastAPI would have injected, the same way FastAPI does (a ``def`` in the thread pool
-with :func:`~orbit_server.api.threads.in_thread`, an ``async def`` awaited on the loop), and answers its response. A
+with :func:`run_in_threadpool`, an ``async def`` awaited on the loop), and answers its response. A
 domain error raised by the function is answered by the app's own exception handler
 (:mod:`.problems`), with its headers. ``scope["route"]`` is set to the route, so metrics and logs
 name the same route template.
@@ -36,6 +36,7 @@ from typing import Any
 from fastapi import FastAPI
 from fastapi.routing import APIRoute
 from pydantic import BaseModel
+from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import Response
@@ -43,7 +44,6 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from orbit_client import NAME_PATTERN
 from orbit_server.api.bodies import encoding_problem
-from orbit_server.api.threads import in_thread
 
 __all__ = ["FastLane"]
 
@@ -173,7 +173,7 @@ class FastLane:
             if lane.is_async:
                 response = await lane.call(**kwargs)
             else:
-                response = await in_thread(lane.call, **kwargs)
+                response = await run_in_threadpool(lane.call, **kwargs)
         except Exception as exc:
             handler = self._handler(exc)
             if handler is None:
