@@ -127,7 +127,14 @@ class AsyncWorker(_WorkerCore):
         return self._stopping is not None and self._stopping.is_set()
 
     async def run(self) -> None:
-        """Async twin of :meth:`Worker.run` (same behaviour and errors)."""
+        """Async twin of :meth:`Worker.run` (same behaviour and errors).
+
+        Cancelling the task that awaits it stops the worker as :meth:`stop` does, and at once
+        abandons the outstanding lease request (a long poll of up to ``poll_wait_seconds``): grants
+        it may have made lapse unstarted on the server. Running handlers and grants in hand still
+        finish (within ``shutdown_timeout``), then ``run()`` raises :class:`asyncio.CancelledError`;
+        cancelling it again while it waits for them cancels the handlers (their leases lapse).
+        """
         config = self._config
         loop = asyncio.get_running_loop()
         self._loop, self._stopping, self._changed = loop, asyncio.Event(), asyncio.Event()
@@ -147,17 +154,19 @@ class AsyncWorker(_WorkerCore):
                 await self._lease_loop()
         finally:
             self._stop_now()
-            await self._drain(tasks[1:])
-            for task in tasks:
-                task.cancel()
-            for task in tasks:
-                with contextlib.suppress(asyncio.CancelledError):
-                    await task
-            for sig in signals:
-                loop.remove_signal_handler(sig)
-            self._stop_requested = False
-            self._release_metrics()
-            logger.info("worker %s stopped", config.worker_id)
+            try:
+                await self._drain(tasks[1:])
+            finally:  # also when cancelled again while draining: no slot or heartbeat task is left behind
+                for task in tasks:
+                    task.cancel()
+                for task in tasks:
+                    with contextlib.suppress(asyncio.CancelledError):
+                        await task
+                for sig in signals:
+                    loop.remove_signal_handler(sig)
+                self._stop_requested = False
+                self._release_metrics()
+                logger.info("worker %s stopped", config.worker_id)
 
     def _add_signal_handlers(self, loop: asyncio.AbstractEventLoop) -> list[signal.Signals]:
         if not self._install_signal_handlers or threading.current_thread() is not threading.main_thread():
@@ -228,16 +237,20 @@ class AsyncWorker(_WorkerCore):
         self._took(grants or [], sent_at)
 
     def _took(self, grants: list[LeaseGrant], sent_at: float) -> None:
+        """As :meth:`Worker._took`."""
+        pipe = self._pipe
+        try:
+            self._drained = len(grants) < pipe.asked
+            pipe.hold(grants, sent_at)
+            self._starting += sum(
+                grant.task.status != "RUNNING" and grant.task.handler in self._config.handlers
+                for grant in grants
+            )
+        finally:
+            pipe.asking, pipe.asked = False, 0
+            self._pulse()
         if self._metrics is not None and grants:
             self._metrics.leased(len(grants))
-        pipe = self._pipe
-        self._drained = len(grants) < pipe.asked
-        pipe.asking, pipe.asked = False, 0
-        pipe.hold(grants, sent_at)
-        self._starting += sum(
-            grant.task.status != "RUNNING" and grant.task.handler in self._config.handlers for grant in grants
-        )
-        self._pulse()
 
     async def _lease_loop(self) -> None:
         config, pipe = self._config, self._pipe
@@ -263,6 +276,17 @@ class AsyncWorker(_WorkerCore):
                 failures += 1
                 await self._sleep_unless_stopped(self._lease_failed(exc, failures))
                 continue
+            except BaseException as exc:
+                # Cancelled (run() was: the long poll is abandoned), or not an OrbitError (a bug, an error
+                # the client does not translate): run() stops and raises it. The request is no longer
+                # outstanding: the drain must not wait for its answer (grants it may have made lapse
+                # unstarted on the server).
+                self._took([], sent_at)
+                if isinstance(exc, Exception):
+                    logger.exception(
+                        "unexpected error in the lease loop; worker %s stopping", config.worker_id
+                    )
+                raise
             failures = 0
             self._took(grants, sent_at)
 

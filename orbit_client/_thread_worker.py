@@ -132,6 +132,10 @@ class Worker(_WorkerCore):
             OrbitAPIError: a lease call was refused for a reason retrying cannot fix (401, 403,
                 404: wrong key, role, namespace or queue). Retryable failures are retried with
                 backoff instead.
+            Exception: any other exception out of a lease call (not an :class:`OrbitError`: a bug,
+                an error the client does not translate) is logged and stops the worker as
+                :meth:`stop` does; ``run()`` raises it once the running handlers finished (within
+                ``shutdown_timeout``). Grants the failed call may have made lapse unstarted.
         """
         config = self._config
         self._stopping.clear()
@@ -242,17 +246,21 @@ class Worker(_WorkerCore):
         self._took(grants or [], sent_at)
 
     def _took(self, grants: list[LeaseGrant], sent_at: float) -> None:
+        """The answer to the outstanding lease request: it is no longer outstanding, whatever fails here."""
         config = self._config
+        with self._lock:
+            try:
+                self._drained = len(grants) < self._pipe.asked
+                self._pipe.hold(grants, sent_at)
+                self._starting += sum(
+                    grant.task.status != "RUNNING" and grant.task.handler in config.handlers
+                    for grant in grants
+                )
+            finally:
+                self._pipe.asking, self._pipe.asked = False, 0
+                self._lock.notify_all()
         if self._metrics is not None and grants:
             self._metrics.leased(len(grants))
-        with self._lock:
-            self._drained = len(grants) < self._pipe.asked
-            self._pipe.asking, self._pipe.asked = False, 0
-            self._pipe.hold(grants, sent_at)
-            self._starting += sum(
-                grant.task.status != "RUNNING" and grant.task.handler in config.handlers for grant in grants
-            )
-            self._lock.notify_all()
 
     def _lease_loop(self) -> None:
         config, pipe = self._config, self._pipe
@@ -283,6 +291,16 @@ class Worker(_WorkerCore):
                 failures += 1
                 self._stopping.wait(self._lease_failed(exc, failures))
                 continue
+            except BaseException as exc:
+                # Not an OrbitError (a bug, an error the client does not translate, KeyboardInterrupt):
+                # run() stops and raises it. The request is no longer outstanding: the drain must not
+                # wait for its answer (grants it may have made lapse unstarted on the server).
+                self._took([], sent_at)
+                if isinstance(exc, Exception):
+                    logger.exception(
+                        "unexpected error in the lease loop; worker %s stopping", config.worker_id
+                    )
+                raise
             failures = 0
             self._took(grants, sent_at)
 

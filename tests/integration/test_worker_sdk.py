@@ -328,6 +328,95 @@ def test_stop_lets_running_handlers_finish(env: Env) -> None:
     assert env.admin.get_task(env.ns, task_id).result == "finished after stop"
 
 
+class Broken(RuntimeError):
+    """Not an OrbitError: e.g. a bug, or an error of a transport the client does not translate."""
+
+
+def test_an_unexpected_lease_error_stops_the_worker_and_the_task_in_hand_still_finishes(
+    env: Env, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Regression: the error left the lease request counted as outstanding, and run() waited for its
+    # answer for ever after the handler had finished.
+    queue = env.queue()
+    started, failed = threading.Event(), threading.Event()
+
+    def held(ctx: TaskContext) -> Any:
+        started.set()
+        failed.wait(20)
+        return "finished after the error"
+
+    task_id = env.submit(queue, "held")
+    errors: list[BaseException] = []
+    with env.client() as client:
+        real = client.lease_tasks
+
+        def lease_tasks(*args: Any, **kwargs: Any) -> Any:
+            if started.is_set():  # the next lease, while the handler runs (a free slot: concurrency 2)
+                failed.set()
+                raise Broken("boom")
+            return real(*args, **kwargs)
+
+        monkeypatch.setattr(client, "lease_tasks", lease_tasks)
+        worker = Worker(client, env.ns, queue, {"held": held}, concurrency=2, **FAST)
+
+        def target() -> None:
+            try:
+                worker.run()
+            except BaseException as exc:
+                errors.append(exc)
+
+        thread = threading.Thread(target=target, daemon=True)
+        thread.start()
+        thread.join(timeout=30)
+        if thread.is_alive():
+            worker.stop()
+        assert not thread.is_alive(), "run() hung after an unexpected error from a lease call"
+    assert len(errors) == 1 and isinstance(errors[0], Broken)
+    assert env.admin.get_task(env.ns, task_id).result == "finished after the error"
+
+
+@pytest.mark.parametrize("again", [False, True], ids=["cancel", "cancel-twice"])
+def test_cancelling_the_async_run_stops_it_as_stop_does(env: Env, again: bool) -> None:
+    # Cancelled once, run() lets the running handler finish, then raises CancelledError; cancelled again
+    # while it waits, it cancels the handler. (The cancelled long poll itself: tests/unit/test_worker_shutdown.py.)
+    queue = env.queue()
+    started, release = asyncio.Event(), asyncio.Event()
+    handler_cancelled: list[bool] = []
+
+    async def held(ctx: TaskContext) -> Any:
+        started.set()
+        try:
+            await release.wait()
+        except asyncio.CancelledError:
+            handler_cancelled.append(True)
+            raise
+        return "finished after cancel"
+
+    task_id = env.submit(queue, "held")
+
+    async def scenario() -> None:
+        async with AsyncOrbitClient(env.server.base_url, api_key=env.keys["work"]) as client:
+            worker = AsyncWorker(client, env.ns, queue, {"held": held}, lease_seconds=5, **FAST)
+            runner = asyncio.create_task(worker.run())
+            await asyncio.wait_for(started.wait(), 10)
+            runner.cancel()
+            done, _ = await asyncio.wait({runner}, timeout=0.5)
+            assert not done, "run() returned before its handler finished"
+            if again:
+                runner.cancel()
+            else:
+                release.set()
+            done, _ = await asyncio.wait({runner}, timeout=20)
+            assert done, "the cancelled run() never finished"
+            assert runner.cancelled()
+            assert handler_cancelled == ([True] if again else [])  # before run() returned
+
+    asyncio.run(asyncio.wait_for(scenario(), 60))
+    if not again:
+        env.wait(task_id, "SUCCEEDED")
+        assert env.admin.get_task(env.ns, task_id).result == "finished after cancel"
+
+
 def test_worker_arguments_are_checked(env: Env) -> None:
     async def coroutine(ctx: TaskContext) -> Any:
         return None
