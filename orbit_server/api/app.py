@@ -105,9 +105,8 @@ def create_app(settings: ServerSettings | None = None, *, engine: Engine | None 
     app.add_middleware(Utf8JsonBodies)
     # Inside the request context (its request id, size limit and timeouts), before any route.
     app.add_middleware(JsonContentTypeMiddleware, problem=_scope_problem)
-    if (
-        settings.fast_lane
-    ):  # the hot worker calls' happy path, in front of the routing (orbit_server.api.fast_lane)
+    if settings.fast_lane:
+        # The hot worker calls' happy path, in front of the routing (orbit_server.api.fast_lane).
         app.add_middleware(FastLane, orbit=app)
     if settings.allowed_host_list:
         app.add_middleware(AllowedHosts, allowed=settings.allowed_host_list)
