@@ -29,10 +29,12 @@ from orbit_server.db.schema import (
 )
 
 __all__ = [
+    "COPIED",
     "RESULT_STATUSES",
     "Subscribers",
     "chain_key",
     "locked_subscribers",
+    "postgres_event_ctes",
     "record_result_event",
     "record_result_events",
     "subscribers",
@@ -204,6 +206,44 @@ def record_result_event(
             ],
         )
     return event_id
+
+
+#: The columns of the task row a result event copies (:data:`_COPY_EVENT`, :func:`postgres_event_ctes`).
+COPIED = ("namespace_id", "queue_id", "handler", "status", "result", "error", "state_version", "retry_of")
+
+
+def postgres_event_ctes(source: str) -> tuple[str, tuple[sa.BindParameter[Any], ...]]:
+    """PostgreSQL: :func:`record_result_event`'s writes as data-modifying ``WITH`` queries of the statement
+    that updates the task (``source``: the name of its ``UPDATE tasks ... RETURNING`` query, which must return
+    ``id`` and the copied columns, and gives one row when the task changed, none otherwise).
+
+    Returns ``(sql, bind parameters)``: the text ``copied AS (...), subs AS (...), delivered AS (...)`` to put
+    after the caller's own queries, with parameters ``:r_id`` (the new event's id), ``:r_now`` (the
+    transition's database time), ``:r_namespace_id`` and ``:r_queue`` (the task's namespace and queue name,
+    read under the shared locks of :func:`locked_subscribers` by the statement that locked the task). The
+    event is the changed row's copy; the deliveries go to the namespace's subscriptions created at or before
+    ``:r_now`` that match the queue, read with ``FOR SHARE``, exactly as :func:`record_result_event` reads
+    them with :data:`_LOCK_SUBSCRIPTIONS`: this statement begins after the locking read took the
+    namespace's shared lock, so it sees every subscription committed before that lock was granted, and
+    none can be created until this transaction ends (the module docstring of
+    :mod:`orbit_server.results.deliveries`). Not for a task with ``retry_of`` (its event carries the key of
+    the chain's first task: :func:`record_result_event` writes it)."""
+    copied = ", ".join(f"{source}.{c}" for c in COPIED)
+    sql = (
+        f"copied AS (INSERT INTO result_events (id, task_id, {', '.join(COPIED)}, occurred_at)"
+        f" SELECT :r_id, {source}.id, {copied}, :r_now FROM {source} RETURNING result_events.id),"
+        " subs AS (SELECT subscriptions.id, subscriptions.queues FROM subscriptions"
+        " WHERE subscriptions.namespace_id = :r_namespace_id AND subscriptions.created_at <= :r_now FOR SHARE),"
+        " delivered AS (INSERT INTO event_deliveries (subscription_id, event_id, state, delivery_count, created_at)"
+        f" SELECT subs.id, copied.id, '{PENDING}', 0, :r_now FROM subs, copied"
+        " WHERE subs.queues IS NULL OR CAST(subs.queues AS jsonb) ? :r_queue)"
+    )
+    return sql, (
+        sa.bindparam("r_id", type_=Key(36)),
+        sa.bindparam("r_now", type_=Timestamp),
+        sa.bindparam("r_namespace_id", type_=sa.BigInteger),
+        sa.bindparam("r_queue", type_=sa.String),
+    )
 
 
 #: :func:`record_result_event`'s copy of the task row: ``:event_id``, ``:task_id``, ``:occurred_at``.

@@ -37,6 +37,7 @@ import hashlib
 import hmac
 import logging
 import random
+import uuid
 from collections.abc import Mapping
 from datetime import datetime, timedelta
 from typing import Any, Final
@@ -179,20 +180,28 @@ def _update_both_statement(task_columns: tuple[str, ...], attempt_columns: tuple
 
 
 #: :func:`_update_both_postgres`'s statements, by the task and attempt columns they set.
-_UPDATE_BOTH_POSTGRES: dict[tuple[tuple[str, ...], tuple[str, ...]], sa.TextClause] = {}
+_UPDATE_BOTH_POSTGRES: dict[tuple[tuple[str, ...], tuple[str, ...], bool], sa.TextClause] = {}
 
 
-def _update_both_postgres(task_columns: tuple[str, ...], attempt_columns: tuple[str, ...]) -> sa.TextClause:
+def _update_both_postgres(
+    task_columns: tuple[str, ...], attempt_columns: tuple[str, ...], result_event: bool = False
+) -> sa.TextClause:
     """PostgreSQL: :func:`_update_both_statement`'s update in one statement (same parameters), with the
     transition's ``task_events`` row: the live attempt's conditional ``UPDATE`` in a data-modifying ``WITH``,
     the task's conditional ``UPDATE`` only when it changed a row, and the event (``:e_<column>``) inserted
     only for a task row changed. It answers how many task rows changed: one means all three were written;
     none, that the task or the attempt had moved on (the attempt may then be changed alone: the caller's
     ``ConcurrentUpdate`` rolls back its transaction or savepoint, as for the statements this replaces).
-    Built once per set of columns."""
-    key = (task_columns, attempt_columns)
+    ``result_event``: the transition's result event and its deliveries too, in the same statement
+    (:func:`~orbit_server.tasks.result_events.postgres_event_ctes`, parameters ``:r_<name>``), written only
+    for a task row changed. Built once per set of columns."""
+    key = (task_columns, attempt_columns, result_event)
     statement = _UPDATE_BOTH_POSTGRES.get(key)
     if statement is None:
+        returning = (
+            ("tasks.id", *(f"tasks.{c}" for c in result_events.COPIED)) if result_event else ("tasks.id",)
+        )
+        event_sql, event_params = result_events.postgres_event_ctes("changed") if result_event else ("", ())
         attempt_sets = ", ".join(f"{c} = :a_set_{c}" for c in attempt_columns)
         task_sets = ", ".join(f"{c} = :{c}" for c in task_columns)
         event_columns = [c.name for c in task_events.c if c.name not in ("id", "task_id")]
@@ -203,15 +212,17 @@ def _update_both_postgres(task_columns: tuple[str, ...], attempt_columns: tuple[
             " AND task_attempts.lease_expires_at > :a_now RETURNING task_attempts.id),"
             f" changed AS (UPDATE tasks SET {task_sets}"
             " WHERE tasks.id = :b_id AND tasks.status = :b_status AND tasks.state_version = :b_version"
-            " AND EXISTS (SELECT FROM live) RETURNING tasks.id),"
+            f" AND EXISTS (SELECT FROM live) RETURNING {', '.join(returning)}),"
             f" logged AS (INSERT INTO task_events (task_id, {', '.join(event_columns)})"
             f" SELECT changed.id, {', '.join(f':e_{c}' for c in event_columns)} FROM changed)"
-            " SELECT count(*) FROM changed"
+            + (f", {event_sql}" if result_event else "")
+            + " SELECT count(*) FROM changed"
         ).bindparams(
             *(sa.bindparam(c, type_=tasks.c[c].type) for c in task_columns),
             *(sa.bindparam(f"a_set_{c}", type_=task_attempts.c[c].type) for c in attempt_columns),
             sa.bindparam("a_now", type_=task_attempts.c.lease_expires_at.type),
             *(sa.bindparam(f"e_{c}", type_=task_events.c[c].type) for c in event_columns),
+            *event_params,
         )
     return statement
 
@@ -283,16 +294,33 @@ def apply_transition(
         permits.release(conn, [task["current_attempt_id"]])
         changes["holds_permit"] = False
     fence = {"b_id": task["id"], "b_status": current.value, "b_version": task["state_version"]}
+    event_id: str | None = None  # the result event's, when the update's statement writes it (PostgreSQL)
     if attempt is not None and conn.dialect.name in ("mysql", "mariadb", "postgresql"):
         row, attempt_values = attempt
         postgres = conn.dialect.name == "postgresql"
-        build = _update_both_postgres if postgres else _update_both_statement
+        read = task.get("subscribers")
+        if postgres and to in result_events.RESULT_STATUSES and read is not None and read.retry_of is None:
+            # The result event and its deliveries in the update's statement, under the locks taken by the
+            # statement that locked the task (read ahead: result_events.locked_subscribers).
+            event_id = str(uuid.uuid4())
+            statement = _update_both_postgres(tuple(changes), tuple(attempt_values), result_event=True)
+            written = {
+                "r_id": event_id,
+                "r_now": now,
+                "r_namespace_id": read.namespace_id,
+                "r_queue": read.queue_name,
+            }
+        elif postgres:
+            statement, written = _update_both_postgres(tuple(changes), tuple(attempt_values)), {}
+        else:
+            statement, written = _update_both_statement(tuple(changes), tuple(attempt_values)), {}
         result = conn.execute(
-            build(tuple(changes), tuple(attempt_values)),
+            statement,
             {
                 **fence, **changes, **{f"a_set_{k}": v for k, v in attempt_values.items()},
                 "a_id": row["id"], "a_hash": row["lease_token_hash"], "a_status": row["status"], "a_now": now,
                 **(_event_values(version, event, current, to, now, actor, reason, data) if postgres else {}),
+                **written,
             },
         )  # fmt: skip
         # the MySQL dialects count both rows found; PostgreSQL answers the task rows changed (its event too)
@@ -311,7 +339,8 @@ def apply_transition(
             conn, task["id"], version, event, current, to, now, actor=actor, reason=reason, data=data
         )
     if to in result_events.RESULT_STATUSES:
-        event_id = result_events.record_result_event(conn, task["id"], now, read=task.get("subscribers"))
+        if event_id is None:
+            event_id = result_events.record_result_event(conn, task["id"], now, read=task.get("subscribers"))
         if task.get("flow_instance_id") is not None:  # a flow step: its internal event, same transaction
             flow_hooks.record_events(conn, [({**task, **changes}, event_id)], now)
     return {**task, **changes}

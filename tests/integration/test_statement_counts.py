@@ -39,9 +39,10 @@ EXPECTED = {
         # lock and read; the attempt, the task and the task's event in one statement (data-modifying WITHs); COMMIT
         "start": 3,
         "heartbeat": 3,
-        # the namespace's and queue's shared locks are taken in the first statement; the subscriptions are read by
-        # a statement of their own after it (a PostgreSQL statement sees only rows committed before it began)
-        "complete": 5,
+        # lock and read (with the namespace's and queue's shared locks); the attempt, the task, the task event,
+        # the result event and its deliveries in one statement (data-modifying WITHs; it begins after the locks
+        # were granted, so it sees every subscription committed before them); COMMIT
+        "complete": 3,
         "empty lease": 3,
         "lease, one grant": 6,
     },
