@@ -276,16 +276,10 @@ class AsyncWorker(_WorkerCore):
                 failures += 1
                 await self._sleep_unless_stopped(self._lease_failed(exc, failures))
                 continue
-            except BaseException as exc:
-                # Cancelled (run() was: the long poll is abandoned), or not an OrbitError (a bug, an error
-                # the client does not translate): run() stops and raises it. The request is no longer
-                # outstanding: the drain must not wait for its answer (grants it may have made lapse
-                # unstarted on the server).
-                self._took([], sent_at)
-                if isinstance(exc, Exception):
-                    logger.exception(
-                        "unexpected error in the lease loop; worker %s stopping", config.worker_id
-                    )
+            except (
+                BaseException
+            ) as exc:  # cancelled (the long poll is abandoned), a bug, an untranslated error
+                self._lease_call_broke(exc, sent_at)
                 raise
             failures = 0
             self._took(grants, sent_at)

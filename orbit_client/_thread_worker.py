@@ -291,15 +291,8 @@ class Worker(_WorkerCore):
                 failures += 1
                 self._stopping.wait(self._lease_failed(exc, failures))
                 continue
-            except BaseException as exc:
-                # Not an OrbitError (a bug, an error the client does not translate, KeyboardInterrupt):
-                # run() stops and raises it. The request is no longer outstanding: the drain must not
-                # wait for its answer (grants it may have made lapse unstarted on the server).
-                self._took([], sent_at)
-                if isinstance(exc, Exception):
-                    logger.exception(
-                        "unexpected error in the lease loop; worker %s stopping", config.worker_id
-                    )
+            except BaseException as exc:  # a bug, an untranslated error, KeyboardInterrupt
+                self._lease_call_broke(exc, sent_at)
                 raise
             failures = 0
             self._took(grants, sent_at)

@@ -465,6 +465,19 @@ class _WorkerCore:
         logger.warning("lease call failed (%s); retrying in %.2f s", type(exc).__name__, delay)
         return delay
 
+    def _lease_call_broke(self, exc: BaseException, sent_at: float) -> None:
+        """A lease call sent at ``sent_at`` ended with ``exc``, not an :class:`OrbitError` (cancelled, a bug, an
+        error the client does not translate): the request is no longer outstanding, so the drain must not wait
+        for its answer (grants it may have made lapse unstarted on the server); an ``Exception`` is logged. The
+        caller re-raises ``exc``: ``run()`` stops and raises it."""
+        self._took([], sent_at)
+        if isinstance(exc, Exception):
+            logger.exception("unexpected error in the lease loop; worker %s stopping", self._config.worker_id)
+
+    def _took(self, grants: list[LeaseGrant], sent_at: float) -> None:
+        """Take the answer to the outstanding lease request (each worker's own: under its lock, or on its loop)."""
+        raise NotImplementedError
+
     def _leased(self, grants: list[LeaseGrant]) -> int:
         """Count a lease answer; how many of its tasks have a handler here (they will start)."""
         if self._metrics is not None:
