@@ -258,7 +258,7 @@ def test_cancel_reaches_the_running_handler(env: Env) -> None:
     task_id = env.submit(queue, "patient")
     with (
         env.client() as client,
-        running(Worker(client, env.ns, queue, {"patient": patient}, lease_seconds=1, **FAST)),
+        running(Worker(client, env.ns, queue, {"patient": patient}, lease_seconds=3, **FAST)),
     ):
         assert started.wait(10)
         env.admin.cancel_task(env.ns, task_id, reason="operator said so")
@@ -462,7 +462,7 @@ def test_async_worker(env: Env) -> None:
         async with AsyncOrbitClient(env.server.base_url, api_key=env.keys["work"]) as client:
             worker = AsyncWorker(
                 client, env.ns, queue, {"add": add, "flaky": flaky, "patient": patient}, concurrency=3,
-                lease_seconds=1, **FAST,
+                lease_seconds=3, **FAST,
             )  # fmt: skip
             runner = asyncio.create_task(worker.run())
             await asyncio.wait_for(started.wait(), 10)
