@@ -191,8 +191,8 @@ def _lease_after(
 ) -> tuple[list[LeaseGrant], errors.OrbitServerError | None]:
     """The lease a report batch carried, in its own transaction after the reports' (module docstring)."""
     try:
-        grants = transact(
-            engine, leases.lease_tasks, namespace_id, lease.queue, worker_id=lease.worker_id,
+        grants = leases.lease(
+            engine, namespace_id, lease.queue, worker_id=lease.worker_id,
             max_tasks=lease.max_tasks, lease_seconds=lease.lease_seconds, start=lease.start,
         )  # fmt: skip
     except errors.OrbitServerError as exc:

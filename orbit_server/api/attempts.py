@@ -113,9 +113,8 @@ async def lease_tasks(
             return Response(b"[]", media_type="application/json")
         started_ns = time.time_ns()
         grants = await run_in_threadpool(
-            transact,
+            leasing.lease,
             engine,
-            leasing.lease_tasks,
             caller.namespace_id,
             queue,
             worker_id=body.worker_id,

@@ -41,6 +41,7 @@ __all__ = [
     "is_sqlite",
     "is_unavailable",
     "is_unique_violation",
+    "note_autocommitted_write",
     "nothing_committed",
     "request_writes_tracked",
     "to_utc",
@@ -304,6 +305,16 @@ def request_writes_tracked() -> Iterator[list[bool]]:
         yield record
     finally:
         _REQUEST_WRITES.reset(token)
+
+
+def note_autocommitted_write() -> None:
+    """Record in the current request (:func:`request_writes_tracked`) that a write is about to be sent in
+    autocommit mode: it commits with its own statement, with no ``COMMIT`` to mark it, so from here on a
+    lost connection leaves its outcome unknown (:func:`nothing_committed` is ``False``: a 500, not a 503).
+    Nothing outside a request."""
+    box = _REQUEST_WRITES.get()
+    if box is not None:
+        box[0] = box[1] = True
 
 
 def nothing_committed(exc: BaseException, record: list[bool] | None = None) -> bool:

@@ -11,7 +11,7 @@ from datetime import datetime, timedelta
 from typing import Any, NamedTuple
 
 import sqlalchemy as sa
-from sqlalchemy.engine import Connection
+from sqlalchemy.engine import Connection, Engine
 
 from orbit_client import (
     AttemptLease,
@@ -21,7 +21,7 @@ from orbit_client import (
 )
 from orbit_server import errors
 from orbit_server.db import faults as _faults
-from orbit_server.db.engine import by_primary_key, db_now
+from orbit_server.db.engine import by_primary_key, db_now, is_lock_conflict, note_autocommitted_write
 from orbit_server.db.schema import (
     concurrency_permits,
     namespaces,
@@ -31,6 +31,7 @@ from orbit_server.db.schema import (
     task_events,
     tasks,
 )
+from orbit_server.db.transact import transact
 from orbit_server.tasks import permits, store
 from orbit_server.tasks.transitions import (
     _LIVE,
@@ -45,7 +46,7 @@ from orbit_server.tasks.transitions import (
     apply_transition,
 )
 
-__all__ = ["expire_leases", "lease_tasks"]
+__all__ = ["expire_leases", "lease", "lease_tasks"]
 
 #: Most expired attempts (and overdue waiting tasks) one sweep pass handles.
 _SWEEP_BATCH = 200
@@ -305,6 +306,24 @@ def lease_tasks(
     found, due = _find_queue_and_claim(conn, namespace_id, queue, max_tasks)
     if found is None:
         raise errors.QueueNotFound(f"queue {queue!r} does not exist in this namespace")
+    return _lease_found(
+        conn,
+        found,
+        due,
+        queue,
+        worker_id=worker_id,
+        max_tasks=max_tasks,
+        lease_seconds=lease_seconds,
+        start=start,
+    )
+
+
+def _lease_found(
+    conn: Connection, found: _QueueRow, due: Sequence[Mapping[Any, Any]] | None, queue: str, *, worker_id: str,
+    max_tasks: int, lease_seconds: float, start: bool,
+) -> list[LeaseGrant]:  # fmt: skip
+    """:func:`lease_tasks` once the queue's row was read (``found``; ``due``: the claimed due tasks when its
+    statement read them, else ``None``)."""
     queue_id, namespace_name, now = found.id, found.name, _naive(found.db_now)
     if found.sweep_due:  # the sweep's own statements run only when it has something to settle
         _sweep(conn, now, queue_id=queue_id, limit=_SWEEP_BATCH)
@@ -425,6 +444,220 @@ def lease_tasks(
             permits.permit_rows([(row, attempt_ids[row["id"]]) for row in due], now),
         )
     return grants
+
+
+# ------------------------------------------------------------ PostgreSQL lease
+
+
+def lease(
+    engine: Engine,
+    namespace_id: int,
+    queue: str,
+    *,
+    worker_id: str,
+    max_tasks: int,
+    lease_seconds: float,
+    start: bool = False,
+) -> list[LeaseGrant]:
+    """One lease call's grants: :func:`lease_tasks` on ``engine``, in its own transaction
+    (:func:`~orbit_server.db.transact.transact`), with the same arguments, answer and errors.
+
+    On PostgreSQL a queue whose gate is plain (not paused, no concurrency limit) and with no sweep due is
+    leased in autocommitted statements instead, each its own transaction (no ``BEGIN``, no ``COMMIT``):
+    :data:`_PG_PROBE` reads the queue, its gate, the clock, whether a sweep is due and how many tasks are
+    due (up to ``max_tasks``); an empty lease ends there. Otherwise :func:`_pg_claim_statement` grants up to
+    that many in one statement. Every other case (a sweep due, a limited queue) runs :func:`lease_tasks`'s
+    transaction, a limited queue without its lookup (the probe read it); a paused queue grants nothing.
+
+    Raises:
+        errors.QueueNotFound: no such queue in the namespace (404).
+    """
+    options: dict[str, Any] = {
+        "worker_id": worker_id,
+        "max_tasks": max_tasks,
+        "lease_seconds": lease_seconds,
+        "start": start,
+    }
+    if engine.dialect.name != "postgresql":
+        return transact(engine, lease_tasks, namespace_id, queue, **options)
+    found, grants = _lease_postgres(engine, namespace_id, queue, **options)
+    if grants is not None:
+        return grants
+    if found is None or found.sweep_due:
+        return transact(engine, lease_tasks, namespace_id, queue, **options)
+    return transact(engine, _lease_found, found, None, queue, **options)  # limited: under the gate's lock
+
+
+#: PostgreSQL: ``:namespace_id``'s queue ``:queue`` as :func:`_find_queue_statement` reads it (columns
+#: :data:`_QUEUE_INFO`) and ``q_due``: how many of its tasks are due, up to ``:max_tasks`` (read through
+#: ``ix_tasks_claim_order``, locking nothing; ``NULL`` unless its gate is plain and no sweep is due). One
+#: ``SELECT`` (so, autocommitted, it writes nothing); the clock is read once (the ``clock`` subquery).
+_PG_PROBE = sa.text(
+    "SELECT q.*, CASE WHEN NOT q.q_sweep_due AND q.q_paused IS NOT TRUE AND q.q_per_key IS NULL"
+    " AND q.q_max IS NULL THEN (SELECT count(*) FROM (SELECT FROM tasks WHERE tasks.queue_id = q.q_id"
+    " AND tasks.status = 'WAITING' AND tasks.available_at <= q.q_now AND tasks.cancel_requested = false"
+    " AND (tasks.deadline IS NULL OR tasks.deadline > q.q_now)"
+    " ORDER BY tasks.priority DESC, tasks.available_at, tasks.id LIMIT :max_tasks) AS due) END AS q_due"
+    " FROM (SELECT queues.id AS q_id, namespaces.name AS q_namespace, clock.now AS q_now,"
+    " queue_gates.paused AS q_paused, queue_gates.max_concurrency_per_key AS q_per_key,"
+    " queue_gates.max_concurrency AS q_max,"
+    " (EXISTS (SELECT FROM task_attempts JOIN tasks ON tasks.id = task_attempts.task_id"
+    " WHERE task_attempts.status IN ('LEASED', 'RUNNING') AND task_attempts.lease_expires_at <= clock.now"
+    " AND tasks.queue_id = queues.id)"
+    " OR EXISTS (SELECT FROM tasks WHERE tasks.queue_id = queues.id AND tasks.status = 'WAITING'"
+    " AND tasks.deadline IS NOT NULL AND tasks.deadline <= clock.now)) AS q_sweep_due"
+    " FROM (SELECT timezone('UTC', clock_timestamp()) AS now OFFSET 0) AS clock,"
+    " queues JOIN namespaces ON namespaces.id = queues.namespace_id"
+    " LEFT OUTER JOIN queue_gates ON queue_gates.queue_id = queues.id"
+    " WHERE queues.namespace_id = :namespace_id AND queues.name = :queue OFFSET 0) AS q"
+)
+#: :func:`_pg_claim_statement`'s statements, by ``start``.
+_PG_CLAIM: dict[bool, sa.TextClause] = {}
+
+
+def _pg_claim_statement(start: bool) -> sa.TextClause:
+    """PostgreSQL: a plain queue's lease in one statement (autocommitted, so one transaction).
+
+    Its ``WITH`` queries: ``clock`` (the database time ``now`` and the leases' expiry, read once); ``found``
+    (:data:`_PG_PROBE`'s queue row, read again); ``picked``: up to ``:slots`` due tasks (as many as ``:attempt_ids``) in
+    lease order (``FOR UPDATE SKIP LOCKED``), read only when the gate read here is plain and no sweep is
+    due; ``claimed``: the conditional ``UPDATE`` of each picked task, still ``WAITING`` at the
+    ``state_version`` it was picked at, to ``LEASED`` (with ``start``: ``RUNNING`` if retry-safe), its
+    ``attempt_count`` (the new attempt's generation) counted and its ``current_attempt_id`` one of
+    ``:attempt_ids`` (the token digest of the same place in ``:token_hashes`` goes with it), ``RETURNING``
+    the changed rows; then the attempt and the event(s) of each changed row (``leased``; and ``started`` for
+    a started one, as :func:`lease_tasks` writes them), inserted from ``claimed`` alone. The answer: the
+    queue row (columns :data:`_QUEUE_INFO` and ``q_expires``) joined to each claimed task's new row (one
+    row with ``NULL`` task columns when none). No row: no such queue.
+
+    A row that changed after it was picked (possible only when claims lock nothing, test-only) is not
+    updated, so it gets no attempt and no event, and is not granted: correctness never rests on
+    ``SKIP LOCKED``."""
+    statement = _PG_CLAIM.get(start)
+    if statement is None:
+        waiting, leased, running = (
+            s.value for s in (TaskStatus.WAITING, TaskStatus.LEASED, TaskStatus.RUNNING)
+        )
+        status = (
+            f"CASE WHEN tasks.retry_safe THEN '{running}' ELSE '{leased}' END" if start else f"'{leased}'"
+        )
+        steps = "CASE WHEN tasks.retry_safe THEN 2 ELSE 1 END" if start else "1"
+        lock = " FOR UPDATE OF tasks SKIP LOCKED" if _faults.LOCK_CLAIMS else ""
+        columns = ", ".join(f"tasks.{c.name}" for c in tasks.c)
+        statement = _PG_CLAIM[start] = sa.text(
+            "WITH clock AS MATERIALIZED (SELECT now, now + make_interval(secs => :lease_seconds) AS expires"
+            " FROM (SELECT timezone('UTC', clock_timestamp()) AS now) AS c),"
+            " found AS MATERIALIZED (SELECT queues.id, namespaces.name, queue_gates.paused,"
+            " queue_gates.max_concurrency_per_key, queue_gates.max_concurrency,"
+            " (EXISTS (SELECT FROM task_attempts JOIN tasks ON tasks.id = task_attempts.task_id"
+            f" WHERE task_attempts.status IN ('{leased}', '{running}')"
+            " AND task_attempts.lease_expires_at <= (SELECT now FROM clock) AND tasks.queue_id = queues.id)"
+            f" OR EXISTS (SELECT FROM tasks WHERE tasks.queue_id = queues.id AND tasks.status = '{waiting}'"
+            " AND tasks.deadline IS NOT NULL AND tasks.deadline <= (SELECT now FROM clock))) AS sweep_due"
+            " FROM queues JOIN namespaces ON namespaces.id = queues.namespace_id"
+            " LEFT OUTER JOIN queue_gates ON queue_gates.queue_id = queues.id"
+            " WHERE queues.namespace_id = :namespace_id AND queues.name = :queue),"
+            " picked AS MATERIALIZED (SELECT tasks.id, tasks.state_version FROM tasks"
+            " WHERE tasks.queue_id = (SELECT found.id FROM found WHERE NOT found.sweep_due"
+            " AND found.paused IS NOT TRUE AND found.max_concurrency_per_key IS NULL"
+            " AND found.max_concurrency IS NULL)"
+            f" AND tasks.status = '{waiting}' AND tasks.available_at <= (SELECT now FROM clock)"
+            " AND tasks.cancel_requested = false"
+            " AND (tasks.deadline IS NULL OR tasks.deadline > (SELECT now FROM clock))"
+            " ORDER BY tasks.priority DESC, tasks.available_at, tasks.id"
+            f" LIMIT :slots{lock}),"
+            " slots AS (SELECT numbered.id, numbered.state_version, given.attempt_id, given.token_hash"
+            " FROM (SELECT picked.id, picked.state_version, row_number() OVER () AS n FROM picked) AS numbered"
+            " JOIN unnest(CAST(:attempt_ids AS text[]), CAST(:token_hashes AS text[])) WITH ORDINALITY"
+            " AS given (attempt_id, token_hash, n) ON given.n = numbered.n),"
+            f" claimed AS (UPDATE tasks SET status = {status}, state_version = tasks.state_version + {steps},"
+            " attempt_count = tasks.attempt_count + 1, current_attempt_id = slots.attempt_id,"
+            " updated_at = (SELECT now FROM clock) FROM slots"
+            " WHERE tasks.id = slots.id AND tasks.state_version = slots.state_version"
+            f" AND tasks.status = '{waiting}' RETURNING {columns}, slots.token_hash),"
+            " attempted AS (INSERT INTO task_attempts (id, task_id, generation, lease_token_hash, worker_id,"
+            " status, lease_seconds, leased_at, lease_expires_at)"
+            " SELECT claimed.current_attempt_id, claimed.id, claimed.attempt_count, claimed.token_hash,"
+            " :worker_id, claimed.status, :lease_seconds, clock.now, clock.expires FROM claimed, clock),"
+            " logged AS (INSERT INTO task_events (task_id, state_version, event, from_status, to_status, actor,"
+            " reason, data, created_at)"
+            " SELECT claimed.id, claimed.state_version"
+            + (f" - CASE WHEN claimed.status = '{running}' THEN 1 ELSE 0 END" if start else "")
+            + f", 'leased', '{waiting}', '{leased}', :actor, NULL,"
+            " json_build_object('attempt_id', claimed.current_attempt_id, 'generation', claimed.attempt_count),"
+            " clock.now FROM claimed, clock"
+            + (
+                f" UNION ALL SELECT claimed.id, claimed.state_version, 'started', '{leased}', '{running}', :actor,"
+                " 'lease-and-start', json_build_object('attempt_id', claimed.current_attempt_id), clock.now"
+                f" FROM claimed, clock WHERE claimed.status = '{running}'"
+                if start
+                else ""
+            )
+            + ")"
+            " SELECT found.id AS q_id, found.name AS q_namespace, clock.now AS q_now, found.paused AS q_paused,"
+            " found.max_concurrency_per_key AS q_per_key, found.max_concurrency AS q_max,"
+            " found.sweep_due AS q_sweep_due, clock.expires AS q_expires, claimed.*"
+            " FROM found CROSS JOIN clock LEFT OUTER JOIN claimed ON true"
+        )
+    return statement
+
+
+def _lease_order(row: Mapping[Any, Any]) -> tuple[int, datetime, str]:
+    """A task row's place in lease order (:data:`~orbit_server.tasks.permits.LEASE_ORDER`)."""
+    return -row["priority"], row["available_at"], row["id"]
+
+
+def _lease_postgres(
+    engine: Engine, namespace_id: int, queue: str, *, worker_id: str, max_tasks: int, lease_seconds: float,
+    start: bool,
+) -> tuple[_QueueRow | None, list[LeaseGrant] | None]:  # fmt: skip
+    """:func:`lease`'s autocommitted statements (PostgreSQL): ``(the queue's row, the grants)``; the grants
+    are ``None`` when :func:`lease_tasks`'s transaction must lease (a sweep due, a limited queue, a lock
+    conflict), the queue's row ``None`` when that must read it again."""
+    params: dict[str, Any] = {"namespace_id": namespace_id, "queue": queue}
+    with engine.connect() as conn:
+        conn.execution_options(isolation_level="AUTOCOMMIT")
+        probed = conn.execute(_PG_PROBE, {**params, "max_tasks": max_tasks}).first()
+        if probed is None:
+            raise errors.QueueNotFound(f"queue {queue!r} does not exist in this namespace")
+        found = _QueueRow(*probed[:7])
+        if probed.q_due is None:  # a sweep due, the gate paused or limited
+            return found, [] if found.paused and not found.sweep_due else None
+        if not probed.q_due:
+            return found, []  # an empty lease: that one statement, which wrote nothing
+        tokens = [secrets.token_urlsafe(32) for _ in range(probed.q_due)]
+        attempt_ids = [str(uuid.uuid4()) for _ in tokens]
+        note_autocommitted_write()
+        values = {
+            **params, "slots": len(attempt_ids), "attempt_ids": attempt_ids, "token_hashes": [_hash_token(t) for t in tokens],
+            "lease_seconds": lease_seconds, "worker_id": worker_id, "actor": f"worker:{worker_id}",
+        }  # fmt: skip
+        try:
+            rows = conn.execute(_pg_claim_statement(start), values).mappings().all()
+        except sa.exc.DBAPIError as exc:
+            if not is_lock_conflict(exc):  # possible only when claims lock nothing (test-only)
+                raise
+            return None, None
+    if not rows:
+        raise errors.QueueNotFound(f"queue {queue!r} does not exist in this namespace")
+    head = rows[0]
+    if head["id"] is None:  # nothing claimed: the gate or the sweep may have changed since the probe
+        again = _QueueRow(*(head[name] for name in _QUEUE_INFO))
+        gated = (
+            again.sweep_due or again.max_concurrency_per_key is not None or again.max_concurrency is not None
+        )
+        return again, None if gated else []
+    token_of = dict(zip(attempt_ids, tokens, strict=True))
+    expires = _at(_naive(head["q_expires"]))
+    grants = []
+    for row in sorted(rows, key=_lease_order):
+        task = store.task_from_row({**row, "namespace_name": head["q_namespace"], "queue_name": queue})  # type: ignore[arg-type]
+        attempt = AttemptLease(
+            id=row["current_attempt_id"], generation=row["attempt_count"],
+            lease_token=token_of[row["current_attempt_id"]], lease_expires_at=expires,
+        )  # fmt: skip
+        grants.append(LeaseGrant(task=task, attempt=attempt))
+    return None, grants
 
 
 def expire_leases(conn: Connection, *, limit: int = _SWEEP_BATCH) -> int:

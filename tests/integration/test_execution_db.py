@@ -88,9 +88,9 @@ class Db:
         return task.id
 
     def lease(self, queue: str | None = None, n: int = 1, lease_seconds: float = 60) -> list[LeaseGrant]:
-        return transact(
+        """A lease call's grants, as the server makes them (``leases.lease``: on PostgreSQL autocommitted)."""
+        return leases.lease(
             self.engine,
-            leases.lease_tasks,
             self.principal.namespace_id,
             queue or self.queue,
             worker_id="w",

@@ -53,8 +53,15 @@ def api(request: pytest.FixtureRequest, make_database: DatabaseFactory) -> Itera
         helper.close()
 
 
+#: The head of PostgreSQL's one-statement lease (``leases._pg_claim_statement``): its ``claimed`` UPDATE
+#: updates tasks by id, joined to the ones its ``picked`` read locked with ``SKIP LOCKED``.
+_PG_LEASE = "WITH CLOCK AS MATERIALIZED"
+
+
 def _locking_by_id(statement: str) -> bool:
     head = statement.lstrip().upper()
+    if head.startswith(_PG_LEASE):
+        return True
     locking = head.startswith(("UPDATE", "WITH LIVE AS (UPDATE")) or (
         head.startswith("SELECT") and "FOR UPDATE" in head
     )
@@ -100,7 +107,8 @@ def test_batch_statements_lock_tasks_and_attempts_through_the_primary_key(api: A
         sa.event.remove(engine, "before_cursor_execute", capture)
 
     statements = {statement for statement, _ in captured}
-    assert any(s.lstrip().startswith("UPDATE tasks") for s in statements), statements
+    # the claim: an UPDATE of its own, or (PostgreSQL) the lease's statement's
+    assert any(s.lstrip().upper().startswith(("UPDATE TASKS", _PG_LEASE)) for s in statements), statements
     # an attempt update: of its own, or with its task in one statement (the single path on MariaDB)
     assert any(
         re.match(r"\s*(WITH live AS \()?UPDATE (tasks FORCE INDEX \(PRIMARY\), )?task_attempts", s)
@@ -140,7 +148,13 @@ def _check_postgres_plans(engine: sa.Engine, captured: list[tuple[str, Any]], si
         conn.commit()
         for statement, parameters in captured:
             (plan,) = conn.exec_driver_sql(f"EXPLAIN (FORMAT JSON) {statement}", parameters).scalar_one()
-            scans = list(_row_scans(plan["Plan"]))
+            if (
+                statement.lstrip().upper().startswith(_PG_LEASE)
+            ):  # the rows its claim updates (test_claim_plan
+                # checks the read that picks them, from ix_tasks_claim_order)
+                scans = [scan for cte in _ctes(plan["Plan"], "CTE claimed") for scan in _row_scans(cte)]
+            else:
+                scans = list(_row_scans(plan["Plan"]))
             assert scans, (statement, plan)
             for node in scans:
                 where = f"{size} item(s): {statement[:60]}...{statement[-300:]}\n{plan}"
@@ -213,3 +227,11 @@ def _seed_finished_tasks(api: Api, count: int) -> None:
         )  # fmt: skip
         assert r.status_code == 200, r.text
     api._seeded = True  # type: ignore[attr-defined]
+
+
+def _ctes(node: dict[str, Any], name: str) -> Iterator[dict[str, Any]]:
+    """The init plans named ``name`` (``CTE claimed``) anywhere in ``node``'s plan."""
+    if node.get("Subplan Name") == name:
+        yield node
+    for child in node.get("Plans", []):
+        yield from _ctes(child, name)

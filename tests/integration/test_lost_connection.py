@@ -16,7 +16,12 @@ import pytest
 import sqlalchemy as sa
 from sqlalchemy.engine import URL, Engine
 
-from orbit_server.db.engine import create_engine, nothing_committed, request_writes_tracked
+from orbit_server.db.engine import (
+    create_engine,
+    note_autocommitted_write,
+    nothing_committed,
+    request_writes_tracked,
+)
 from tests.conftest import DatabaseFactory
 from tests.outbox_support import TcpProxy
 from tests.server_processes import ServerProcess, prepare
@@ -96,6 +101,16 @@ def test_a_lost_connection_is_judged_by_what_the_request_committed(
                 assert not nothing_committed(lost.value)
             finally:
                 conn.close()
+        # A write sent autocommitted (PostgreSQL's lease, leases.lease): it commits with its own statement,
+        # so a connection lost while it ran leaves the outcome unknown, with no COMMIT to mark it.
+        with request_writes_tracked():
+            with pytest.raises(sa.exc.DBAPIError) as lost, engine.connect() as conn:
+                conn.execution_options(isolation_level="AUTOCOMMIT")
+                _cut(proxy)
+                note_autocommitted_write()
+                conn.exec_driver_sql("INSERT INTO t VALUES (4)")
+            assert lost.value.connection_invalidated
+            assert not nothing_committed(lost.value)
         # Outside a request nothing is claimed either way.
         with pytest.raises(sa.exc.DBAPIError) as outside, engine.connect() as conn:
             _cut(proxy)

@@ -1,0 +1,153 @@
+"""PostgreSQL's autocommitted lease (``orbit_server.tasks.leases.lease``, issue 28).
+
+A plain queue's lease is a probe (one ``SELECT``) and, when tasks are due, one statement that claims them
+and writes their attempts and events (data-modifying ``WITH`` queries), each its own transaction. These
+tests check that the grants write exactly what the transactional lease writes, and that the claim decides
+again, in its own statement, what the probe read: a pause, a limit or a lapsed lease that came in between
+is honoured (no grant; a grant with its permit from the gate's path; the sweep first).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable, Iterator
+from datetime import timedelta
+from typing import Any
+
+import pytest
+import sqlalchemy as sa
+
+from orbit_server import errors
+from orbit_server.db import migrate as _migrate
+from orbit_server.db.engine import create_engine, to_utc
+from orbit_server.db.schema import concurrency_permits, task_attempts
+from orbit_server.tasks import leases, permits
+from tests.conftest import DatabaseFactory
+from tests.integration.test_execution_db import Db
+
+
+@pytest.fixture(scope="module", params=[pytest.param("postgres", marks=pytest.mark.postgres)])
+def db(request: pytest.FixtureRequest, make_database: DatabaseFactory) -> Iterator[Db]:
+    engine = create_engine(make_database(request.param), pool_size=4)
+    _migrate.upgrade(engine)
+    yield Db(engine)
+    engine.dispose()
+
+
+def _lease(db: Db, queue: str, n: int = 5, *, start: bool = False) -> list[Any]:
+    return leases.lease(
+        db.engine, db.principal.namespace_id, queue, worker_id="w", max_tasks=n, lease_seconds=30, start=start
+    )
+
+
+@pytest.mark.parametrize("start", [False, True], ids=["lease", "lease-and-start"])
+def test_the_grants_write_the_task_its_attempt_and_its_events(db: Db, start: bool) -> None:
+    queue = db.new_queue()
+    submitted = [db.submit(queue, retry_safe=n % 2 == 0) for n in range(3)]
+    versions = {task_id: db.task(task_id)["state_version"] for task_id in submitted}
+    grants = _lease(db, queue, start=start)
+    assert [g.task.id for g in grants] == submitted  # lease order: the oldest due first
+    for grant in grants:
+        task, attempt = db.task(grant.task.id), db.attempt(grant.attempt.id)
+        started = start and task["retry_safe"]
+        status = "RUNNING" if started else "LEASED"
+        assert task["status"] == attempt["status"] == grant.task.status == status
+        assert task["state_version"] == grant.task.state_version == versions[grant.task.id] + 1 + started
+        assert task["attempt_count"] == attempt["generation"] == grant.attempt.generation == 1
+        assert task["current_attempt_id"] == grant.task.current_attempt_id == grant.attempt.id
+        assert attempt["lease_token_hash"] == hashlib.sha256(grant.attempt.lease_token.encode()).hexdigest()
+        assert (
+            attempt["worker_id"] == "w" and attempt["lease_seconds"] == 30 and attempt["started_at"] is None
+        )
+        assert attempt["lease_expires_at"] - attempt["leased_at"] == timedelta(seconds=30)
+        assert to_utc(attempt["lease_expires_at"]) == grant.attempt.lease_expires_at
+        assert task["updated_at"] == attempt["leased_at"]
+        events = [
+            (
+                e["event"],
+                e["from_status"],
+                e["to_status"],
+                e["state_version"],
+                e["actor"],
+                e["reason"],
+                e["data"],
+            )
+            for e in db.events(grant.task.id)
+            if e["event"] in ("leased", "started")
+        ]
+        leased = ("leased", "WAITING", "LEASED", versions[grant.task.id] + 1, "worker:w", None,
+                  {"attempt_id": grant.attempt.id, "generation": 1})  # fmt: skip
+        assert events == [leased] + (
+            [("started", "LEASED", "RUNNING", task["state_version"], "worker:w", "lease-and-start",
+              {"attempt_id": grant.attempt.id})]
+            if started else []
+        )  # fmt: skip
+        assert {e["created_at"] for e in db.events(grant.task.id)[-len(events) :]} == {attempt["leased_at"]}
+
+
+def test_a_lease_of_no_queue_is_refused(db: Db) -> None:
+    with pytest.raises(errors.QueueNotFound):
+        _lease(db, "no-such-queue")
+
+
+def _between_probe_and_claim(monkeypatch: pytest.MonkeyPatch, change: Callable[[], None]) -> None:
+    """Make ``change`` (committed) after the probe read the queue, before the claim statement runs."""
+    real = leases._pg_claim_statement
+
+    def claim_after_the_change(start: bool) -> sa.TextClause:
+        change()
+        return real(start)
+
+    monkeypatch.setattr(leases, "_pg_claim_statement", claim_after_the_change)
+
+
+def test_a_pause_after_the_probe_grants_nothing(db: Db, monkeypatch: pytest.MonkeyPatch) -> None:
+    queue = db.new_queue()
+    task_id = db.submit(queue)
+
+    def pause() -> None:
+        with db.engine.begin() as conn:
+            permits.set_paused(conn, db.principal.namespace_id, queue, paused=True, actor="test")
+
+    _between_probe_and_claim(monkeypatch, pause)
+    assert _lease(db, queue) == []
+    assert db.task(task_id)["status"] == "WAITING" and db.task(task_id)["attempt_count"] == 0
+
+
+def test_a_limit_set_after_the_probe_takes_the_gates_path(db: Db, monkeypatch: pytest.MonkeyPatch) -> None:
+    queue = db.new_queue()
+    first, second = db.submit(queue, concurrency_key="k"), db.submit(queue, concurrency_key="k")
+
+    def limit() -> None:
+        with db.engine.begin() as conn:
+            permits.set_limits(
+                conn, db.principal.namespace_id, queue, {"max_concurrency_per_key": 1}, actor="test"
+            )
+
+    _between_probe_and_claim(monkeypatch, limit)
+    (grant,) = _lease(db, queue)  # one of key k, with its permit
+    assert (
+        grant.task.id == first and db.task(first)["holds_permit"] and db.task(second)["status"] == "WAITING"
+    )
+    with db.engine.connect() as conn:
+        held = conn.execute(
+            sa.select(concurrency_permits.c.attempt_id).where(concurrency_permits.c.task_id == first)
+        ).scalars()
+        assert list(held) == [grant.attempt.id]
+
+
+def test_a_lease_lapsed_after_the_probe_is_swept_first(db: Db, monkeypatch: pytest.MonkeyPatch) -> None:
+    queue = db.new_queue()
+    lapsing = db.submit(queue)
+    (old,) = _lease(db, queue)
+    waiting = db.submit(queue)
+    _between_probe_and_claim(monkeypatch, lambda: db.set_expiry(old.attempt.id, -1))
+    grants = _lease(db, queue)
+    assert db.attempt(old.attempt.id)["status"] == "EXPIRED"  # swept by this lease, before its grants
+    assert {g.task.id for g in grants} == {lapsing, waiting}
+    assert {g.attempt.generation for g in grants if g.task.id == lapsing} == {2}
+    with db.engine.connect() as conn:
+        generations = conn.execute(
+            sa.select(task_attempts.c.generation).where(task_attempts.c.task_id == lapsing)
+        ).scalars()
+        assert sorted(generations) == [1, 2]
