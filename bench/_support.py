@@ -169,11 +169,13 @@ class ServerProcess:
 
 @contextmanager
 def orbit_server_processes(
-    url: str, count: int = 1, *, serve_args: Sequence[str] = (), env: dict[str, str] | None = None
-) -> Iterator[list[ServerProcess]]:
+    url: str, count: int = 1, *, serve_args: Sequence[str] = (), env: dict[str, str] | None = None,
+    cwd: str | None = None,
+) -> Iterator[list[ServerProcess]]:  # fmt: skip
     """Start ``count`` ``orbit-server serve`` processes on ``url`` (``serve_args`` added to each
     command line); yield them once all answer ``/readyz`` (polled: a process has no start-up
-    signal to await); stop them on exit."""
+    signal to await); stop them on exit. ``cwd``: their working directory (default: this one; ``python
+    -m`` imports from it before ``PYTHONPATH``, so an A/B run that sets ``PYTHONPATH`` needs another)."""
     servers: list[ServerProcess] = []
     try:
         for _ in range(count):
@@ -187,6 +189,7 @@ def orbit_server_processes(
                 stdout=subprocess.DEVNULL,
                 stderr=subprocess.DEVNULL,
                 env={**os.environ, **(env or {})},
+                cwd=cwd,
             )
             servers.append(ServerProcess(f"http://127.0.0.1:{port}", proc))
         for server in servers:

@@ -29,6 +29,7 @@ import json
 import os
 import statistics
 import sys
+import tempfile
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -159,8 +160,12 @@ def main() -> None:
             for url in (url_a, url_b)
         ]
         with (
-            orbit_server_processes(url_a, env={**quiet, "PYTHONPATH": args.ab_pythonpath}) as [server_a],
-            orbit_server_processes(url_b, env={**quiet, "PYTHONPATH": HERE}) as [server_b],
+            # not from this directory: ``python -m`` would import this checkout's code before PYTHONPATH's
+            tempfile.TemporaryDirectory() as elsewhere,
+            orbit_server_processes(url_a, env={**quiet, "PYTHONPATH": args.ab_pythonpath}, cwd=elsewhere) as [
+                server_a
+            ],
+            orbit_server_processes(url_b, env={**quiet, "PYTHONPATH": HERE}, cwd=elsewhere) as [server_b],
             _floor_process(url_b) as (floor_base, floor_proc),
             httpx.Client(base_url=floor_base, timeout=60) as floor,
         ):

@@ -519,9 +519,11 @@ def _pg_claim_statement(start: bool) -> sa.TextClause:
     """PostgreSQL: a plain queue's lease in one statement (autocommitted, so one transaction).
 
     Its ``WITH`` queries: ``clock`` (the database time ``now`` and the leases' expiry, read once); ``found``
-    (:data:`_PG_PROBE`'s queue row, read again); ``picked``: up to ``:slots`` due tasks (as many as ``:attempt_ids``) in
-    lease order (``FOR UPDATE SKIP LOCKED``), read only when the gate read here is plain and no sweep is
-    due; ``claimed``: the conditional ``UPDATE`` of each picked task, still ``WAITING`` at the
+    (:data:`_PG_PROBE`'s queue row and gate, read again; not whether a sweep is due: the probe found none a
+    moment before, and a lease that lapsed since is the next lease's to sweep, as one that lapses just after
+    this statement is); ``picked``: up to ``:slots`` due tasks (as many as ``:attempt_ids``) in lease order
+    (``FOR UPDATE SKIP LOCKED``), read only when the gate read here is neither paused nor limited (so a pause
+    or a limit committed after the probe is honoured); ``claimed``: the conditional ``UPDATE`` of each picked task, still ``WAITING`` at the
     ``state_version`` it was picked at, to ``LEASED`` (with ``start``: ``RUNNING`` if retry-safe), its
     ``attempt_count`` (the new attempt's generation) counted and its ``current_attempt_id`` one of
     ``:attempt_ids`` (the token digest of the same place in ``:token_hashes`` goes with it), ``RETURNING``
@@ -548,18 +550,12 @@ def _pg_claim_statement(start: bool) -> sa.TextClause:
             "WITH clock AS MATERIALIZED (SELECT now, now + make_interval(secs => :lease_seconds) AS expires"
             " FROM (SELECT timezone('UTC', clock_timestamp()) AS now) AS c),"
             " found AS MATERIALIZED (SELECT queues.id, namespaces.name, queue_gates.paused,"
-            " queue_gates.max_concurrency_per_key, queue_gates.max_concurrency,"
-            " (EXISTS (SELECT FROM task_attempts JOIN tasks ON tasks.id = task_attempts.task_id"
-            f" WHERE task_attempts.status IN ('{leased}', '{running}')"
-            " AND task_attempts.lease_expires_at <= (SELECT now FROM clock) AND tasks.queue_id = queues.id)"
-            f" OR EXISTS (SELECT FROM tasks WHERE tasks.queue_id = queues.id AND tasks.status = '{waiting}'"
-            " AND tasks.deadline IS NOT NULL AND tasks.deadline <= (SELECT now FROM clock))) AS sweep_due"
+            " queue_gates.max_concurrency_per_key, queue_gates.max_concurrency, false AS sweep_due"
             " FROM queues JOIN namespaces ON namespaces.id = queues.namespace_id"
             " LEFT OUTER JOIN queue_gates ON queue_gates.queue_id = queues.id"
             " WHERE queues.namespace_id = :namespace_id AND queues.name = :queue),"
             " picked AS MATERIALIZED (SELECT tasks.id, tasks.state_version FROM tasks"
-            " WHERE tasks.queue_id = (SELECT found.id FROM found WHERE NOT found.sweep_due"
-            " AND found.paused IS NOT TRUE AND found.max_concurrency_per_key IS NULL"
+            " WHERE tasks.queue_id = (SELECT found.id FROM found WHERE found.paused IS NOT TRUE AND found.max_concurrency_per_key IS NULL"
             " AND found.max_concurrency IS NULL)"
             f" AND tasks.status = '{waiting}' AND tasks.available_at <= (SELECT now FROM clock)"
             " AND tasks.cancel_requested = false"
@@ -641,12 +637,10 @@ def _lease_postgres(
     if not rows:
         raise errors.QueueNotFound(f"queue {queue!r} does not exist in this namespace")
     head = rows[0]
-    if head["id"] is None:  # nothing claimed: the gate or the sweep may have changed since the probe
+    if head["id"] is None:  # nothing claimed: the gate may have changed since the probe
         again = _QueueRow(*(head[name] for name in _QUEUE_INFO))
-        gated = (
-            again.sweep_due or again.max_concurrency_per_key is not None or again.max_concurrency is not None
-        )
-        return again, None if gated else []
+        limited = again.max_concurrency_per_key is not None or again.max_concurrency is not None
+        return again, None if limited and not again.paused else []
     token_of = dict(zip(attempt_ids, tokens, strict=True))
     expires = _at(_naive(head["q_expires"]))
     grants = []

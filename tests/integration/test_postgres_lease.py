@@ -3,8 +3,8 @@
 A plain queue's lease is a probe (one ``SELECT``) and, when tasks are due, one statement that claims them
 and writes their attempts and events (data-modifying ``WITH`` queries), each its own transaction. These
 tests check that the grants write exactly what the transactional lease writes, and that the claim decides
-again, in its own statement, what the probe read: a pause, a limit or a lapsed lease that came in between
-is honoured (no grant; a grant with its permit from the gate's path; the sweep first).
+again, in its own statement, the gate the probe read: a pause or a limit that came in between is honoured
+(no grant; a grant with its permit from the gate's path). A lease lapsed before the probe is swept first.
 """
 
 from __future__ import annotations
@@ -136,14 +136,14 @@ def test_a_limit_set_after_the_probe_takes_the_gates_path(db: Db, monkeypatch: p
         assert list(held) == [grant.attempt.id]
 
 
-def test_a_lease_lapsed_after_the_probe_is_swept_first(db: Db, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_lapsed_lease_is_swept_before_the_grants(db: Db) -> None:
     queue = db.new_queue()
     lapsing = db.submit(queue)
     (old,) = _lease(db, queue)
     waiting = db.submit(queue)
-    _between_probe_and_claim(monkeypatch, lambda: db.set_expiry(old.attempt.id, -1))
-    grants = _lease(db, queue)
-    assert db.attempt(old.attempt.id)["status"] == "EXPIRED"  # swept by this lease, before its grants
+    db.set_expiry(old.attempt.id, -1)
+    grants = _lease(db, queue)  # the probe saw the sweep due: the transaction's path sweeps, then grants
+    assert db.attempt(old.attempt.id)["status"] == "EXPIRED"
     assert {g.task.id for g in grants} == {lapsing, waiting}
     assert {g.attempt.generation for g in grants if g.task.id == lapsing} == {2}
     with db.engine.connect() as conn:
@@ -151,3 +151,21 @@ def test_a_lease_lapsed_after_the_probe_is_swept_first(db: Db, monkeypatch: pyte
             sa.select(task_attempts.c.generation).where(task_attempts.c.task_id == lapsing)
         ).scalars()
         assert sorted(generations) == [1, 2]
+
+
+def test_a_lease_lapsed_after_the_probe_is_the_next_leases_to_sweep(
+    db: Db, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The claim does not ask again whether a sweep is due (the probe found none a moment before): it
+    grants what is due, and the next lease sweeps the lapsed one (as it would one lapsed just after)."""
+    queue = db.new_queue()
+    lapsing = db.submit(queue)
+    (old,) = _lease(db, queue)
+    waiting = db.submit(queue)
+    with monkeypatch.context() as patched:
+        _between_probe_and_claim(patched, lambda: db.set_expiry(old.attempt.id, -1))
+        assert [g.task.id for g in _lease(db, queue)] == [waiting]
+    assert db.attempt(old.attempt.id)["status"] == "LEASED"
+    (again,) = _lease(db, queue)
+    assert again.task.id == lapsing and again.attempt.generation == 2
+    assert db.attempt(old.attempt.id)["status"] == "EXPIRED"
