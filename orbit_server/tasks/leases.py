@@ -1,5 +1,6 @@
-"""Leases: grant waiting tasks of a queue to a worker (:func:`lease_tasks`) and sweep expired attempts
-(:func:`expire_leases`); the rules are in :mod:`orbit_server.tasks.transitions`.
+"""Leases: grant waiting tasks of a queue to a worker (:func:`lease_tasks`, in a transaction; :func:`lease`,
+a lease call's unit of work, which on PostgreSQL leases a plain queue in autocommitted statements) and sweep
+expired attempts (:func:`expire_leases`); the rules are in :mod:`orbit_server.tasks.transitions`.
 """
 
 from __future__ import annotations
