@@ -212,9 +212,12 @@ class _Batcher(Generic[_Item]):
             return bool(self._pending)
 
     def wake(self) -> None:
-        """Look again whether a forming batch may leave (what ``busy`` counts has changed)."""
+        """Let a forming batch leave now if no more reports can join (what ``busy`` counts has changed);
+        its leader is woken only then, as :class:`_AsyncBatcher` does (a wake-up it would sleep through
+        again costs both threads)."""
         with self._cond:
-            self._cond.notify_all()
+            if self._pending and self._full():
+                self._cond.notify_all()
 
     def _full(self) -> bool:
         """Whether no more reports can join: ``enough()`` wait, or (with ``busy``) nothing is busy."""
