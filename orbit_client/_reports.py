@@ -212,12 +212,9 @@ class _Batcher(Generic[_Item]):
             return bool(self._pending)
 
     def wake(self) -> None:
-        """Let a forming batch leave now if no more reports can join (what ``busy`` counts has changed);
-        its leader is woken only then, as :class:`_AsyncBatcher` does (a wake-up it would sleep through
-        again costs both threads)."""
+        """Look again whether a forming batch may leave (what ``busy`` counts has changed)."""
         with self._cond:
-            if self._pending and self._full():
-                self._cond.notify_all()
+            self._cond.notify_all()
 
     def _full(self) -> bool:
         """Whether no more reports can join: ``enough()`` wait, or (with ``busy``) nothing is busy."""

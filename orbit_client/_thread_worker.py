@@ -262,23 +262,18 @@ class Worker(_WorkerCore):
         if self._metrics is not None and grants:
             self._metrics.leased(len(grants))
 
-    def _lease_waits(self) -> bool:
-        """Whether the lease loop waits (under the lock): a request is outstanding, nothing is wanted,
-        reports on their way carry the next lease request (report-and-lease), or starts go first."""
-        pipe = self._pipe
-        return not self._stopping.is_set() and (
-            pipe.asking
-            or pipe.want() <= 0
-            or (pipe.reporting > 0 and self._lease_after_reports())
-            or self._starts_first()
-        )
-
     def _lease_loop(self) -> None:
         config, pipe = self._config, self._pipe
         failures = 0
         while not self._stopping.is_set():
             with self._lock:
-                while self._lease_waits():
+                # Reports on their way carry the next lease request (report-and-lease): wait for them.
+                while not self._stopping.is_set() and (
+                    pipe.asking
+                    or pipe.want() <= 0
+                    or (pipe.reporting > 0 and self._lease_after_reports())
+                    or self._starts_first()
+                ):
                     self._lock.wait()
                 if self._stopping.is_set():
                     return
@@ -407,11 +402,7 @@ class Worker(_WorkerCore):
                     self._starting -= 1
                     self._in_start -= held.confirming
                     held.confirming = False
-                    # A lease deferred behind this start may go (_starts_first); nothing else waits for a
-                    # start under this lock, so the waiters are woken only if the lease loop would go (each
-                    # wake-up costs the threads involved more than this look: bench.worker_cpu).
-                    if not self._lease_waits():
-                        self._lock.notify_all()
+                    self._lock.notify_all()  # a lease deferred behind this start may go (_starts_first)
                 reports.wake()  # and a report waiting for it (_may_report)
         ctx = config.context(grant)
         with self._lock:
