@@ -1,7 +1,8 @@
 """The worker process's own CPU per task, and tasks/s, draining no-op tasks from a real ``orbit-server``.
 
     python -m bench.worker_cpu [--server orbit|canned] [--database mariadb|sqlite] [--tasks 1000]
-                               [--rounds 3] [--concurrency 1 4] [--ab-pythonpath DIR] [--py-spy DIR]
+                               [--rounds 3] [--concurrency 1 4] [--ab-pythonpath DIR] [--together]
+                               [--py-spy DIR]
 
 One ``orbit-server serve`` process (this checkout's) on a new database (MariaDB at
 ``ORBIT_TEST_MYSQL_URL``, dropped at the end; or SQLite in a temporary directory). Each drain submits
@@ -12,7 +13,9 @@ per task over the same drain is read from ``/proc`` by this process. Start-up an
 
 ``--server canned`` puts ``bench/_canned_server.py`` in the server's place: an asyncio fixture that grants
 tasks forever and answers every report at once, so the worker's own CPU is measured with no server or
-database share in the machine's load (its tasks/s are the worker's ceiling, not Orbit's).
+database share in the machine's load (its tasks/s are the worker's ceiling, not Orbit's). With
+``--together`` the two sides drain at the same time, each from a canned server of its own: both meet the
+same load at every instant (the paired ratio is then far steadier on a shared machine).
 
 ``--ab-pythonpath DIR`` compares two versions of the client in one run (a paired measurement on a
 noisy machine): side A's worker process imports ``orbit_client`` from ``DIR`` first (e.g.
@@ -33,6 +36,7 @@ import subprocess
 import sys
 import tempfile
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -87,6 +91,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 4])
     parser.add_argument("--ab-pythonpath", metavar="DIR", help="side A's orbit_client (B: this checkout)")
+    parser.add_argument("--together", action="store_true", help="canned: run the two sides' drains at once")
     parser.add_argument("--py-spy", metavar="DIR", help="record each drain's worker with py-spy into DIR")
     args = parser.parse_args()
 
@@ -142,27 +147,45 @@ def main() -> None:
 
 
 def run_canned(args: argparse.Namespace, sides: dict[str, str], spy: Path | None) -> None:
-    """The rounds against ``bench/_canned_server.py`` (one process, kept for the whole run)."""
-    canned = subprocess.Popen(
-        [sys.executable, str(_WORKER.with_name("_canned_server.py"))], stdout=subprocess.PIPE, text=True
-    )
+    """The rounds against ``bench/_canned_server.py``: one per side, kept for the whole run. With
+    ``--together`` the two sides' drains of a round run at the same time (each on its own canned
+    server), so that both meet the same load at every instant, not only in the same minute."""
+    servers = {
+        side: subprocess.Popen(
+            [sys.executable, str(_WORKER.with_name("_canned_server.py"))], stdout=subprocess.PIPE, text=True
+        )
+        for side in sides
+    }
     try:
-        assert canned.stdout is not None
-        base = f"http://127.0.0.1:{int(canned.stdout.readline())}"
+        bases = {}
+        for side, canned in servers.items():
+            assert canned.stdout is not None
+            bases[side] = f"http://127.0.0.1:{int(canned.stdout.readline())}"
         print(f"load at start {os.getloadavg()}", file=sys.stderr)
         rounds: list[dict[str, Any]] = []
         for r in range(args.rounds):
             for c in args.concurrency:
                 order = list(sides) if r % 2 == 0 else list(reversed(sides))
                 entry: dict[str, Any] = {"round": r, "concurrency": c, "load": os.getloadavg()[0]}
-                for side in order:
+
+                def one(side: str, c: int = c, r: int = r) -> dict[str, float]:
                     profile = spy / f"{side}-c{c}-r{r}.txt" if spy is not None else None
-                    entry[side] = drain(base, canned.pid, "key", "q", args.tasks, c, sides[side], profile)
+                    return drain(
+                        bases[side], servers[side].pid, "key", "q", args.tasks, c, sides[side], profile
+                    )
+
+                if args.together:
+                    with ThreadPoolExecutor(len(order)) as pool:
+                        entry.update(zip(order, pool.map(one, order), strict=True))
+                else:
+                    for side in order:
+                        entry[side] = one(side)
                 rounds.append(entry)
                 print(json.dumps(entry), file=sys.stderr)
     finally:
-        canned.terminate()
-        canned.wait(timeout=30)
+        for canned in servers.values():
+            canned.terminate()
+            canned.wait(timeout=30)
     print(f"load at end {os.getloadavg()}", file=sys.stderr)
     summary(args, sides, rounds, ("worker_cpu_ms", "tasks_per_s"))
 
