@@ -15,7 +15,9 @@ per task over the same drain is read from ``/proc`` by this process. Start-up an
 tasks forever and answers every report at once, so the worker's own CPU is measured with no server or
 database share in the machine's load (its tasks/s are the worker's ceiling, not Orbit's). With
 ``--together`` the two sides drain at the same time, each from a canned server of its own: both meet the
-same load at every instant (the paired ratio is then far steadier on a shared machine).
+same load at every instant (the paired ratio is then far steadier on a shared machine). Against
+``orbit-server`` ``--together`` drains both sides' queues from the one server at once (its CPU per task is
+then the two drains' mean, and each side's tasks/s is with the other draining beside it).
 
 ``--ab-pythonpath DIR`` compares two versions of the client in one run (a paired measurement on a
 noisy machine): side A's worker process imports ``orbit_client`` from ``DIR`` first (e.g.
@@ -91,7 +93,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 4])
     parser.add_argument("--ab-pythonpath", metavar="DIR", help="side A's orbit_client (B: this checkout)")
-    parser.add_argument("--together", action="store_true", help="canned: run the two sides' drains at once")
+    parser.add_argument("--together", action="store_true", help="run the two sides' drains at once")
     parser.add_argument("--py-spy", metavar="DIR", help="record each drain's worker with py-spy into DIR")
     args = parser.parse_args()
 
@@ -129,12 +131,22 @@ def main() -> None:
                     order = list(sides) if r % 2 == 0 else list(reversed(sides))
                     entry: dict[str, Any] = {"round": r, "concurrency": c, "load": os.getloadavg()[0]}
                     for side in order:
-                        queue = f"q-{side}-{c}-{r}"
-                        cli("queue", "create", "bench", queue, url=url)
-                        submit_tasks(server.base, keys["submit"], queue, args.tasks)
+                        cli("queue", "create", "bench", f"q-{side}-{c}-{r}", url=url)
+                        submit_tasks(server.base, keys["submit"], f"q-{side}-{c}-{r}", args.tasks)
+
+                    def one(side: str, c: int = c, r: int = r) -> dict[str, float]:
                         profile = spy / f"{side}-c{c}-r{r}.txt" if spy is not None else None
-                        entry[side] = drain(server.base, server.proc.pid, keys["work"], queue, args.tasks, c,
-                                            sides[side], profile)  # fmt: skip
+                        return drain(server.base, server.proc.pid, keys["work"], f"q-{side}-{c}-{r}", args.tasks,
+                                     c, sides[side], profile)  # fmt: skip
+
+                    if args.together:  # the server's CPU then counts both drains: each gets half
+                        with ThreadPoolExecutor(len(order)) as pool:
+                            entry.update(zip(order, pool.map(one, order), strict=True))
+                        for side in order:
+                            entry[side]["server_cpu_ms"] /= len(order)
+                    else:
+                        for side in order:
+                            entry[side] = one(side)
                     rounds.append(entry)
                     print(json.dumps(entry), file=sys.stderr)
     finally:
