@@ -123,6 +123,14 @@ def _fail_attempt(
     return _attempt_call(namespace, attempt_id, "fail", FailRequest, lease_token=lease_token, error=error)
 
 
+def _as_field(value: BaseModel | Mapping[str, Any], model: type[BaseModel]) -> Any:
+    """``value`` as a field of a batch body: an instance of exactly ``model`` as it is (valid already, and
+    pydantic does not validate a model instance again), a subclass's as its fields, as a mapping is."""
+    if type(value) is model:
+        return value
+    return value.model_dump(mode="json") if isinstance(value, model) else value
+
+
 def _attempt_batch(
     namespace: str, action: str, items: Sequence[BaseModel | Mapping[str, Any]]
 ) -> _Call[list[AttemptItemResult]]:
@@ -149,10 +157,9 @@ def _attempt_batch_answer(
             f"a batch has 1 to {MAX_ATTEMPT_BATCH_ITEMS} items, not {len(items)}; nothing was sent"
         )
     path = _path("/v1/namespaces/{}/attempts/" + action, namespace)
-    listed = [item.model_dump(mode="json") if isinstance(item, item_model) else item for item in items]
-    fields: dict[str, Any] = {"items": listed}
+    fields: dict[str, Any] = {"items": [_as_field(item, item_model) for item in items]}
     if lease is not None:
-        fields["lease"] = lease.model_dump(mode="json") if isinstance(lease, BatchLease) else lease
+        fields["lease"] = _as_field(lease, BatchLease)
     batch = _validated(batch_model, f"{action} batch", **fields)
     # Encoded once, by pydantic, as orbit_client._reports measures each item when it splits a batch by
     # size: the bytes measured are the bytes sent (httpx before 0.28 encodes json= with ensure_ascii and

@@ -14,6 +14,7 @@ Nothing here may import a client module: the arrows run client â†’ area calls â†
 from __future__ import annotations
 
 import email.utils
+import functools
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -202,10 +203,17 @@ def _parse_model(model: type[_M], response: httpx.Response) -> _M:
         ) from None
 
 
+@functools.cache
+def _list_adapter(model: type[_M]) -> TypeAdapter[list[_M]]:
+    """The validator of a JSON array of ``model``, built once per model (building one costs more
+    than validating a lease answer with it)."""
+    return TypeAdapter(list[model])  # type: ignore[valid-type]
+
+
 def _parse_list(model: type[_M], response: httpx.Response) -> list[_M]:
     """Parse a 2xx JSON array of ``model``; a body that does not fit raises :class:`OrbitAPIError`."""
     try:
-        return TypeAdapter(list[model]).validate_json(response.content)  # type: ignore[valid-type]
+        return _list_adapter(model).validate_json(response.content)
     except ValidationError as exc:
         raise _invalid_response(
             response,

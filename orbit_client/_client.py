@@ -58,6 +58,8 @@ _NOT_SENT = (
 )
 #: Longest part of a non-problem error body kept as ``detail``, in characters.
 _DETAIL_MAX = 200
+#: Most request paths whose joined URL a client keeps (:meth:`_BaseClient._url`).
+_URL_CACHE_SIZE = 256
 
 _T = TypeVar("_T")
 
@@ -96,6 +98,8 @@ class _BaseClient:
         self._headers = httpx.Headers({"Accept": "application/json", "User-Agent": _USER_AGENT})
         self._headers.update(headers or {})
         self._headers["Authorization"] = f"Bearer {api_key}"
+        #: Request path → its absolute URL (:meth:`_url`).
+        self._urls: dict[str, httpx.URL] = {}
 
     def __repr__(self) -> str:  # never shows the api key
         return f"{type(self).__name__}(base_url={str(self._base_url)!r}, retry={self._retry!r})"
@@ -107,8 +111,19 @@ class _BaseClient:
     _parse_model = staticmethod(_parse_model)
     _parse_list = staticmethod(_parse_list)
 
-    @staticmethod
+    def _url(self, http: httpx.Client | httpx.AsyncClient, path: str) -> httpx.URL:
+        """``path`` joined to ``base_url``, as ``httpx`` joins it, parsed once per path: an absolute
+        ``httpx.URL`` is taken as it is by ``build_request``, where a relative string is parsed and
+        joined again on every request (a third of the cost of building one). Raises ``httpx.InvalidURL``."""
+        url = self._urls.get(path)
+        if url is None:
+            if len(self._urls) >= _URL_CACHE_SIZE:  # paths naming one task or attempt each
+                self._urls.clear()
+            url = self._urls[path] = http.build_request("GET", path).url
+        return url
+
     def _build_request(
+        self,
         http: httpx.Client | httpx.AsyncClient,
         method: str,
         path: str,
@@ -126,11 +141,12 @@ class _BaseClient:
             body = {"content": content}
             headers = {**(headers or {}), "Content-Type": "application/json"}
         try:
+            url = self._url(http, path)
             if timeout is not None:
                 return http.build_request(
-                    method, path, headers=headers, params=params, timeout=timeout, **body
+                    method, url, headers=headers, params=params, timeout=timeout, **body
                 )
-            return http.build_request(method, path, headers=headers, params=params, **body)
+            return http.build_request(method, url, headers=headers, params=params, **body)
         except (TypeError, ValueError) as exc:  # e.g. NaN in the JSON body
             raise OrbitUsageError(f"cannot encode the request body as JSON: {exc}") from exc
         except httpx.InvalidURL as exc:

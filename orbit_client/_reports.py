@@ -57,7 +57,7 @@ from orbit_client._attempt_models import (
     LeaseGrant,
     StartItem,
 )
-from orbit_client._calls import _model
+from orbit_client._calls import _validated
 from orbit_client._client import AsyncOrbitClient, OrbitClient
 from orbit_client._exceptions import NotFoundError, OrbitError, PayloadTooLargeError
 
@@ -111,8 +111,10 @@ def _copy_error(exc: BaseException, first: bool) -> BaseException:
 
 def _complete_item(attempt: AttemptLease, result: JsonValue) -> CompleteItem:
     """Raises :class:`OrbitUsageError` for a result that is not JSON (nothing is sent)."""
-    fields = {"attempt_id": attempt.id, "lease_token": attempt.lease_token, "result": result}
-    return _model(CompleteItem, fields, "complete request")
+    # Validated once: the item holds its own copy of ``result`` (JsonValue copies containers) in JSON
+    # types (a str or int subclass becomes str or int), as a model -> JSON -> model round trip would.
+    return _validated(CompleteItem, "complete request", attempt_id=attempt.id, lease_token=attempt.lease_token,
+                      result=result)  # fmt: skip
 
 
 def _fail_item(attempt: AttemptLease, error: AttemptError) -> FailItem:

@@ -276,6 +276,38 @@ async def test_base_url_path_prefix_is_kept(make_client: Callable[..., Any], moc
     assert route.call_count == 1
 
 
+async def test_a_path_joined_once_goes_to_the_same_url_every_time(
+    make_client: Callable[..., Any], mock: respx.MockRouter
+) -> None:
+    """The client joins a path to base_url once and reuses the URL (``_BaseClient._url``): the
+    requests go where httpx's own join sends them (prefix, quoting and query parameters kept), also
+    once more paths were used than the client keeps."""
+    from orbit_client._client import _URL_CACHE_SIZE
+
+    route = mock.get(url__regex=r"/orbit/v1/namespaces/acme/tasks/").mock(
+        return_value=httpx.Response(200, json=task_json())
+    )
+    pages = mock.get("/orbit/v1/namespaces/acme/tasks").mock(
+        return_value=httpx.Response(200, json={"items": []})
+    )
+    calls = Calls(make_client(base_url=f"{BASE}/orbit"))
+    ids = ["t-1", "t-1", "a/b?c", *(f"t-{n}" for n in range(_URL_CACHE_SIZE + 5)), "t-1"]
+
+    for task_id in ids:
+        await calls.get_task("acme", task_id)
+    await calls.list_tasks("acme", status="WAITING")
+    await calls.list_tasks("acme", status="RUNNING")
+
+    urls = [str(call.request.url) for call in route.calls]
+    assert urls[:3] == [f"{BASE}/orbit/v1/namespaces/acme/tasks/t-1"] * 2 + [
+        f"{BASE}/orbit/v1/namespaces/acme/tasks/a%2Fb%3Fc"
+    ]
+    assert urls[-1] == f"{BASE}/orbit/v1/namespaces/acme/tasks/t-1"
+    assert [call.request.url.params["status"] for call in pages.calls] == ["WAITING", "RUNNING"]
+    assert {call.request.url.path for call in pages.calls} == {"/orbit/v1/namespaces/acme/tasks"}
+    assert len(calls.client._urls) <= _URL_CACHE_SIZE
+
+
 async def test_extra_headers_cannot_replace_authorization(
     make_client: Callable[..., Any], mock: respx.MockRouter
 ) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import threading
 from datetime import UTC, datetime
+from typing import Any
 
 import respx
 
@@ -66,3 +67,31 @@ async def test_an_unexpected_error_in_a_split_batch_answers_every_report_async()
         )
     assert route.call_count == 1
     assert all(isinstance(outcome, Broken) for outcome in outcomes), outcomes
+
+
+def test_a_complete_item_holds_its_own_json_copy_of_the_result() -> None:
+    """Validated once (no model -> JSON -> model round trip): still a copy of the handler's result, in
+    JSON types, and a result that is not JSON is refused before anything is sent."""
+    import enum
+
+    import pytest
+
+    from orbit_client import OrbitUsageError
+    from orbit_client._reports import _complete_item
+
+    class Colour(enum.StrEnum):
+        RED = "red"
+
+    attempt = AttemptLease(id="a-1", generation=1, lease_token="t", lease_expires_at=datetime.now(UTC))
+    inner: dict[str, Any] = {"n": 2}
+    item = _complete_item(attempt, {"colour": Colour.RED, "items": [1, inner]})
+    inner["n"] = 3
+
+    assert item.result == {"colour": "red", "items": [1, {"n": 2}]}
+    assert isinstance(item.result, dict) and type(item.result["colour"]) is str
+    assert (
+        item.model_dump_json()
+        == '{"lease_token":"t","result":{"colour":"red","items":[1,{"n":2}]},"attempt_id":"a-1"}'
+    )
+    with pytest.raises(OrbitUsageError, match="invalid complete request, nothing was sent: result"):
+        _complete_item(attempt, {"bad": float("nan")})
