@@ -28,7 +28,9 @@ from orbit_server.tasks.transitions import (
     _expire_attempt,
     _holds,
     _lapsed,
+    _lock_and_log,
     _locked_attempt,
+    _logs_as_it_locks,
     _lost,
     _past_deadline,
     _retry_delay,
@@ -200,10 +202,20 @@ def complete_attempt(
         errors.LeaseLost: wrong token, or the attempt is no longer live (409). With the right
             token the report is kept on the attempt as late evidence; the task is unchanged.
     """
-    task, attempt, now = _locked_attempt(conn, namespace_id, attempt_id, ending=True, lean=True)
-    _check_token(attempt, lease_token)
-    if not _holds(attempt, now):  # a repeated or conflicting report, a lost lease: every column
-        task, attempt, now = _locked_attempt(conn, namespace_id, attempt_id, ending=True)
+    data = {"attempt_id": attempt_id}
+    if _logs_as_it_locks(conn.dialect):
+        # MariaDB: the plain path's first statement locks, reads and writes the task event (4 commands in all)
+        plain = _lock_and_log(conn, namespace_id, attempt_id, lease_token, to=TaskStatus.SUCCEEDED,
+                              event="completed", data=data)  # fmt: skip
+        if plain is not None:
+            return _succeed(conn, *plain, result, logged=True)
+        task, attempt, now = _locked_attempt(conn, namespace_id, attempt_id, ending=True)  # a rare path
+        _check_token(attempt, lease_token)
+    else:
+        task, attempt, now = _locked_attempt(conn, namespace_id, attempt_id, ending=True, lean=True)
+        _check_token(attempt, lease_token)
+        if not _holds(attempt, now):  # a repeated or conflicting report, a lost lease: every column
+            task, attempt, now = _locked_attempt(conn, namespace_id, attempt_id, ending=True)
     status = attempt["status"]
     if status == AttemptStatus.SUCCEEDED.value and _canonical(attempt["result"]) == _canonical(result):
         return _state(task, attempt)
@@ -216,14 +228,23 @@ def complete_attempt(
         raise errors.InvalidTransition(
             "start the attempt before completing it (LEASED cannot become SUCCEEDED)"
         )
+    return _succeed(conn, task, attempt, now, result)
+
+
+def _succeed(
+    conn: Connection, task: dict[str, Any], attempt: Mapping[Any, Any], now: datetime, result: Any,
+    *, logged: bool = False,
+) -> AttemptState:  # fmt: skip
+    """:func:`complete_attempt`'s transition of a running attempt that holds its lease (``logged``: its task event
+    is written already: :func:`~orbit_server.tasks.transitions._lock_and_log`)."""
     task = apply_transition(
         conn,
         task,
         TaskStatus.SUCCEEDED,
         event="completed",
         now=now,
-        actor=f"worker:{attempt['worker_id']}",
-        data={"attempt_id": attempt_id},
+        actor=None if logged else f"worker:{attempt['worker_id']}",
+        data={"attempt_id": attempt["id"]},
         values={"result": result, "error": None},
         attempt=(
             attempt,
@@ -234,6 +255,7 @@ def complete_attempt(
                 **_confirmed(attempt),
             },
         ),
+        logged=logged,
     )
     return _state(task, attempt, status=AttemptStatus.SUCCEEDED)
 

@@ -34,6 +34,7 @@ __all__ = [
     "Subscribers",
     "chain_key",
     "locked_subscribers",
+    "mariadb_subscribers",
     "postgres_event_ctes",
     "record_result_event",
     "record_result_events",
@@ -115,6 +116,23 @@ def locked_subscribers(clock: sa.ColumnElement[Any], dialect: str) -> sa.Label[A
         .with_for_update(read=True)
         .scalar_subquery()
         .label("subscribers")
+    )
+
+
+def mariadb_subscribers(task_id: str) -> str:
+    """MariaDB: :func:`locked_subscribers` (MySQL/MariaDB form) as the text of a scalar subquery for a statement
+    that has already locked the task whose id is the SQL expression ``task_id``: the same shared locks (the
+    task's namespace and queue rows) and the same locking read of the namespace's subscriptions created at or
+    before the statement's ``UTC_TIMESTAMP(6)``, in the same order (the subscriptions are the inner side of an
+    outer join on the namespace and queue, so they are read after both locks are granted), with the same
+    value, read through :func:`subscribers`. Used in the ``RETURNING`` clause of
+    :func:`orbit_server.tasks.transitions._lock_and_log`'s ``INSERT``, which locks the task first."""
+    return (
+        "(SELECT CASE WHEN COUNT(q.id) = 0 THEN NULL ELSE COALESCE(GROUP_CONCAT(s.id), '') END"
+        " FROM tasks t JOIN namespaces n ON n.id = t.namespace_id JOIN queues q ON q.id = t.queue_id"
+        " AND q.namespace_id = n.id LEFT OUTER JOIN subscriptions s ON s.namespace_id = n.id"
+        " AND s.created_at <= UTC_TIMESTAMP(6) AND (s.queues IS NULL OR JSON_CONTAINS(s.queues, JSON_QUOTE(q.name)) = 1)"
+        f" WHERE t.id = {task_id} LOCK IN SHARE MODE)"
     )
 
 

@@ -242,6 +242,7 @@ def apply_transition(
     data: Any = None,
     values: Mapping[str, Any] | None = None,
     attempt: tuple[Mapping[Any, Any], Mapping[str, Any]] | None = None,
+    logged: bool = False,
 ) -> dict[str, Any]:
     """Move ``task`` to ``to``: the one way any task changes state.
 
@@ -262,6 +263,8 @@ def apply_transition(
             setting ``values``; on MySQL/MariaDB in the same statement as the task's (a multi-table
             ``UPDATE`` that changes both rows or neither), on PostgreSQL too (the attempt's update in a
             ``WITH``), on SQLite just before it.
+        logged: the transition's ``task_events`` row was already written, in this transaction, by the
+            statement that locked the task (:func:`_lock_and_log`, MariaDB): not written again here.
 
     Returns:
         ``task`` with the new status, version and values: pass it to a following transition.
@@ -334,7 +337,8 @@ def apply_transition(
         result = conn.execute(_UPDATE_TASK, {**fence, **changes})
         if result.rowcount != 1:
             raise errors.ConcurrentUpdate(f"task {task['id']} changed while it was being updated")
-    if not (attempt is not None and conn.dialect.name == "postgresql"):  # there: written with the update
+    with_update = attempt is not None and conn.dialect.name == "postgresql"  # there: written by the update
+    if not (logged or with_update):
         _append_event(
             conn, task["id"], version, event, current, to, now, actor=actor, reason=reason, data=data
         )
@@ -744,6 +748,110 @@ def _locked_attempt(
         task["retry_of"] = row["retry_of"]
         task["subscribers"] = result_events.subscribers(task, row["subscribers"], conn.dialect.name)
     attempt = {column.name: row[f"attempt_{column.name}"] for column in attempt_columns}
+    return task, attempt, _naive(row["db_now"])
+
+
+def _logs_as_it_locks(dialect: sa.Dialect) -> bool:
+    """Whether :func:`_lock_and_log` runs on this database: MariaDB 10.5 and later (``INSERT ... RETURNING``;
+    MySQL has none)."""
+    return (
+        dialect.name == "mysql"
+        and bool(getattr(dialect, "is_mariadb", False))
+        and (dialect.server_version_info or (0,)) >= (10, 5)
+    )
+
+
+#: The task columns :func:`_lock_and_log` returns (each by a locking read of the row it has locked).
+_LOGGED_TASK_COLUMNS = (
+    "cancel_requested", "holds_permit", "flow_instance_id", "flow_token_id", "flow_activation", "retry_of",
+)  # fmt: skip
+#: The attempt columns it returns (read as :func:`_locked_attempt` reads them: without a lock).
+_LOGGED_ATTEMPT_COLUMNS = ("generation", "lease_expires_at", "leased_at", "started_at")
+#: :func:`_lock_and_log`'s statement, built once.
+_LOCK_AND_LOG: list[sa.TextClause] = []
+
+
+def _lock_and_log_statement() -> sa.TextClause:
+    """:func:`_lock_and_log`'s ``INSERT INTO task_events ... SELECT ... FROM tasks ... FOR UPDATE RETURNING ...``,
+    with ``:attempt_id``, ``:hash`` (the token's digest), ``:namespace_id``, ``:status`` (the task's and the
+    attempt's), ``:to_status``, ``:event`` and ``:data``."""
+    if not _LOCK_AND_LOG:
+        attempt = "SELECT task_attempts.{} FROM task_attempts WHERE task_attempts.id = :attempt_id"
+        returned = [
+            "task_events.task_id AS id",
+            "task_events.state_version",
+            "task_events.created_at AS db_now",
+            *(f"(SELECT tasks.{c} FROM tasks WHERE tasks.id = task_events.task_id FOR UPDATE) AS {c}"
+              for c in _LOGGED_TASK_COLUMNS),
+            *(f"({attempt.format(c)}) AS attempt_{c}" for c in _LOGGED_ATTEMPT_COLUMNS),
+            f"{result_events.mariadb_subscribers('task_events.task_id')} AS subscribers",
+        ]  # fmt: skip
+        _LOCK_AND_LOG.append(
+            sa.text(
+                "INSERT INTO task_events (task_id, state_version, event, from_status, to_status, actor, reason,"
+                " data, created_at)"
+                " SELECT tasks.id, tasks.state_version + 1, :event, tasks.status, :to_status,"
+                f" CONCAT('worker:', ({attempt.format('worker_id')})), NULL, :data, UTC_TIMESTAMP(6)"
+                " FROM tasks FORCE INDEX (PRIMARY)"
+                " WHERE tasks.id = (SELECT task_attempts.task_id FROM task_attempts WHERE task_attempts.id = :attempt_id"
+                " AND task_attempts.lease_token_hash = :hash AND task_attempts.status = :status"
+                " AND task_attempts.lease_expires_at > UTC_TIMESTAMP(6))"
+                " AND tasks.namespace_id = :namespace_id AND tasks.status = :status"
+                " AND tasks.current_attempt_id = :attempt_id"
+                " FOR UPDATE RETURNING " + ", ".join(returned)
+            ).bindparams(
+                sa.bindparam("attempt_id", type_=task_attempts.c.id.type),
+                sa.bindparam("data", type_=task_events.c.data.type),
+            )
+        )
+    return _LOCK_AND_LOG[0]
+
+
+def _lock_and_log(
+    conn: Connection, namespace_id: int, attempt_id: str, lease_token: str, *, to: TaskStatus, event: str,
+    data: Any,
+) -> tuple[dict[str, Any], dict[str, Any], datetime] | None:  # fmt: skip
+    """MariaDB: a ``RUNNING`` attempt's plain ending (a ``complete``), its first statement also writing the
+    transition's ``task_events`` row: one statement less than :func:`_locked_attempt` and the event apart.
+
+    One ``INSERT INTO task_events ... SELECT ... FROM tasks ... FOR UPDATE`` locks the attempt's task by
+    primary key, as :func:`_locked_attempt` does, and writes the event of ``RUNNING → to`` (``state_version``
+    + 1, actor ``worker:<worker id>``, the statement's ``UTC_TIMESTAMP(6)``) only if the call is on its plain
+    path: the attempt (read by a subquery, without a lock: lock order task first) is ``RUNNING`` with this
+    token's digest and a lease not lapsed at that time, and the task (read under its lock) is in the
+    namespace, ``RUNNING``, with this attempt current. Its ``RETURNING`` clause gives what the call needs,
+    reading the locked task again with a locking read (the newest row, never an older snapshot), and takes
+    the result event's shared locks and reads its subscriptions as the ``ending`` :func:`_locked_attempt`
+    does (:func:`~orbit_server.tasks.result_events.mariadb_subscribers`, after the task's lock, before the
+    statement ends). The caller then makes the transition with ``apply_transition(..., logged=True)``, whose
+    conditional update of the task (at the version read under the lock) and the attempt (its token, status
+    and lease, as of now) must change both rows: an attempt changed since the subquery read it makes it miss,
+    and :class:`errors.ConcurrentUpdate` rolls the event back with the transaction (or savepoint).
+
+    Returns ``(task, attempt, now)`` as :func:`_locked_attempt` gives them for a transition (the task's
+    subscribers included), or ``None``, nothing written, when the call is not on that path (any refusal, a
+    repeated report, a lapsed lease, another attempt's task) or the database is not MariaDB 10.5+
+    (:func:`_logs_as_it_locks`): the caller then reads with :func:`_locked_attempt` and decides as before.
+    """
+    if not _logs_as_it_locks(conn.dialect) or not _ids.can_exist(attempt_id):
+        return None
+    running, digest = TaskStatus.RUNNING.value, _hash_token(lease_token)
+    params = {
+        "attempt_id": attempt_id, "hash": digest, "namespace_id": namespace_id, "status": running,
+        "to_status": to.value, "event": event, "data": data,
+    }  # fmt: skip
+    row = conn.execute(_lock_and_log_statement(), params).mappings().first()
+    if row is None:
+        return None
+    task: dict[str, Any] = {
+        "id": row["id"], "namespace_id": namespace_id, "status": running, "state_version": row["state_version"] - 1,
+        "current_attempt_id": attempt_id, **{c: row[c] for c in _LOGGED_TASK_COLUMNS},
+    }  # fmt: skip
+    task["subscribers"] = result_events.subscribers(task, row["subscribers"], conn.dialect.name)
+    attempt = {
+        "id": attempt_id, "task_id": row["id"], "lease_token_hash": digest, "status": running,
+        **{c: row[f"attempt_{c}"] for c in _LOGGED_ATTEMPT_COLUMNS},
+    }  # fmt: skip
     return task, attempt, _naive(row["db_now"])
 
 
