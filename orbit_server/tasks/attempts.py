@@ -202,11 +202,10 @@ def complete_attempt(
         errors.LeaseLost: wrong token, or the attempt is no longer live (409). With the right
             token the report is kept on the attempt as late evidence; the task is unchanged.
     """
-    data = {"attempt_id": attempt_id}
     if _logs_as_it_locks(conn.dialect):
         # MariaDB: the plain path's first statement locks, reads and writes the task event (4 commands in all)
         plain = _lock_and_log(conn, namespace_id, attempt_id, lease_token, to=TaskStatus.SUCCEEDED,
-                              event="completed", data=data)  # fmt: skip
+                              event="completed", data={"attempt_id": attempt_id})  # fmt: skip
         if plain is not None:
             return _succeed(conn, *plain, result, logged=True)
         task, attempt, now = _locked_attempt(conn, namespace_id, attempt_id, ending=True)  # a rare path
