@@ -28,11 +28,11 @@ from orbit_server.tasks.transitions import (
     _expire_attempt,
     _holds,
     _lapsed,
-    _lock_and_log,
+    _lock_and_record,
     _locked_attempt,
-    _logs_as_it_locks,
     _lost,
     _past_deadline,
+    _records_as_it_locks,
     _retry_delay,
     _state,
     _update_attempt,
@@ -202,12 +202,13 @@ def complete_attempt(
         errors.LeaseLost: wrong token, or the attempt is no longer live (409). With the right
             token the report is kept on the attempt as late evidence; the task is unchanged.
     """
-    if _logs_as_it_locks(conn.dialect):
-        # MariaDB: the plain path's first statement locks, reads and writes the task event (4 commands in all)
-        plain = _lock_and_log(conn, namespace_id, attempt_id, lease_token, to=TaskStatus.SUCCEEDED,
-                              event="completed", data={"attempt_id": attempt_id})  # fmt: skip
+    if _records_as_it_locks(conn.dialect):
+        # MariaDB: the plain path's first statement locks, reads and writes the result event (4 commands in all)
+        plain = _lock_and_record(conn, namespace_id, attempt_id, lease_token, to=TaskStatus.SUCCEEDED,
+                                 values={"result": result, "error": None})  # fmt: skip
         if plain is not None:
-            return _succeed(conn, *plain, result, logged=True)
+            task, attempt, now, event_id = plain
+            return _succeed(conn, task, attempt, now, result, recorded=event_id)
         task, attempt, now = _locked_attempt(conn, namespace_id, attempt_id, ending=True)  # a rare path
         _check_token(attempt, lease_token)
     else:
@@ -232,17 +233,17 @@ def complete_attempt(
 
 def _succeed(
     conn: Connection, task: dict[str, Any], attempt: Mapping[Any, Any], now: datetime, result: Any,
-    *, logged: bool = False,
+    *, recorded: str | None = None,
 ) -> AttemptState:  # fmt: skip
-    """:func:`complete_attempt`'s transition of a running attempt that holds its lease (``logged``: its task event
-    is written already: :func:`~orbit_server.tasks.transitions._lock_and_log`)."""
+    """:func:`complete_attempt`'s transition of a running attempt that holds its lease (``recorded``: the id of its
+    result event, written already: :func:`~orbit_server.tasks.transitions._lock_and_record`)."""
     task = apply_transition(
         conn,
         task,
         TaskStatus.SUCCEEDED,
         event="completed",
         now=now,
-        actor=None if logged else f"worker:{attempt['worker_id']}",
+        actor=f"worker:{attempt['worker_id']}",
         data={"attempt_id": attempt["id"]},
         values={"result": result, "error": None},
         attempt=(
@@ -254,7 +255,7 @@ def _succeed(
                 **_confirmed(attempt),
             },
         ),
-        logged=logged,
+        recorded=recorded,
     )
     return _state(task, attempt, status=AttemptStatus.SUCCEEDED)
 

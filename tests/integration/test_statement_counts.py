@@ -27,10 +27,10 @@ EXPECTED = {
     "mariadb": {
         "start": 4,  # lock and read task + attempt + clock; task and attempt (one UPDATE); task event; COMMIT
         "heartbeat": 3,  # lock and read; attempt; COMMIT
-        # lock, read and write the task event in one INSERT ... SELECT ... FOR UPDATE RETURNING (the event only
-        # on the plain path; its RETURNING takes the result event's shared locks on namespace, queue and
-        # subscriptions); task and attempt (one UPDATE); result event; COMMIT. (MySQL 8, without INSERT ...
-        # RETURNING: 5, the lock and read apart from the task event.)
+        # lock, read and write the result event in one INSERT ... SELECT ... FOR UPDATE RETURNING (the event only
+        # on the plain path; its RETURNING takes the event's shared locks on namespace and queue and reads the
+        # subscriptions); task and attempt (one UPDATE); task event; COMMIT. (MySQL 8, without INSERT ...
+        # RETURNING: 5, the lock and read apart from the result event.)
         "complete": 4,
         # queue + gate + clock + "sweep due", and the claim, in one statement (a UNION); COMMIT
         "empty lease": 2,
