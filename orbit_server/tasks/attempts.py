@@ -28,9 +28,11 @@ from orbit_server.tasks.transitions import (
     _expire_attempt,
     _holds,
     _lapsed,
+    _lock_and_record,
     _locked_attempt,
     _lost,
     _past_deadline,
+    _records_as_it_locks,
     _retry_delay,
     _state,
     _update_attempt,
@@ -200,10 +202,20 @@ def complete_attempt(
         errors.LeaseLost: wrong token, or the attempt is no longer live (409). With the right
             token the report is kept on the attempt as late evidence; the task is unchanged.
     """
-    task, attempt, now = _locked_attempt(conn, namespace_id, attempt_id, ending=True, lean=True)
-    _check_token(attempt, lease_token)
-    if not _holds(attempt, now):  # a repeated or conflicting report, a lost lease: every column
-        task, attempt, now = _locked_attempt(conn, namespace_id, attempt_id, ending=True)
+    if _records_as_it_locks(conn.dialect):
+        # MariaDB: the plain path's first statement locks, reads and writes the result event (4 commands in all)
+        plain = _lock_and_record(conn, namespace_id, attempt_id, lease_token, to=TaskStatus.SUCCEEDED,
+                                 values={"result": result, "error": None})  # fmt: skip
+        if plain is not None:
+            task, attempt, now, event_id = plain
+            return _succeed(conn, task, attempt, now, result, recorded=event_id)
+        task, attempt, now = _locked_attempt(conn, namespace_id, attempt_id, ending=True)  # a rare path
+        _check_token(attempt, lease_token)
+    else:
+        task, attempt, now = _locked_attempt(conn, namespace_id, attempt_id, ending=True, lean=True)
+        _check_token(attempt, lease_token)
+        if not _holds(attempt, now):  # a repeated or conflicting report, a lost lease: every column
+            task, attempt, now = _locked_attempt(conn, namespace_id, attempt_id, ending=True)
     status = attempt["status"]
     if status == AttemptStatus.SUCCEEDED.value and _canonical(attempt["result"]) == _canonical(result):
         return _state(task, attempt)
@@ -216,6 +228,15 @@ def complete_attempt(
         raise errors.InvalidTransition(
             "start the attempt before completing it (LEASED cannot become SUCCEEDED)"
         )
+    return _succeed(conn, task, attempt, now, result)
+
+
+def _succeed(
+    conn: Connection, task: dict[str, Any], attempt: Mapping[Any, Any], now: datetime, result: Any,
+    *, recorded: str | None = None,
+) -> AttemptState:  # fmt: skip
+    """:func:`complete_attempt`'s transition of a running attempt that holds its lease (``recorded``: the id of its
+    result event, written already: :func:`~orbit_server.tasks.transitions._lock_and_record`)."""
     task = apply_transition(
         conn,
         task,
@@ -223,7 +244,7 @@ def complete_attempt(
         event="completed",
         now=now,
         actor=f"worker:{attempt['worker_id']}",
-        data={"attempt_id": attempt_id},
+        data={"attempt_id": attempt["id"]},
         values={"result": result, "error": None},
         attempt=(
             attempt,
@@ -234,6 +255,7 @@ def complete_attempt(
                 **_confirmed(attempt),
             },
         ),
+        recorded=recorded,
     )
     return _state(task, attempt, status=AttemptStatus.SUCCEEDED)
 

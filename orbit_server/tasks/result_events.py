@@ -34,6 +34,7 @@ __all__ = [
     "Subscribers",
     "chain_key",
     "locked_subscribers",
+    "mariadb_subscribers",
     "postgres_event_ctes",
     "record_result_event",
     "record_result_events",
@@ -118,6 +119,23 @@ def locked_subscribers(clock: sa.ColumnElement[Any], dialect: str) -> sa.Label[A
     )
 
 
+def mariadb_subscribers(task_id: str) -> str:
+    """MariaDB: :func:`locked_subscribers` (MySQL/MariaDB form) as the text of a scalar subquery for a statement
+    that has already locked the task whose id is the SQL expression ``task_id``: the same shared locks (the
+    task's namespace and queue rows) and the same locking read of the namespace's subscriptions created at or
+    before the statement's ``UTC_TIMESTAMP(6)``, in the same order (the subscriptions are the inner side of an
+    outer join on the namespace and queue, so they are read after both locks are granted), with the same
+    value, read through :func:`subscribers`. Used in the ``RETURNING`` clause of
+    :func:`orbit_server.tasks.transitions._lock_and_record`'s ``INSERT``, which locks the task first."""
+    return (
+        "(SELECT CASE WHEN COUNT(q.id) = 0 THEN NULL ELSE COALESCE(GROUP_CONCAT(s.id), '') END"
+        " FROM tasks t JOIN namespaces n ON n.id = t.namespace_id JOIN queues q ON q.id = t.queue_id"
+        " AND q.namespace_id = n.id LEFT OUTER JOIN subscriptions s ON s.namespace_id = n.id"
+        " AND s.created_at <= UTC_TIMESTAMP(6) AND (s.queues IS NULL OR JSON_CONTAINS(s.queues, JSON_QUOTE(q.name)) = 1)"
+        f" WHERE t.id = {task_id} LOCK IN SHARE MODE)"
+    )
+
+
 def subscribers(task: Mapping[str, Any], column: str | None, dialect: str) -> Subscribers:
     """The value of :func:`locked_subscribers`, with ``task``'s ``namespace_id`` and ``retry_of``.
 
@@ -133,7 +151,12 @@ def subscribers(task: Mapping[str, Any], column: str | None, dialect: str) -> Su
 
 
 def record_result_event(
-    conn: Connection, task_id: str, now: datetime, *, read: Subscribers | None = None
+    conn: Connection,
+    task_id: str,
+    now: datetime,
+    *,
+    read: Subscribers | None = None,
+    written: str | None = None,
 ) -> str:
     """Write the result event of a transition that just happened, and its deliveries.
 
@@ -150,6 +173,9 @@ def record_result_event(
         now: the transition's database time (naive UTC); becomes ``occurred_at``.
         read: the subscriptions, read ahead under the same locks by the statement that locked the task
             (:func:`locked_subscribers`), in this transaction and at ``now``: one statement less here.
+        written: the id of the event, already written (as this would copy it) by the statement that locked the
+            task (:func:`orbit_server.tasks.transitions._lock_and_record`): only its deliveries (and the chain's
+            key) are written here. Only with ``read``.
 
     Returns:
         The new event's id (a UUID).
@@ -158,10 +184,14 @@ def record_result_event(
         errors.ConcurrentUpdate: the task row was not found (nothing sensible was written;
             the caller's transaction must roll back).
     """
-    event_id = str(uuid.uuid4())
-    copied = conn.execute(_COPY_EVENT, {"event_id": event_id, "task_id": task_id, "occurred_at": now})
-    if copied.rowcount != 1:
-        raise errors.ConcurrentUpdate(f"task {task_id} vanished while its result event was written")
+    if written is not None:
+        assert read is not None, "an event written ahead comes with its subscribers"
+        event_id = written
+    else:
+        event_id = str(uuid.uuid4())
+        copied = conn.execute(_COPY_EVENT, {"event_id": event_id, "task_id": task_id, "occurred_at": now})
+        if copied.rowcount != 1:
+            raise errors.ConcurrentUpdate(f"task {task_id} vanished while its result event was written")
     # Shared lock on the namespace row: serialises with create_subscription's exclusive lock. Then a
     # locking read of the subscriptions, so it sees the newest committed ones whatever the isolation
     # level: on MySQL/MariaDB and SQLite both in one statement (the subscriptions outer-joined), in the

@@ -242,6 +242,7 @@ def apply_transition(
     data: Any = None,
     values: Mapping[str, Any] | None = None,
     attempt: tuple[Mapping[Any, Any], Mapping[str, Any]] | None = None,
+    recorded: str | None = None,
 ) -> dict[str, Any]:
     """Move ``task`` to ``to``: the one way any task changes state.
 
@@ -262,6 +263,9 @@ def apply_transition(
             setting ``values``; on MySQL/MariaDB in the same statement as the task's (a multi-table
             ``UPDATE`` that changes both rows or neither), on PostgreSQL too (the attempt's update in a
             ``WITH``), on SQLite just before it.
+        recorded: the id of the transition's result event, already written in this transaction by the
+            statement that locked the task (:func:`_lock_and_record`, MariaDB): not written again here (its
+            deliveries are).
 
     Returns:
         ``task`` with the new status, version and values: pass it to a following transition.
@@ -340,7 +344,9 @@ def apply_transition(
         )
     if to in result_events.RESULT_STATUSES:
         if event_id is None:
-            event_id = result_events.record_result_event(conn, task["id"], now, read=task.get("subscribers"))
+            event_id = result_events.record_result_event(
+                conn, task["id"], now, read=task.get("subscribers"), written=recorded
+            )
         if task.get("flow_instance_id") is not None:  # a flow step: its internal event, same transaction
             flow_hooks.record_events(conn, [({**task, **changes}, event_id)], now)
     return {**task, **changes}
@@ -745,6 +751,123 @@ def _locked_attempt(
         task["subscribers"] = result_events.subscribers(task, row["subscribers"], conn.dialect.name)
     attempt = {column.name: row[f"attempt_{column.name}"] for column in attempt_columns}
     return task, attempt, _naive(row["db_now"])
+
+
+def _records_as_it_locks(dialect: sa.Dialect) -> bool:
+    """Whether :func:`_lock_and_record` runs on this database: MariaDB 10.5 and later (``INSERT ... RETURNING``;
+    MySQL has none)."""
+    return (
+        dialect.name == "mysql"
+        and bool(getattr(dialect, "is_mariadb", False))
+        and (dialect.server_version_info or (0,)) >= (10, 5)
+    )
+
+
+#: The task columns :func:`_lock_and_record` returns by locking reads of the row it has locked (the newest row).
+_RECORDED_TASK_COLUMNS = (
+    "cancel_requested",
+    "holds_permit",
+    "flow_instance_id",
+    "flow_token_id",
+    "flow_activation",
+)
+#: The attempt columns it returns (read as :func:`_locked_attempt` reads them: without a lock).
+_RECORDED_ATTEMPT_COLUMNS = ("generation", "worker_id", "lease_expires_at", "leased_at", "started_at")
+#: :func:`_lock_and_record`'s statement, built once.
+_LOCK_AND_RECORD: list[sa.TextClause] = []
+
+
+def _lock_and_record_statement() -> sa.TextClause:
+    """:func:`_lock_and_record`'s ``INSERT INTO result_events ... SELECT ... FROM tasks ... FOR UPDATE RETURNING
+    ...``, with ``:r_id`` (the event's id), ``:attempt_id``, ``:hash`` (the token's digest), ``:namespace_id``,
+    ``:status`` (the task's and the attempt's), ``:to_status``, ``:result`` and ``:error``."""
+    if not _LOCK_AND_RECORD:
+        attempt = "SELECT task_attempts.{} FROM task_attempts WHERE task_attempts.id = :attempt_id"
+        returned = [
+            "result_events.task_id", "result_events.state_version", "result_events.occurred_at",
+            "result_events.retry_of",
+            *(f"(SELECT tasks.{c} FROM tasks WHERE tasks.id = result_events.task_id FOR UPDATE) AS {c}"
+              for c in _RECORDED_TASK_COLUMNS),
+            *(f"({attempt.format(c)}) AS attempt_{c}" for c in _RECORDED_ATTEMPT_COLUMNS),
+            f"{result_events.mariadb_subscribers('result_events.task_id')} AS subscribers",
+        ]  # fmt: skip
+        _LOCK_AND_RECORD.append(
+            sa.text(
+                "INSERT INTO result_events (id, task_id, namespace_id, queue_id, handler, status, result, error,"
+                " state_version, occurred_at, retry_of)"
+                " SELECT :r_id, tasks.id, tasks.namespace_id, tasks.queue_id, tasks.handler, :to_status, :result,"
+                " :error, tasks.state_version + 1, UTC_TIMESTAMP(6), tasks.retry_of"
+                " FROM tasks FORCE INDEX (PRIMARY)"
+                " WHERE tasks.id = (SELECT task_attempts.task_id FROM task_attempts WHERE task_attempts.id = :attempt_id"
+                " AND task_attempts.lease_token_hash = :hash AND task_attempts.status = :status"
+                " AND task_attempts.lease_expires_at > UTC_TIMESTAMP(6))"
+                " AND tasks.namespace_id = :namespace_id AND tasks.status = :status"
+                " AND tasks.current_attempt_id = :attempt_id"
+                " FOR UPDATE RETURNING " + ", ".join(returned)
+            ).bindparams(
+                sa.bindparam("r_id", type_=tasks.c.id.type),
+                sa.bindparam("attempt_id", type_=task_attempts.c.id.type),
+                sa.bindparam("result", type_=tasks.c.result.type),
+                sa.bindparam("error", type_=tasks.c.error.type),
+            )
+        )
+    return _LOCK_AND_RECORD[0]
+
+
+def _lock_and_record(
+    conn: Connection, namespace_id: int, attempt_id: str, lease_token: str, *, to: TaskStatus,
+    values: Mapping[str, Any],
+) -> tuple[dict[str, Any], dict[str, Any], datetime, str] | None:  # fmt: skip
+    """MariaDB: a ``RUNNING`` attempt's plain ending with a result event (a ``complete``), its first statement
+    also writing that event: one statement less than :func:`_locked_attempt` and the event apart.
+
+    One ``INSERT INTO result_events ... SELECT ... FROM tasks ... FOR UPDATE`` locks the attempt's task by
+    primary key, as :func:`_locked_attempt` does, and writes the result event of ``RUNNING → to`` only if the
+    call is on its plain path: the attempt (read by a subquery, without a lock: lock order task first) is
+    ``RUNNING`` with this token's digest and a lease not lapsed at the statement's ``UTC_TIMESTAMP(6)``, and the
+    task (read under its lock) is in the namespace, ``RUNNING``, with this attempt current. The event is the
+    task row as the transition will leave it: namespace, queue, handler and ``retry_of`` of the locked row,
+    status ``to``, ``values``' result and error (what the transition sets), ``state_version`` + 1, and the
+    statement's time. Its ``RETURNING`` clause gives what the call needs, reading the locked task again with
+    locking reads (the newest row, never an older snapshot), and takes the event's shared locks and reads its
+    subscriptions as the ``ending`` :func:`_locked_attempt` does
+    (:func:`~orbit_server.tasks.result_events.mariadb_subscribers`: after the task's lock). ``result_events``
+    has no ``AUTO_INCREMENT`` column: an ``INSERT ... SELECT`` into ``task_events`` would hold its table-level
+    ``AUTO-INC`` lock to the statement's end (``innodb_autoinc_lock_mode`` 1, MariaDB's default), so a complete
+    waiting there for a namespace's lock would hold up every task event of the server.
+
+    The caller then makes the transition with ``apply_transition(..., recorded=<event id>)``: its conditional
+    update of the task (at the version read under the lock) and the attempt (token, status and lease, as of
+    now) must change both rows, or :class:`errors.ConcurrentUpdate` rolls the event back with the transaction
+    (or savepoint): an attempt changed since the subquery read it makes it miss. Then the task's event, and
+    the event's deliveries (:func:`~orbit_server.tasks.result_events.record_result_event`).
+
+    Returns ``(task, attempt, now, event id)``, the rows as :func:`_locked_attempt` gives them for a transition
+    (the task's subscribers included), or ``None``, nothing written, when the call is not on that path (any
+    refusal, a repeated report, a lapsed lease) or the database is not MariaDB 10.5+
+    (:func:`_records_as_it_locks`): the caller then reads with :func:`_locked_attempt` and decides as before.
+    """
+    if not _records_as_it_locks(conn.dialect) or not _ids.can_exist(attempt_id):
+        return None
+    running, digest, event_id = TaskStatus.RUNNING.value, _hash_token(lease_token), str(uuid.uuid4())
+    params = {
+        "r_id": event_id, "attempt_id": attempt_id, "hash": digest, "namespace_id": namespace_id,
+        "status": running, "to_status": to.value, "result": values.get("result"), "error": values.get("error"),
+    }  # fmt: skip
+    row = conn.execute(_lock_and_record_statement(), params).mappings().first()
+    if row is None:
+        return None
+    task: dict[str, Any] = {
+        "id": row["task_id"], "namespace_id": namespace_id, "status": running,
+        "state_version": row["state_version"] - 1, "current_attempt_id": attempt_id, "retry_of": row["retry_of"],
+        **{c: row[c] for c in _RECORDED_TASK_COLUMNS},
+    }  # fmt: skip
+    task["subscribers"] = result_events.subscribers(task, row["subscribers"], conn.dialect.name)
+    attempt = {
+        "id": attempt_id, "task_id": row["task_id"], "lease_token_hash": digest, "status": running,
+        **{c: row[f"attempt_{c}"] for c in _RECORDED_ATTEMPT_COLUMNS},
+    }  # fmt: skip
+    return task, attempt, _naive(row["occurred_at"]), event_id
 
 
 def _holds(attempt: Mapping[Any, Any], now: datetime) -> bool:

@@ -33,6 +33,7 @@ from orbit_server.tasks.transitions import TRANSITIONS
 from tests.conftest import DatabaseFactory
 from tests.execution_support import check_attempt_history
 from tests.integration.conftest import BACKENDS
+from tests.integration.test_result_events import _until, _waiting_for
 
 #: The arrows of the state diagram in §2 of seed 001, copied by hand.
 SEED_ARROWS = {
@@ -303,6 +304,51 @@ def test_cancel_racing_complete_never_overwrites_a_success(db: Db) -> None:
         _versions_are_consecutive(db, grant.task.id)
     print(f"cancel vs complete: {dict(outcomes)}")
     assert sum(outcomes.values()) == RACE_REPETITIONS // 2
+
+
+def test_a_complete_that_waits_for_a_cancel_request_answers_it(db: Db) -> None:
+    """A ``complete`` reads the task it locks as the newest row, not as it was when its statement began: a
+    cancel request committed while the complete waited for the task's lock is in its answer (on MariaDB the
+    plain path reads the task again in its first statement's ``RETURNING``, with locking reads)."""
+    if db.engine.dialect.name == "sqlite":
+        pytest.skip("SQLite has one writer: the complete waits to begin, and then reads the newest row")
+    ns_id = db.principal.namespace_id
+    grant = db.running()
+    probe = sa.create_engine(db.engine.url, poolclass=sa.NullPool)
+    answers: list[Any] = []
+    with db.engine.connect() as conn:
+        trans = conn.begin()
+        holder = int(
+            conn.exec_driver_sql(
+                "SELECT pg_backend_pid()"
+                if db.engine.dialect.name == "postgresql"
+                else "SELECT CONNECTION_ID()"
+            ).scalar_one()
+        )
+        cancelled = operations.cancel_task(conn, ns_id, grant.task.id, reason="stop", actor="t")
+        assert cancelled.status is TaskStatus.RUNNING and cancelled.cancel_requested
+        completing = threading.Thread(
+            target=lambda: answers.append(
+                transact(
+                    db.engine,
+                    attempts.complete_attempt,
+                    ns_id,
+                    grant.attempt.id,
+                    grant.attempt.lease_token,
+                    1,
+                )
+            )
+        )
+        completing.start()
+        _until(lambda: _waiting_for(probe, holder) > 0, "the complete did not wait for the cancel request")
+        trans.commit()
+    completing.join(timeout=30)
+    probe.dispose()
+    (answer,) = answers
+    assert answer.status is AttemptStatus.SUCCEEDED and answer.task_status is TaskStatus.SUCCEEDED
+    assert answer.cancel_requested  # the success wins over the cancel request, and the answer says it came
+    assert db.task(grant.task.id)["status"] == TaskStatus.SUCCEEDED.value
+    _versions_are_consecutive(db, grant.task.id)
 
 
 def test_cancel_racing_start(db: Db) -> None:

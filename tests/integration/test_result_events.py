@@ -413,6 +413,71 @@ def test_a_complete_and_a_subscription_creation_in_either_order(api: Api, first:
         assert lease(api, "in-flight") == []
 
 
+def test_a_complete_waiting_for_a_subscription_creation_holds_up_no_other_transition(api: Api) -> None:
+    """While a ``complete`` waits for the namespace's lock (a subscription being created), another task's
+    transition writes its task event at once. (On MariaDB the complete's first statement is an
+    ``INSERT ... SELECT``: into ``task_events``, whose ``AUTO_INCREMENT`` key an ``INSERT ... SELECT`` locks for
+    the whole table until the statement ends under ``innodb_autoinc_lock_mode`` 1, every task event of the
+    server would have waited with it; it writes ``result_events``, which has none.)"""
+    engine = api.server.engine
+    if engine.dialect.name == "sqlite":
+        pytest.skip("SQLite has one writer: the second transaction waits to begin")
+    with engine.connect() as conn:
+        ns_id = int(conn.scalar(sa.text("SELECT id FROM namespaces WHERE name = :n"), {"n": api.ns}))
+    grant = api.running(api.queue())
+    queue = api.queue()
+    api.submit(queue)
+    other = api.lease_one(queue)
+    probe = sa.create_engine(engine.url, poolclass=sa.NullPool)
+    started: list[Any] = []
+    with engine.connect() as conn:
+        trans = conn.begin()
+        postgres = engine.dialect.name == "postgresql"
+        holder = int(
+            conn.exec_driver_sql(
+                "SELECT pg_backend_pid()" if postgres else "SELECT CONNECTION_ID()"
+            ).scalar_one()
+        )
+        results.create_subscription(conn, ns_id, api.ns, "held", None)
+        completing = threading.Thread(
+            target=transact,
+            args=(
+                engine,
+                attempts.complete_attempt,
+                ns_id,
+                grant["attempt"]["id"],
+                grant["attempt"]["lease_token"],
+                1,
+            ),
+        )
+        completing.start()
+        _until(lambda: _waiting_for(probe, holder) > 0, "the complete did not wait for the subscription")
+        starting = threading.Thread(
+            target=lambda: started.append(
+                transact(
+                    engine,
+                    attempts.start_attempt,
+                    ns_id,
+                    other["attempt"]["id"],
+                    other["attempt"]["lease_token"],
+                )
+            )
+        )
+        starting.start()
+        starting.join(timeout=15)
+        waited = starting.is_alive()
+        assert completing.is_alive()
+        trans.commit()
+    completing.join(timeout=30)
+    starting.join(timeout=60)
+    probe.dispose()
+    assert not waited, "a start waited for a complete that waited for the namespace's lock"
+    assert started and started[0].status.value == "RUNNING"
+    assert api.task(grant["task"]["id"])["status"] == "SUCCEEDED"
+    (delivery,) = lease(api, "held")  # created before the complete's statement read the subscriptions
+    assert delivery["event"]["task_id"] == grant["task"]["id"]
+
+
 # -------------------------------------------------------------- deliveries
 
 

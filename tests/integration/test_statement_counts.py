@@ -28,10 +28,11 @@ EXPECTED = {
     "mariadb": {
         "start": 4,  # lock and read task + attempt + clock; task and attempt (one UPDATE); task event; COMMIT
         "heartbeat": 3,  # lock and read; attempt; COMMIT
-        # lock and read (with the result event's shared locks on namespace, queue and subscriptions); task and
-        # attempt; task event; result event; COMMIT. Not 4: MariaDB writes two tables (the task event, the
-        # result event) in two statements, and has no UPDATE ... RETURNING to fold a read into a write.
-        "complete": 5,
+        # lock, read and write the result event in one INSERT ... SELECT ... FOR UPDATE RETURNING (the event only
+        # on the plain path; its RETURNING takes the event's shared locks on namespace and queue and reads the
+        # subscriptions); task and attempt (one UPDATE); task event; COMMIT. (MySQL 8, without INSERT ...
+        # RETURNING: 5, the lock and read apart from the result event.)
+        "complete": 4,
         # queue + gate + clock + "sweep due", and the claim, in one statement (a UNION); COMMIT
         "empty lease": 2,
         "lease, one grant": 5,  # that statement; the claim (UPDATE); the task event; the attempt; COMMIT
