@@ -146,8 +146,10 @@ def test_a_killed_worker_s_task_is_leased_again_after_its_lease_lapses(
 
             safe = submit(retry_safe=True, backoff_base_seconds=0)
             unsafe = submit()
+            # 3 s: the two attempts must keep their leases until the kill (with 1 s, a worker process stalled
+            # 0.7 s by a loaded machine would lose them before it); the kill then leaves them to lapse.
             first = WorkerProcess(server, namespace, keys["work"], queue_name, tmp_path / "first.log",
-                                  concurrency=2, lease_seconds=1)  # fmt: skip
+                                  concurrency=2, lease_seconds=3)  # fmt: skip
             workers.append(first)
             running = {first.expect("started").split()[1], first.expect("started").split()[1]}
             assert running == {safe, unsafe}
@@ -180,8 +182,10 @@ def test_sigterm_lets_the_running_task_finish(
             task_id = client.submit_task(
                 namespace, queue_name, "slow", {"seconds": 1.5}, idempotency_key=str(uuid.uuid4())
             ).task.id
+            # The lease is not what is tested: 10 s, so that the 1.5 s handler keeps it on a loaded machine
+            # (with 2 s, a heartbeat 1.3 s late would lose it, and the report after SIGTERM be refused).
             worker = WorkerProcess(
-                server, namespace, keys["work"], queue_name, tmp_path / "w.log", lease_seconds=2
+                server, namespace, keys["work"], queue_name, tmp_path / "w.log", lease_seconds=10
             )
             workers.append(worker)
             worker.expect("started")

@@ -334,6 +334,11 @@ def test_complete_before_start_is_an_invalid_transition(api: Api) -> None:
 
 # ------------------------------------------------------------------ expiry
 
+#: The lease of a task these tests start and then let lapse: its start must arrive inside it. 0.5 s is
+#: two quick calls on an idle machine, but a loaded one can stall the test or the server 1-2 s (and the
+#: start then met a lapsed lease: 409).
+START_WITHIN = 3.0
+
 
 def test_expired_lease_before_start_returns_task_to_waiting(api: Api) -> None:
     queue = api.queue()
@@ -358,7 +363,7 @@ def test_expired_lease_before_start_fails_when_budget_is_spent(api: Api) -> None
 
 def test_expired_running_retry_safe_task_is_leased_again_and_the_stale_report_is_evidence(api: Api) -> None:
     queue = api.queue()
-    old = api.running(queue, lease_seconds=0.5, retry_safe=True, backoff_base_seconds=0)
+    old = api.running(queue, lease_seconds=START_WITHIN, retry_safe=True, backoff_base_seconds=0)
     task_id = old["task"]["id"]
     api.wait_status(task_id, "WAITING")
     assert ("lease_expired", "RUNNING", "WAITING") in api.moves(task_id)
@@ -380,7 +385,7 @@ def test_expired_running_retry_safe_task_is_leased_again_and_the_stale_report_is
 
 def test_expired_running_task_needs_review_then_is_reviewed_and_retried(api: Api) -> None:
     queue = api.queue()
-    grant = api.running(queue, lease_seconds=0.5)
+    grant = api.running(queue, lease_seconds=START_WITHIN)
     task_id = grant["task"]["id"]
     review = api.wait_status(task_id, "NEEDS_REVIEW")
     assert review["error"]["type"] == "outcome_unknown"
@@ -422,7 +427,7 @@ def test_expired_running_task_needs_review_then_is_reviewed_and_retried(api: Api
 
 def test_review_as_succeeded(api: Api) -> None:
     queue = api.queue()
-    grant = api.running(queue, lease_seconds=0.5)
+    grant = api.running(queue, lease_seconds=START_WITHIN)
     task_id = grant["task"]["id"]
     api.wait_status(task_id, "NEEDS_REVIEW")
     reviewed = api.admin(

@@ -124,7 +124,9 @@ def test_a_cancel_of_an_unconfirmed_lease_and_start_task_survives_its_lapse(
     # With the budget spent it ended FAILED attempts_exhausted instead of CANCELLED.
     queue = env.queue()
     task_id = env.submit(queue, "h", retry_safe=True, max_attempts=max_attempts)
-    (grant,) = worker_client.lease_tasks(env.ns, queue, worker_id="w", lease_seconds=0.5, start=True)
+    # 3 s: the cancel must arrive inside the lease (with 0.5 s, a test or server stalled by a loaded machine
+    # let it lapse first; the cancel then finds the task WAITING and ends it at once, not RUNNING).
+    (grant,) = worker_client.lease_tasks(env.ns, queue, worker_id="w", lease_seconds=3, start=True)
     cancelled = env.admin.cancel_task(env.ns, task_id, reason="not wanted any more")
     assert cancelled.status == "RUNNING" and cancelled.cancel_requested
     _lapse(env, task_id, grant.attempt.id)
@@ -145,8 +147,9 @@ def test_a_cancel_of_a_confirmed_retry_safe_task_survives_its_lapse_with_the_bud
     # stop ends CANCELLED (it was NEEDS_REVIEW: a review of a task nobody wants any more).
     queue = env.queue()
     task_id = env.submit(queue, "h", retry_safe=True, max_attempts=1)
-    # 2 s: the heartbeat must land inside the lease (0.5 s was missed once at load 7-10).
-    (grant,) = worker_client.lease_tasks(env.ns, queue, worker_id="w", lease_seconds=2, start=True)
+    # 3 s: the heartbeat must land inside the lease (0.5 s was missed once at load 7-10; a loaded machine can
+    # stall the test or the server 1-2 s).
+    (grant,) = worker_client.lease_tasks(env.ns, queue, worker_id="w", lease_seconds=3, start=True)
     worker_client.heartbeat(env.ns, grant.attempt.id, grant.attempt.lease_token)
     env.admin.cancel_task(env.ns, task_id, reason="not wanted any more")
     _lapse(env, task_id, grant.attempt.id)
@@ -178,7 +181,8 @@ def test_the_first_heartbeat_confirms_the_start(env: Env, worker_client: OrbitCl
     # NEEDS_REVIEW (invariant 7), where an unconfirmed one fails as attempts_exhausted.
     queue = env.queue()
     task_id = env.submit(queue, "h", retry_safe=True, max_attempts=1)
-    (grant,) = worker_client.lease_tasks(env.ns, queue, worker_id="w", lease_seconds=2.0, start=True)
+    # 3 s: the heartbeat must land inside the lease on a loaded machine too (as above).
+    (grant,) = worker_client.lease_tasks(env.ns, queue, worker_id="w", lease_seconds=3, start=True)
     state = worker_client.heartbeat(env.ns, grant.attempt.id, grant.attempt.lease_token)
     assert state.status == "RUNNING"
     with env.server.engine.connect() as conn:

@@ -115,7 +115,7 @@ def test_every_result_transition_writes_one_event_and_no_other_does(api: Api) ->
     # WAITING → CANCELLED
     gone = cancelled(api, queue)
     # RUNNING → NEEDS_REVIEW (lease lapsed), a late report changes nothing, then NEEDS_REVIEW → SUCCEEDED
-    lost = api.running(queue, lease_seconds=0.3)
+    lost = api.running(queue, lease_seconds=3)  # its start must arrive inside it, on a loaded machine too
     lost_id = lost["task"]["id"]
     api.wait_status(lost_id, "NEEDS_REVIEW")
     _problem(api.call(lost, "complete", result="late"), 409, "lease_lost")
@@ -488,13 +488,18 @@ def test_an_unacked_delivery_comes_back_after_its_lease_and_ack_is_idempotent(ap
     assert admin.get_subscription(api.ns, "redeliver") == created
     task_id = cancelled(api, api.queue())
     with client(api) as orbit:
-        (first,) = orbit.lease_deliveries(api.ns, "redeliver", lease_seconds=0.5)
+        # 3 s: the lease must still run at the second lease call (0.5 s could pass on a loaded machine).
+        (first,) = orbit.lease_deliveries(api.ns, "redeliver", lease_seconds=3)
         assert first.delivery_count == 1 and first.event.task_id == task_id
         assert first.event.status is TaskStatus.CANCELLED and first.event.occurred_at >= created.created_at
         assert first.lease_expires_at > first.event.occurred_at
         assert orbit.lease_deliveries(api.ns, "redeliver") == []  # still leased
-        time.sleep(0.6)  # the lease lapses (database clock) without an ack
-        (second,) = orbit.lease_deliveries(api.ns, "redeliver", lease_seconds=0.2)
+        # The lease lapses (database clock) without an ack: the delivery comes back.
+        deadline = time.monotonic() + 20
+        while not (again := orbit.lease_deliveries(api.ns, "redeliver", lease_seconds=0.2)):
+            assert time.monotonic() < deadline, "the unacked delivery never came back"
+            time.sleep(0.05)
+        (second,) = again
         assert (second.id, second.event) == (first.id, first.event)
         assert second.delivery_count == 2 and second.lease_expires_at > first.lease_expires_at
         assert orbit.ack_delivery(api.ns, "redeliver", second.id) is None

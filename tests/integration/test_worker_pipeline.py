@@ -228,9 +228,9 @@ def test_a_lost_lease_and_start_answer_never_leaves_a_task_running(env: Env) -> 
     recorder = Recorder(faults={"lease": "lose"})
     with (
         client_for(env, HookedTransport(recorder)) as client,
-        running(
-            Worker(client, env.ns, queue, {"echo": generation}, concurrency=2, lease_seconds=1.5, **FAST)
-        ),
+        # 3 s: the lost grants lapse after it; the second grants must keep theirs from grant to report (with
+        # 1.5 s, a worker stalled that long by a loaded machine would lose them: a third attempt).
+        running(Worker(client, env.ns, queue, {"echo": generation}, concurrency=2, lease_seconds=3, **FAST)),
     ):
         for task_id in ids:
             env.wait(task_id, "SUCCEEDED")
@@ -345,33 +345,40 @@ def test_a_heartbeat_that_races_a_successful_complete_is_no_lost_lease(
     env: Env, caplog: pytest.LogCaptureFixture
 ) -> None:
     # The complete is committed, but its answer is held back until a heartbeat sent after it has
-    # been answered (409: the attempt is SUCCEEDED), or for 1 s if none comes.
+    # been answered (409: the attempt is SUCCEEDED); the heartbeats go on while a report is on its
+    # way. The lease is not what is tested: 3 s (a heartbeat every second). With 1.2 s, a worker
+    # stalled by a loaded machine could let it lapse before its complete, which then really was late.
     queue = env.queue()
     task_id = env.submit(queue, "echo")
     contexts: list[TaskContext] = []
-    completed, beaten_after = threading.Event(), threading.Event()
+    beaten, completed, beaten_after, released = (threading.Event() for _ in range(4))
 
     def echo(ctx: TaskContext) -> Any:
         contexts.append(ctx)
-        time.sleep(0.5)  # past the first heartbeat (a third of 1.2 s); the next is due at 0.8 s
+        assert beaten.wait(30)  # past the first heartbeat: the lease is renewed while the handler runs
         return "done"
+
+    def mark(request: httpx.Request, _response: httpx.Response | None) -> None:
+        request.extensions["after_complete"] = completed.is_set()  # sent once the complete was committed
 
     def hold_complete(request: httpx.Request, response: httpx.Response | None) -> None:
         kind = kind_of(request)
-        if kind.startswith("heartbeat") and completed.is_set():
-            beaten_after.set()
+        if kind.startswith("heartbeat"):
+            (beaten_after if request.extensions["after_complete"] else beaten).set()
         elif kind.startswith("complete"):
             completed.set()
-            beaten_after.wait(1.0)
+            beaten_after.wait(30)
+            released.set()
 
     recorder = Recorder()
     caplog.set_level(logging.WARNING, logger="orbit_client.worker")
     with (
-        client_for(env, HookedTransport(recorder, after=hold_complete)) as client,
-        running(Worker(client, env.ns, queue, {"echo": echo}, lease_seconds=1.2, **FAST)),
+        client_for(env, HookedTransport(recorder, before=mark, after=hold_complete)) as client,
+        running(Worker(client, env.ns, queue, {"echo": echo}, lease_seconds=3, **FAST)),
     ):
         env.wait(task_id, "SUCCEEDED")
-        time.sleep(0.3)  # let a late heartbeat answer arrive, if one was sent
+        assert released.wait(60)  # the complete's answer goes back once the heartbeat's has
+    assert beaten_after.is_set(), "no heartbeat met the complete: the race did not happen"
     assert env.admin.get_task(env.ns, task_id).status == "SUCCEEDED"
     assert not [r for r in caplog.records if "lost its lease" in r.getMessage()]
     assert not contexts[0].lease_lost

@@ -228,15 +228,16 @@ def test_heartbeats_keep_a_long_handler_alive(env: Env) -> None:
     queue = env.queue()
 
     def slow(ctx: TaskContext) -> Any:
-        ctx.wait_for_stop(4.5)  # longer than two leases
+        ctx.wait_for_stop(6.5)  # longer than two leases
         return {"lease_lost": ctx.lease_lost}
 
     task_id = env.submit(queue, "slow")
-    # A 2 s lease (a heartbeat every 0.67 s): with 1 s, heartbeats 0.33 s apart once missed the lease on
-    # PostgreSQL at a load of 5-6 on two cores (CI), and the task went to review.
+    # A 3 s lease (a heartbeat every second, so a late one has 2 s): with 1 s, heartbeats 0.33 s apart once
+    # missed the lease on PostgreSQL at a load of 5-6 on two cores (CI), and the task went to review; a
+    # loaded machine can stall the heartbeat thread for 1-2 s.
     with (
         env.client() as client,
-        running(Worker(client, env.ns, queue, {"slow": slow}, lease_seconds=2, **FAST)),
+        running(Worker(client, env.ns, queue, {"slow": slow}, lease_seconds=3, **FAST)),
     ):
         task = env.wait(task_id, "SUCCEEDED")
     assert task.result == {"lease_lost": False} and task.attempt_count == 1
@@ -283,7 +284,9 @@ def test_a_handler_that_lost_its_lease_is_told_and_its_result_is_only_evidence(e
 
     task_id = env.submit(queue, "fenced", retry_safe=True, backoff_base_seconds=0)
     client = env.client()
-    worker = Worker(client, env.ns, queue, {"fenced": fenced}, concurrency=2, lease_seconds=1, **FAST)
+    # A 3 s lease: the first attempt's lapse is made below; the second must keep its lease from grant to
+    # complete (with 1 s, a worker stalled a second by a loaded machine would lose it: a third attempt).
+    worker = Worker(client, env.ns, queue, {"fenced": fenced}, concurrency=2, lease_seconds=3, **FAST)
     with client, running(worker):
         assert first_running.wait(10)
         # Make the first attempt's lease lapse as if its heartbeats had been lost on the way.
@@ -315,7 +318,9 @@ def test_stop_lets_running_handlers_finish(env: Env) -> None:
 
     task_id = env.submit(queue, "held")
     with env.client() as client:
-        worker = Worker(client, env.ns, queue, {"held": held}, lease_seconds=2, **FAST)
+        # A 5 s lease, as the AsyncWorker's below: the lease is not what is tested, and the heartbeats must
+        # keep it while the handler waits (with 2 s, a heartbeat thread stalled 1.4 s would lose it).
+        worker = Worker(client, env.ns, queue, {"held": held}, lease_seconds=5, **FAST)
         thread = threading.Thread(target=worker.run)
         thread.start()
         assert started.wait(10)

@@ -263,8 +263,11 @@ def test_orbit_worker_command_runs_tasks_and_a_kill_mid_task_is_left_for_review(
     started = tmp_path / "started"
     hung = hang.enqueue(str(started))
     django_project.deliver("default")
+    # A 3 s lease: the task that succeeds must keep its lease from grant to report (with 1 s, a worker process
+    # stalled 0.7 s by a loaded machine would lose it, and it would go to review); the kill then leaves the other's
+    # to lapse.
     proc = _manage(django_project, "orbit_worker", "--queue", "default", "--concurrency", "2",
-                   "--lease-seconds", "1", stdout=subprocess.PIPE, stderr=subprocess.STDOUT)  # fmt: skip
+                   "--lease-seconds", "3", stdout=subprocess.PIPE, stderr=subprocess.STDOUT)  # fmt: skip
     try:
         wait_until(lambda: _finished(done) and started.exists(), timeout=60)
         assert done.status == TaskResultStatus.SUCCESSFUL
