@@ -36,7 +36,6 @@ from orbit_server.db.transact import transact
 from orbit_server.tasks import permits, store
 from orbit_server.tasks.transitions import (
     _LIVE,
-    _TASK_COLUMNS,
     _at,
     _clock,
     _deadline_error,
@@ -685,9 +684,10 @@ def _sweep(conn: Connection, now: datetime, *, queue_id: int | None, limit: int)
     expired = sa.select(task_attempts.c.id, task_attempts.c.task_id).where(
         task_attempts.c.status.in_(_LIVE), task_attempts.c.lease_expires_at <= now
     )
-    overdue = sa.select(*_TASK_COLUMNS).where(
-        tasks.c.status == TaskStatus.WAITING.value, tasks.c.deadline <= now
-    )
+    # Read without a lock, then each task locked by its primary key and read again: a locking read of the
+    # WAITING rows (FOR UPDATE SKIP LOCKED) locked, on MariaDB, each row its plan examined, if only for a
+    # moment, and a lease's claim (SKIP LOCKED) skipped a due task it met locked: an empty answer.
+    overdue = sa.select(tasks.c.id).where(tasks.c.status == TaskStatus.WAITING.value, tasks.c.deadline <= now)
     if queue_id is not None:
         expired = expired.join(tasks, tasks.c.id == task_attempts.c.task_id).where(
             tasks.c.queue_id == queue_id
@@ -709,10 +709,13 @@ def _sweep(conn: Connection, now: datetime, *, queue_id: int | None, limit: int)
             and _expire_attempt(conn, task, attempt, now)
         ):
             changed += 1
-    for row in conn.execute(_faults.skip_locked(overdue.limit(limit))).mappings().all():
+    for task_id in conn.execute(overdue.limit(limit)).scalars().all():
+        task = _lock_task(conn, task_id, skip_locked=True)
+        if task is None or task["status"] != TaskStatus.WAITING.value or not _overdue(task, now):
+            continue  # locked by a concurrent request (the next pass will see it), or changed since the read
         apply_transition(
             conn,
-            dict(row),
+            task,
             TaskStatus.FAILED,
             event="deadline_exceeded",
             now=now,
@@ -721,3 +724,9 @@ def _sweep(conn: Connection, now: datetime, *, queue_id: int | None, limit: int)
         )
         changed += 1
     return changed
+
+
+def _overdue(task: Mapping[str, Any], now: datetime) -> bool:
+    """Whether ``task``'s deadline has passed at ``now`` (naive UTC)."""
+    deadline = task["deadline"]
+    return deadline is not None and deadline <= now

@@ -30,6 +30,8 @@ from typing import Any
 import pytest
 import sqlalchemy as sa
 
+from orbit_server.db.transact import transact
+from orbit_server.tasks import leases
 from tests.conftest import DatabaseFactory
 from tests.integration.test_execution_api import Api
 from tests.servers import run_server
@@ -214,6 +216,32 @@ def _row_scans(node: dict[str, Any]) -> Iterator[dict[str, Any]]:
             child.get("Subplan Name", "")
         ).startswith("CTE"):
             yield from _row_scans(child)
+
+
+def test_the_expiry_sweep_locks_only_the_tasks_it_settles_by_their_primary_key(api: Api) -> None:
+    """The sweep's locking reads name each task by id (regression: its read of the overdue waiting tasks was a
+    ``FOR UPDATE SKIP LOCKED`` over ``status``/``deadline``; on MariaDB every row its plan examined was locked for
+    a moment, and a lease's claim, which skips locked rows, answered empty beside a due task: 5 leases in
+    2,400, each taken just after a submit, while the background sweep ran)."""
+    engine = api.server.engine
+    queue = api.queue()
+    waiting = [api.submit(queue, params={"n": n})["id"] for n in range(3)]
+    overdue = api.submit(queue, params={"n": "late"}, deadline="2001-01-01T00:00:00Z")["id"]
+    locking: list[str] = []
+
+    def capture(conn: Any, cursor: Any, statement: str, parameters: Any, context: Any, many: bool) -> None:
+        if "FOR UPDATE" in statement.upper():
+            locking.append(" ".join(statement.split()))
+
+    sa.event.listen(engine, "before_cursor_execute", capture)
+    try:
+        assert transact(engine, leases.expire_leases) == 1
+    finally:
+        sa.event.remove(engine, "before_cursor_execute", capture)
+    assert api.task(overdue)["status"] == "FAILED"
+    assert [api.task(task_id)["status"] for task_id in waiting] == ["WAITING"] * 3
+    assert locking, "the sweep settled the overdue task without locking it"
+    assert all(_BY_ID.search(statement) for statement in locking), locking
 
 
 def _seed_finished_tasks(api: Api, count: int) -> None:
