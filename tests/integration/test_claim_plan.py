@@ -25,7 +25,7 @@ from sqlalchemy.engine import Engine
 
 from orbit_server.db import migrate as _migrate
 from orbit_server.db.engine import create_engine, db_now
-from orbit_server.db.schema import queues, tasks
+from orbit_server.db.schema import queues, task_attempts, tasks
 from orbit_server.tasks import leases, store
 from tests.conftest import DatabaseFactory
 from tests.integration.conftest import BACKENDS
@@ -137,7 +137,9 @@ def test_the_claim_reads_the_index_in_lease_order_without_a_sort(seeded: Seeded,
 def test_postgres_lease_statements_read_the_index_in_lease_order(seeded: Seeded) -> None:
     """PostgreSQL's plain lease (``leases.lease``, autocommitted): the probe's count of due tasks and the
     claim statement's ``picked`` read (``FOR UPDATE SKIP LOCKED``) read ``ix_tasks_claim_order``, with no
-    sort (EXPLAINed, not run: the claim statement writes)."""
+    sort (EXPLAINed, not run: the claim statement writes). The probe's sweep-due reads (``lapsed``,
+    ``overdue``: index ranges in index order, which over this module's table, with no attempt and no
+    deadline, the planner may as well sort) are the next test's."""
     if seeded.engine.dialect.name != "postgresql":
         pytest.skip("PostgreSQL's statements")
     params = {"namespace_id": seeded.namespace_id, "queue": "plain"}
@@ -158,16 +160,87 @@ def test_postgres_lease_statements_read_the_index_in_lease_order(seeded: Seeded)
             ).all()
             plan = document[0]["Plan"]
             read = next(n for n in _plan_nodes(plan) if n.get("Subplan Name") == part) if part else plan
-            nodes = list(_plan_nodes(read))
+            nodes = list(_plan_nodes(read, past=("lapsed", "overdue")))
             scans = [
                 n for n in nodes if n.get("Relation Name") == "tasks" and n.get("Index Name") != "tasks_pkey"
             ]
-            # the probe's sweep-due subqueries read tasks through other indexes; its due count reads this one
             assert any(n.get("Index Name") == "ix_tasks_claim_order" for n in scans), nodes
             assert all(n["Node Type"] in ("Index Scan", "Index Only Scan") for n in scans), nodes
             assert not [n for n in nodes if n["Node Type"] in ("Sort", "Incremental Sort")], nodes
             if part:
                 assert all(n.get("Index Name") == "ix_tasks_claim_order" for n in scans), nodes
+
+
+BUSY = 20000
+
+
+def test_postgres_probe_reads_no_table_to_tell_whether_a_sweep_is_due(seeded: Seeded) -> None:
+    """The PostgreSQL probe's two ``EXISTS`` (a lapsed live attempt of the queue, an overdue waiting task)
+    read a range of ``ix_task_attempts_status_expiry`` and ``ix_tasks_status_deadline`` up to the clock,
+    never the table, in a busy queue: ``BUSY`` tasks, nine in ten live (``LEASED``/``RUNNING``, their
+    leases an hour from lapsing; the others finished), and ``BUSY // 4`` waiting ones due in an hour, half
+    with a deadline in two hours, so no sweep is due and the lease is empty (issue 28: an empty lease must not cost more as the tables
+    grow). Before, the planner, unable to estimate a range bound read in the same statement, scanned
+    task_attempts (all 20,000 rows) for any one match (and tasks too, with more waiting tasks with a
+    deadline). EXPLAIN ANALYZE (the probe writes nothing), in a transaction rolled back with the rows and
+    their ANALYZE."""
+    if seeded.engine.dialect.name != "postgresql":
+        pytest.skip("PostgreSQL's statement")
+    with seeded.engine.connect() as conn, conn.begin() as transaction:
+        store.create_queue(conn, seeded.ns, "busy")
+        queue_id = conn.execute(
+            sa.select(queues.c.id).where(
+                queues.c.namespace_id == seeded.namespace_id, queues.c.name == "busy"
+            )
+        ).scalar_one()
+        now = db_now(conn)
+        rows, attempts = [], []
+        for n in range(BUSY + BUSY // 4):
+            task_id, attempt_id = str(uuid.uuid4()), str(uuid.uuid4())
+            status = "WAITING" if n >= BUSY else "SUCCEEDED" if n % 10 == 0 else ("LEASED", "RUNNING")[n % 2]
+            waiting, finished = status == "WAITING", status == "SUCCEEDED"
+            rows.append({
+                "id": task_id, "namespace_id": seeded.namespace_id, "queue_id": queue_id, "handler": "h",
+                "params": {}, "status": status, "state_version": 1, "attempt_count": 0 if waiting else 1,
+                "max_attempts": 3, "available_at": now + timedelta(hours=1) if waiting else now,
+                "created_at": now, "updated_at": now, "finished_at": now if finished else None,
+                "deadline": now + timedelta(hours=2) if waiting and n % 2 else None,
+                "current_attempt_id": None if waiting else attempt_id,
+            })  # fmt: skip
+            if not waiting:
+                attempts.append({
+                    "id": attempt_id, "task_id": task_id, "generation": 1, "lease_token_hash": "0" * 64,
+                    "worker_id": "w", "status": status, "lease_seconds": 3600.0, "leased_at": now,
+                    "lease_expires_at": now + timedelta(hours=-1 if finished else 1),
+                    "finished_at": now if finished else None,
+                })  # fmt: skip
+        conn.execute(tasks.insert(), rows)
+        conn.execute(task_attempts.insert(), attempts)
+        conn.exec_driver_sql("ANALYZE tasks")
+        conn.exec_driver_sql("ANALYZE task_attempts")
+        values = {"namespace_id": seeded.namespace_id, "queue": "busy", "max_tasks": LEASE}
+        compiled = leases._PG_PROBE.compile(dialect=seeded.engine.dialect)
+        [[document]] = conn.exec_driver_sql(
+            f"EXPLAIN (ANALYZE, FORMAT JSON) {compiled}", compiled.construct_params(values)
+        ).all()
+        probed = conn.execute(leases._PG_PROBE, values).one()
+        transaction.rollback()
+    assert probed.q_sweep_due is False and probed.q_due == 0, probed
+    nodes = list(_plan_nodes(document[0]["Plan"]))
+    read = [n for n in nodes if n.get("Relation Name") in ("tasks", "task_attempts")]
+    scans = [(n["Node Type"], n["Relation Name"], n.get("Index Name")) for n in read]
+    assert all(kind in ("Index Scan", "Index Only Scan") for kind, _, _ in scans), scans  # no Seq Scan
+    ranges = {
+        "task_attempts": ("ix_task_attempts_status_expiry", "lease_expires_at <="),
+        "tasks": ("ix_tasks_status_deadline", "deadline <="),
+    }
+    for relation, (index, bound) in ranges.items():
+        [scan] = [n for n in read if n.get("Index Name") == index]
+        assert scan["Relation Name"] == relation and bound in scan["Index Cond"], scan
+        assert scan["Actual Rows"] == 0 and not scan.get("Rows Removed by Filter"), scan
+    # the sweep's reads of tasks: by primary key (an attempt's task) or the deadline range, nothing else
+    used = {n.get("Index Name") for n in read}
+    assert used <= {"tasks_pkey", "ix_tasks_claim_order", *(index for index, _ in ranges.values())}, nodes
 
 
 def _assert_indexed(engine: Engine, statement: str, parameters: Any, *, most_reads: int) -> None:
@@ -210,8 +283,11 @@ def _assert_indexed(engine: Engine, statement: str, parameters: Any, *, most_rea
         assert sum(reads.values()) < most_reads, reads
 
 
-def _plan_nodes(node: dict[str, Any]) -> Iterator[dict[str, Any]]:
-    """A PostgreSQL JSON plan node and every node under it."""
+def _plan_nodes(node: dict[str, Any], *, past: tuple[str, ...] = ()) -> Iterator[dict[str, Any]]:
+    """A PostgreSQL JSON plan node and every node under it, but for the subtrees of the nodes whose
+    ``Alias`` is one of ``past``."""
+    if node.get("Alias") in past:
+        return
     yield node
     for child in node.get("Plans", []):
-        yield from _plan_nodes(child)
+        yield from _plan_nodes(child, past=past)
