@@ -85,7 +85,7 @@ def test_read_timeout_after_the_server_accepted_until_the_budget_is_spent_then_r
     key = outbox.get(row_id).idempotency_key
     with run_fault_proxy(orbit.base_url) as (url, proxy):
         proxy.add("forward_then_drop", key=key)  # the server accepts; the answer never comes
-        stats = make_relay(base_url=url, timeout=0.5).run_once()
+        stats = make_relay(base_url=url, timeout=2.0).run_once()
     assert (stats.retried, stats.needs_reconcile, stats.dead) == (1, 1, 0)
     row = outbox.get(row_id)
     assert (
@@ -115,7 +115,7 @@ def test_a_row_never_accepted_is_reconciled_to_pending_with_the_same_key_then_de
     key = outbox.get(row_id).idempotency_key
     with run_fault_proxy(orbit.base_url) as (url, proxy):
         proxy.add("drop", key=key)  # lost on the way: the server never sees it
-        assert make_relay(base_url=url, timeout=0.5).run_once().needs_reconcile == 1
+        assert make_relay(base_url=url, timeout=2.0).run_once().needs_reconcile == 1
     assert task_count(orbit, ns.name) == 0
     with OrbitClient(orbit.base_url, api_key=ns.keys["read"]) as client:
         assert [d.decision for d in outbox.reconcile(client, actor="test", dry_run=True)] == ["pending"]

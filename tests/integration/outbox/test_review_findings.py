@@ -128,7 +128,9 @@ def test_a_refusal_after_an_unknown_outcome_needs_reconcile_never_dead(
         proxy.add("forward_then_drop", key=key, times=1)
         # Next send: refused before the key is looked at (a stricter body limit after an upgrade).
         proxy.add("respond", key=key, times=1, status=413, body=_refusal(413, "payload_too_large"))
-        stats = make_relay(base_url=url, timeout=0.5).run_once()
+        # 2 s: the dropped answer must time out, and the relay's other calls (its queue check) must not; with
+        # 0.5 s a loaded machine timed the queue check out, the run stopped before the second send (CI, once).
+        stats = make_relay(base_url=url, timeout=2.0).run_once()
     assert (stats.retried, stats.dead, stats.needs_reconcile) == (1, 0, 1)
     row = outbox.get(row_id)
     assert row.state == "NEEDS_RECONCILE" and row.last_status_code == 413
