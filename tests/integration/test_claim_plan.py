@@ -136,10 +136,11 @@ def test_the_claim_reads_the_index_in_lease_order_without_a_sort(seeded: Seeded,
 
 def test_postgres_lease_statements_read_the_index_in_lease_order(seeded: Seeded) -> None:
     """PostgreSQL's plain lease (``leases.lease``, autocommitted): the probe's count of due tasks and the
-    claim statement's ``picked`` read (``FOR UPDATE SKIP LOCKED``) read ``ix_tasks_claim_order``, with no
-    sort (EXPLAINed, not run: the claim statement writes). The probe's sweep-due reads (``lapsed``,
-    ``overdue``: index ranges in index order, which over this module's table, with no attempt and no
-    deadline, the planner may as well sort) are the next test's."""
+    claim statement's walk of the queue's priorities (``levels``) and its ``picked`` read (``FOR UPDATE
+    SKIP LOCKED``) read ``ix_tasks_claim_order``, with no sort but ``picked``'s merge of its levels' reads
+    (at most ``:slots`` rows; EXPLAINed, not run: the claim statement writes). The probe's sweep-due reads
+    (``lapsed``, ``overdue``: index ranges in index order, which over this module's table, with no attempt
+    and no deadline, the planner may as well sort) are the next test's."""
     if seeded.engine.dialect.name != "postgresql":
         pytest.skip("PostgreSQL's statements")
     params = {"namespace_id": seeded.namespace_id, "queue": "plain"}
@@ -151,22 +152,30 @@ def test_postgres_lease_statements_read_the_index_in_lease_order(seeded: Seeded)
     with seeded.engine.connect() as conn:
         for statement, values, part in (
             (leases._PG_PROBE, {**params, "max_tasks": LEASE}, None),
-            (leases._pg_claim_statement(False), claim, "CTE picked"),
-            (leases._pg_claim_statement(True), claim, "CTE picked"),
-        ):
+            *((leases._pg_claim_statement(start), claim, cte) for start in (False, True)
+              for cte in ("CTE levels", "CTE picked")),
+        ):  # fmt: skip
             compiled = statement.compile(dialect=seeded.engine.dialect)
             [[document]] = conn.exec_driver_sql(
                 f"EXPLAIN (FORMAT JSON) {compiled}", compiled.construct_params(values)
             ).all()
             plan = document[0]["Plan"]
             read = next(n for n in _plan_nodes(plan) if n.get("Subplan Name") == part) if part else plan
-            nodes = list(_plan_nodes(read, past=("lapsed", "overdue")))
+            # (picked's walk, a CTE of its own, is checked as such)
+            past = ("lapsed", "overdue", *(["CTE levels"] if part == "CTE picked" else []))
+            nodes = list(_plan_nodes(read, past=past))
             scans = [
                 n for n in nodes if n.get("Relation Name") == "tasks" and n.get("Index Name") != "tasks_pkey"
             ]
             assert any(n.get("Index Name") == "ix_tasks_claim_order" for n in scans), nodes
             assert all(n["Node Type"] in ("Index Scan", "Index Only Scan") for n in scans), nodes
-            assert not [n for n in nodes if n["Node Type"] in ("Sort", "Incremental Sort")], nodes
+            sorts = [n for n in nodes if n["Node Type"] in ("Sort", "Incremental Sort")]
+            if part == "CTE picked":  # the merge of the levels' reads, each a range of one priority
+                [merge] = [n for n in read["Plans"] if n["Parent Relationship"] == "Outer"]
+                assert read["Node Type"] == "Limit" and sorts == [merge], nodes
+                assert all("priority = " in n["Index Cond"] for n in scans), nodes
+            else:
+                assert not sorts, nodes
             if part:
                 assert all(n.get("Index Name") == "ix_tasks_claim_order" for n in scans), nodes
 
@@ -243,6 +252,88 @@ def test_postgres_probe_reads_no_table_to_tell_whether_a_sweep_is_due(seeded: Se
     assert used <= {"tasks_pkey", "ix_tasks_claim_order", *(index for index, _ in ranges.values())}, nodes
 
 
+SCHEDULED = 20000
+
+
+def test_postgres_lease_reads_no_task_not_yet_due(seeded: Seeded) -> None:
+    """PostgreSQL's lease reads no more with ``SCHEDULED`` waiting tasks not yet due than with 12 (issue 28):
+    two queues, ``few`` and ``many``, hold 12 and ``SCHEDULED`` tasks due in an hour, of priorities 0 to 5;
+    the probe is EXPLAIN ANALYZEd on each with no task due, then with 3 due at priority 0 (behind all the
+    scheduled ones of higher priorities in lease order, before those of priority 0), and the claim
+    statement (in a savepoint rolled back), which then runs and grants those 3. Each reads no more index
+    and table pages in ``many`` than in ``few`` but for a few (a range may cross a leaf page more). Before,
+    one read of ``ix_tasks_claim_order`` in lease order, bounded by the clock only after the priority, read
+    every scheduled task the probe met before its ``:max_tasks``-th due one (all of them) and the claim
+    before its ``:slots``-th (the higher priorities'): in ``many`` 305 pages (probe) and 252 (the claim's
+    read), in ``few`` 12 and 7; walked by priority, 37-43 in both. In a transaction rolled back with the
+    rows and their ANALYZE."""
+    if seeded.engine.dialect.name != "postgresql":
+        pytest.skip("PostgreSQL's statements")
+
+    def pages(document: Any, cte: str | None = None) -> int:
+        node = document[0]["Plan"]
+        if cte is not None:
+            node = next(n for n in _plan_nodes(node) if n.get("Subplan Name") == cte)
+        return int(node["Shared Hit Blocks"] + node["Shared Read Blocks"])
+
+    def explained(conn: Any, statement: Any, values: dict[str, Any]) -> Any:
+        compiled = statement.compile(dialect=seeded.engine.dialect)
+        with conn.begin_nested() as savepoint:  # the claim statement writes
+            [[document]] = conn.exec_driver_sql(
+                f"EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) {compiled}", compiled.construct_params(values)
+            ).all()
+            savepoint.rollback()
+        return document
+
+    read: dict[str, dict[str, int]] = {}
+    queue_ids: dict[str, int] = {}
+    with seeded.engine.connect() as conn, conn.begin() as transaction:
+        now = db_now(conn)
+        for name, count in (("few", 12), ("many", SCHEDULED)):
+            store.create_queue(conn, seeded.ns, name)
+            queue_ids[name] = conn.execute(
+                sa.select(queues.c.id).where(
+                    queues.c.namespace_id == seeded.namespace_id, queues.c.name == name
+                )
+            ).scalar_one()
+            later = now + timedelta(hours=1)
+            conn.execute(tasks.insert(), [_waiting(seeded.namespace_id, queue_ids[name], later, priority=n % 6)
+                                          for n in range(count)])  # fmt: skip
+        conn.exec_driver_sql("ANALYZE tasks")
+        for name, queue_id in queue_ids.items():
+            values = {"namespace_id": seeded.namespace_id, "queue": name, "max_tasks": LEASE}
+            assert conn.execute(leases._PG_PROBE, values).one().q_due == 0
+            read[name] = {"probe, none due": pages(explained(conn, leases._PG_PROBE, values))}
+            due = [_waiting(seeded.namespace_id, queue_id, now - timedelta(minutes=3 - n)) for n in range(3)]
+            conn.execute(tasks.insert(), due)
+            assert conn.execute(leases._PG_PROBE, values).one().q_due == 3
+            read[name]["probe, 3 due"] = pages(explained(conn, leases._PG_PROBE, values))
+            claim = {
+                "namespace_id": seeded.namespace_id, "queue": name, "slots": 3, "lease_seconds": 30.0,
+                "attempt_ids": [str(uuid.uuid4()) for _ in due], "token_hashes": ["0" * 64] * 3,
+                "worker_id": "w", "actor": "worker:w",
+            }  # fmt: skip
+            document = explained(conn, leases._pg_claim_statement(False), claim)
+            read[name]["claim's read"] = pages(document, "CTE picked")  # with the walk it ran (``levels``)
+            granted = conn.execute(leases._pg_claim_statement(False), claim).mappings().all()
+            assert {row["id"] for row in granted} == {row["id"] for row in due}, granted
+        transaction.rollback()
+    for what, few in read["few"].items():
+        assert read["many"][what] <= few + 8, read
+
+
+def _waiting(
+    namespace_id: int, queue_id: int, available_at: datetime, *, priority: int = 0
+) -> dict[str, Any]:
+    """A waiting task's row, due at ``available_at``."""
+    return {
+        "id": str(uuid.uuid4()), "namespace_id": namespace_id, "queue_id": queue_id, "handler": "h",
+        "params": {}, "status": "WAITING", "state_version": 1,
+        "attempt_count": 0, "max_attempts": 3, "available_at": available_at, "created_at": available_at,
+        "updated_at": available_at, "priority": priority,
+    }  # fmt: skip
+
+
 def _assert_indexed(engine: Engine, statement: str, parameters: Any, *, most_reads: int) -> None:
     with engine.connect() as conn:
         if engine.dialect.name == "sqlite":
@@ -285,8 +376,8 @@ def _assert_indexed(engine: Engine, statement: str, parameters: Any, *, most_rea
 
 def _plan_nodes(node: dict[str, Any], *, past: tuple[str, ...] = ()) -> Iterator[dict[str, Any]]:
     """A PostgreSQL JSON plan node and every node under it, but for the subtrees of the nodes whose
-    ``Alias`` is one of ``past``."""
-    if node.get("Alias") in past:
+    ``Alias`` or ``Subplan Name`` is one of ``past``."""
+    if node.get("Alias") in past or node.get("Subplan Name") in past:
         return
     yield node
     for child in node.get("Plans", []):

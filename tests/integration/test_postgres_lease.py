@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Callable, Iterator
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
@@ -20,7 +20,7 @@ import sqlalchemy as sa
 from orbit_server import errors
 from orbit_server.db import migrate as _migrate
 from orbit_server.db.engine import create_engine, to_utc
-from orbit_server.db.schema import concurrency_permits, task_attempts
+from orbit_server.db.schema import concurrency_permits, task_attempts, tasks
 from orbit_server.tasks import leases, permits
 from tests.conftest import DatabaseFactory
 from tests.integration.test_execution_db import Db
@@ -83,6 +83,29 @@ def test_the_grants_write_the_task_its_attempt_and_its_events(db: Db, start: boo
             if started else []
         )  # fmt: skip
         assert {e["created_at"] for e in db.events(grant.task.id)[-len(events) :]} == {attempt["leased_at"]}
+
+
+def test_the_grants_are_the_due_tasks_in_lease_order_across_priorities(db: Db) -> None:
+    """The probe counts and the claim picks a queue's due tasks priority by priority (issue 28): the
+    grants are still the first due tasks in lease order (the highest priority first, then the oldest due),
+    over priorities with tasks not yet due only, with due and not yet due ones, and with a cancel asked
+    for; a lease for 7 takes its tasks from three priorities, the next the rest."""
+    queue = db.new_queue()
+    later = datetime.now(UTC) + timedelta(hours=1)
+    due: dict[int, list[str]] = {5: [], 0: [], -2: []}
+    for n in range(4):
+        for priority in (7, 5, 3, 0):
+            db.submit(queue, priority=priority, available_at=later)  # not yet due
+        for priority, count in ((5, 2), (0, 4), (-2, 3)):
+            if n < count:
+                due[priority].append(db.submit(queue, priority=priority))
+    cancelled = db.submit(queue, priority=5)
+    with db.engine.begin() as conn:
+        conn.execute(tasks.update().where(tasks.c.id == cancelled).values(cancel_requested=True))
+    order = due[5] + due[0] + due[-2]
+    assert [g.task.id for g in _lease(db, queue, 7)] == order[:7]
+    assert [g.task.id for g in _lease(db, queue, 7)] == order[7:]
+    assert _lease(db, queue, 7) == []
 
 
 def test_a_lease_of_no_queue_is_refused(db: Db) -> None:
