@@ -515,28 +515,29 @@ def _next_level(queue: str, above: str | None) -> str:
 #: PostgreSQL: ``:namespace_id``'s queue ``:queue`` as :func:`_find_queue_statement` reads it (columns
 #: :data:`_QUEUE_INFO`) and ``q_due``: how many of its tasks are due, up to ``:max_tasks`` (read through
 #: ``ix_tasks_claim_order``, locking nothing; ``NULL`` unless its gate is plain and no sweep is due). One
-#: ``SELECT`` (so, autocommitted, it writes nothing); the clock is read once (the ``clock`` subquery).
-#: Whether a sweep is due: a live attempt of the queue whose lease has lapsed, or a waiting task past its
-#: deadline, each read as a range of its index (``ix_task_attempts_status_expiry``,
-#: ``ix_tasks_status_deadline``) up to the clock, so telling whether a sweep is due reads no more with a
-#: million live attempts or waiting tasks than with ten (issue 28). Each is an ``EXISTS`` over a fenced
-#: (``OFFSET 0``) read ordered as its index: the planner cannot estimate the range's bound (the clock, read
-#: in the same statement) and, asked for any one row, preferred a sequential scan of the table (with 22,500
-#: live attempts, none lapsed: all 25,000 attempts read, 4.6 ms of the probe's 5.6); asked for rows in index
-#: order (the ``ORDER BY``, which an ``EXISTS`` of its own would drop), it reads the index range, which a
-#: scan could match only by sorting the whole table (4 index pages, the probe 0.4 ms).
-#: How many tasks are due is counted level by level (issue 28): ``levels`` walks the priorities of the queue's
-#: waiting tasks from the highest down (a loose index scan: the priorities in use are few, at most 201),
-#: one descent of ``ix_tasks_claim_order`` each to its first entry (:func:`_next_level`), whose
+#: ``SELECT`` (so, autocommitted, it writes nothing); the clock is read once (the ``clock`` subquery). Run
+#: as :func:`_pg_probe` writes it, ``:max_tasks`` a number. Whether a sweep is due: a live attempt of the
+#: queue whose lease has lapsed, or a waiting task past its deadline, each read as a range of its index
+#: (``ix_task_attempts_status_expiry``, ``ix_tasks_status_deadline``) up to the clock, so telling whether a
+#: sweep is due reads no more with a million live attempts or waiting tasks than with ten (issue 28). Each
+#: is an ``EXISTS`` over a fenced (``OFFSET 0``) read ordered as its index: the planner cannot estimate the
+#: range's bound (the clock, read in the same statement) and, asked for any one row, preferred a sequential
+#: scan of the table (with 22,500 live attempts, none lapsed: all 25,000 attempts read, 4.6 ms of the
+#: probe's 5.6); asked for rows in index order (the ``ORDER BY``, which an ``EXISTS`` of its own would
+#: drop), it reads the index range, which a scan could match only by sorting the whole table (4 index pages,
+#: the probe 0.4 ms).
+#: How many tasks are due is counted level by level (issue 28): ``levels`` walks the priorities of the
+#: queue's waiting tasks from the highest down (a loose index scan: the priorities in use are few, at most
+#: 201), one descent of ``ix_tasks_claim_order`` each to its first entry (:func:`_next_level`), whose
 #: ``available_at`` is the level's earliest; only a level whose earliest task is due has its due tasks read,
 #: a range of that index up to the clock (:func:`_due_at_level`), up to ``:max_tasks``; the walk stops as
 #: soon as ``:max_tasks`` are counted (no ``ORDER BY``: a count needs no order, so the ``LIMIT`` stops the
 #: nested loop, and the walk with it). One read of the index in lease order, bounded by the clock only after
 #: the priority, read every waiting task not yet due that came before the ``:max_tasks``-th due one: with
-#: 50,000 tasks scheduled an hour ahead and none due, 718 pages and 3-4 ms; by level, 16 pages and 0.1 ms,
-#: as with 10 (12 pages before). Each further priority in use costs a descent (3 pages): with all 201 in
-#: use, 630-690 pages and 0.7-1.5 ms however many tasks wait (30 pages with 1,000 tasks before, 700 with
-#: 50,000).
+#: 50,000 tasks scheduled an hour ahead and none due, 718 pages and 1.6-4 ms (EXPLAIN ANALYZE, load 1-2); by
+#: level, 16 pages and 0.07 ms, as with 10 (12 pages before). Each further priority in use costs a descent
+#: (3 pages): with all 201 in use, 630-690 pages and 0.6-1 ms however many tasks wait (29 pages with 1,000
+#: tasks before, 708 with 50,000).
 _PG_PROBE = sa.text(
     "SELECT q.*, CASE WHEN NOT q.q_sweep_due AND q.q_paused IS NOT TRUE AND q.q_per_key IS NULL"
     " AND q.q_max IS NULL THEN (WITH RECURSIVE levels (priority, earliest) AS"
@@ -561,32 +562,56 @@ _PG_PROBE = sa.text(
     " LEFT OUTER JOIN queue_gates ON queue_gates.queue_id = queues.id"
     " WHERE queues.namespace_id = :namespace_id AND queues.name = :queue OFFSET 0) AS q"
 )
-#: :func:`_pg_claim_statement`'s statements, by ``start``.
-_PG_CLAIM: dict[bool, sa.TextClause] = {}
+#: :func:`_pg_probe`'s statements, by ``max_tasks``.
+_PG_PROBES: dict[int, sa.TextClause] = {}
 
 
-def _pg_claim_statement(start: bool) -> sa.TextClause:
-    """PostgreSQL: a plain queue's lease in one statement (autocommitted, so one transaction).
+def _pg_probe(max_tasks: int) -> sa.TextClause:
+    """:data:`_PG_PROBE` for ``max_tasks`` (1-100), written as a number in its text, not a parameter.
+
+    A statement run 5 times on a connection is prepared (psycopg), and PostgreSQL then keeps one plan for
+    all its parameters (a generic plan) only when that plan's estimated cost is no more than the plans made
+    for each call's values and their planning. Not knowing a ``LIMIT``, a generic plan takes it to return a
+    tenth of the rows it limits, which made the walk's generic plan (165) dearer than a plan made for each
+    call (97, plus planning), so each probe was planned again: 0.25 ms of the backend's CPU, four times its
+    execution (``bench.pg_lease``: an empty lease's database CPU 0.10 -> 0.43 ms). With the number both
+    plans are the same and the generic one is kept. One statement per ``max_tasks`` a worker asks for."""
+    statement = _PG_PROBES.get(max_tasks)
+    if statement is None:
+        statement = _PG_PROBES[max_tasks] = sa.text(_PG_PROBE.text.replace(":max_tasks", str(int(max_tasks))))
+    return statement
+
+
+#: :func:`_pg_claim_statement`'s statements, by ``(start, slots)``.
+_PG_CLAIM: dict[tuple[bool, int], sa.TextClause] = {}
+
+
+def _pg_claim_statement(start: bool, slots: int) -> sa.TextClause:
+    """PostgreSQL: a plain queue's lease of up to ``slots`` tasks (1-100, as many as ``:attempt_ids``) in one
+    statement (autocommitted, so one transaction). ``slots`` is written as a number in its text, as
+    :func:`_pg_probe` writes ``max_tasks`` and for the same reason: with a parameter, each lease's statement
+    was planned again (``bench.pg_lease``, a lease with one grant: 1.13 ms of the database's CPU, 0.73
+    before this walk); with the number 0.45-0.53 ms (0.55-0.78 before, in the same runs).
 
     Its ``WITH`` queries: ``clock`` (the database time ``now`` and the leases' expiry, read once); ``found``
     (:data:`_PG_PROBE`'s queue row and gate, read again; not whether a sweep is due: the probe found none a
     moment before, and a lease that lapsed since is the next lease's to sweep, as one that lapses just after
-    this statement is); ``picked``: up to ``:slots`` due tasks (as many as ``:attempt_ids``) in lease order,
-    read only when the gate read here is neither paused nor limited (so a pause or a limit committed after
-    the probe is honoured). Its own ``levels`` walks the priorities of the queue's waiting tasks from the
-    highest down as :data:`_PG_PROBE` walks them, each with how many due tasks were counted above it
-    (``before``) and up to it (``seen``; each level's counted up to ``:slots``, and not read when its
-    earliest task is not yet due), and stops at the level where ``seen`` reaches ``:slots``; then each level
-    with due tasks gives its range of them (:func:`_due_at_level`) in index order, up to the
-    ``:slots - before`` it may give (``FOR UPDATE SKIP LOCKED``, so a task a concurrent lease holds is
-    stepped over and the range read on), sorted (at most ``:slots`` rows) by level and within it. One read
-    of the index in lease order (bounded by the clock only after the priority) read every waiting task not
-    yet due of a higher priority than the due ones: with 50,000 tasks scheduled an hour ahead at priority 5
-    and 3 due at priority 0, the statement read 800 pages in 4 ms; by level, 104 pages (most of them its
-    writes) in 0.4 ms, as with 10 (92 pages before). A level whose counted tasks a concurrent lease holds
-    gives fewer, and the walk, which counted them (read without a lock), does not go down for more: this
-    lease then grants fewer than :data:`_PG_PROBE` counted, as when a concurrent lease took them just
-    before, never a wrong task (the one read in lease order read on past them into the lower priorities).
+    this statement is); ``picked``: up to ``slots`` due tasks in lease order, read only when the gate read
+    here is neither paused nor limited (so a pause or a limit committed after the probe is honoured). Its
+    own ``levels`` walks the priorities of the queue's waiting tasks from the highest down as
+    :data:`_PG_PROBE` walks them, each with how many due tasks were counted above it (``before``) and up to
+    it (``seen``; each level's counted up to ``slots``, and not read when its earliest task is not yet due),
+    and stops at the level where ``seen`` reaches ``slots``; then each level with due tasks gives its range
+    of them (:func:`_due_at_level`) in index order, up to the ``slots - before`` it may give (``FOR UPDATE
+    SKIP LOCKED``, so a task a concurrent lease holds is stepped over and the range read on), sorted (at
+    most ``slots`` rows) by level and within it. One read of the index in lease order (bounded by the clock
+    only after the priority) read every waiting task not yet due of a higher priority than the due ones:
+    with 50,000 tasks scheduled an hour ahead at priority 5 and 3 due at priority 0, the statement read 798
+    pages in 1.6-4 ms; by level, 104 pages (most of them its writes) in 0.3 ms, as with 10 (92 pages
+    before). A level whose counted tasks a concurrent lease holds gives fewer, and the walk, which counted
+    them (read without a lock), does not go down for more: this lease then grants fewer than
+    :data:`_PG_PROBE` counted, as when a concurrent lease took them just before, never a wrong task (the one
+    read in lease order read on past them into the lower priorities).
     ``claimed``: the conditional ``UPDATE`` of each picked task, still ``WAITING`` at the
     ``state_version`` it was picked at, to ``LEASED`` (with ``start``: ``RUNNING`` if retry-safe), its
     ``attempt_count`` (the new attempt's generation) counted and its ``current_attempt_id`` one of
@@ -599,8 +624,9 @@ def _pg_claim_statement(start: bool) -> sa.TextClause:
     A row that changed after it was picked (possible only when claims lock nothing, test-only) is not
     updated, so it gets no attempt and no event, and is not granted: correctness never rests on
     ``SKIP LOCKED``."""
-    statement = _PG_CLAIM.get(start)
+    statement = _PG_CLAIM.get((start, slots))
     if statement is None:
+        slots = int(slots)
         waiting, leased, running = (
             s.value for s in (TaskStatus.WAITING, TaskStatus.LEASED, TaskStatus.RUNNING)
         )
@@ -614,13 +640,14 @@ def _pg_claim_statement(start: bool) -> sa.TextClause:
         def due(queue: str, priority: str) -> str:
             return _due_at_level(queue, priority, "(SELECT now FROM clock)")
 
-        def count(queue: str, level: str) -> str:  # how many of the level's tasks are due, up to :slots
+        def count(queue: str, level: str) -> str:  # how many of the level's tasks are due, up to slots
             return (
-                f"CASE WHEN {level}.available_at <= (SELECT now FROM clock) THEN (SELECT count(*) FROM (SELECT"
-                f" FROM tasks WHERE {due(queue, level + '.priority')} LIMIT :slots) AS due) ELSE 0 END"
+                f"CASE WHEN {level}.available_at <= (SELECT now FROM clock) THEN (SELECT count(*)"
+                f" FROM (SELECT FROM tasks WHERE {due(queue, level + '.priority')} LIMIT {slots}) AS due)"
+                " ELSE 0 END"
             )
 
-        statement = _PG_CLAIM[start] = sa.text(
+        statement = _PG_CLAIM[(start, slots)] = sa.text(
             "WITH clock AS MATERIALIZED (SELECT now, now + make_interval(secs => :lease_seconds) AS expires"
             " FROM (SELECT timezone('UTC', clock_timestamp()) AS now) AS c),"
             " found AS MATERIALIZED (SELECT queues.id, namespaces.name, queue_gates.paused,"
@@ -636,13 +663,13 @@ def _pg_claim_statement(start: bool) -> sa.TextClause:
             " UNION ALL SELECT levels.queue_id, below.priority, levels.seen,"
             f" levels.seen + {count('levels.queue_id', 'below')}"
             f" FROM levels CROSS JOIN LATERAL ({_next_level('levels.queue_id', 'levels.priority')}) AS below"
-            " WHERE levels.seen < :slots)"
+            f" WHERE levels.seen < {slots})"
             " SELECT level.id, level.state_version FROM levels CROSS JOIN LATERAL"
             " (SELECT tasks.id, tasks.state_version, tasks.available_at FROM tasks"
             f" WHERE {due('levels.queue_id', 'levels.priority')}"
-            f" ORDER BY tasks.available_at, tasks.id LIMIT :slots - levels.before{lock}) AS level"
+            f" ORDER BY tasks.available_at, tasks.id LIMIT {slots} - levels.before{lock}) AS level"
             " WHERE levels.seen > levels.before ORDER BY levels.priority DESC, level.available_at, level.id"
-            " LIMIT :slots),"
+            f" LIMIT {slots}),"
             " slots AS (SELECT numbered.id, numbered.state_version, given.attempt_id, given.token_hash"
             " FROM (SELECT picked.id, picked.state_version, row_number() OVER () AS n FROM picked) AS numbered"
             " JOIN unnest(CAST(:attempt_ids AS text[]), CAST(:token_hashes AS text[])) WITH ORDINALITY"
@@ -694,7 +721,7 @@ def _lease_postgres(
     params: dict[str, Any] = {"namespace_id": namespace_id, "queue": queue}
     with engine.connect() as conn:
         conn.execution_options(isolation_level="AUTOCOMMIT")
-        probed = conn.execute(_PG_PROBE, {**params, "max_tasks": max_tasks}).first()
+        probed = conn.execute(_pg_probe(max_tasks), params).first()
         if probed is None:
             raise errors.QueueNotFound(f"queue {queue!r} does not exist in this namespace")
         found = _QueueRow(*probed[:7])
@@ -706,11 +733,11 @@ def _lease_postgres(
         attempt_ids = [str(uuid.uuid4()) for _ in tokens]
         note_autocommitted_write()
         values = {
-            **params, "slots": len(attempt_ids), "attempt_ids": attempt_ids, "token_hashes": [_hash_token(t) for t in tokens],
+            **params, "attempt_ids": attempt_ids, "token_hashes": [_hash_token(t) for t in tokens],
             "lease_seconds": lease_seconds, "worker_id": worker_id, "actor": f"worker:{worker_id}",
         }  # fmt: skip
         try:
-            rows = conn.execute(_pg_claim_statement(start), values).mappings().all()
+            rows = conn.execute(_pg_claim_statement(start, len(attempt_ids)), values).mappings().all()
         except sa.exc.DBAPIError as exc:
             if not is_lock_conflict(exc):  # possible only when claims lock nothing (test-only)
                 raise

@@ -138,7 +138,7 @@ def test_postgres_lease_statements_read_the_index_in_lease_order(seeded: Seeded)
     """PostgreSQL's plain lease (``leases.lease``, autocommitted): the probe's count of due tasks and the
     claim statement's walk of the queue's priorities (``levels``) and its ``picked`` read (``FOR UPDATE
     SKIP LOCKED``) read ``ix_tasks_claim_order``, with no sort but ``picked``'s merge of its levels' reads
-    (at most ``:slots`` rows; EXPLAINed, not run: the claim statement writes). The probe's sweep-due reads
+    (at most ``slots`` rows; EXPLAINed, not run: the claim statement writes). The probe's sweep-due reads
     (``lapsed``, ``overdue``: index ranges in index order, which over this module's table, with no attempt
     and no deadline, the planner may as well sort) are the next test's."""
     if seeded.engine.dialect.name != "postgresql":
@@ -146,13 +146,13 @@ def test_postgres_lease_statements_read_the_index_in_lease_order(seeded: Seeded)
     params = {"namespace_id": seeded.namespace_id, "queue": "plain"}
     slots = [str(uuid.uuid4()) for _ in range(LEASE)]
     claim = {
-        **params, "slots": LEASE, "attempt_ids": slots, "token_hashes": ["0" * 64] * LEASE, "lease_seconds": 30.0,
+        **params, "attempt_ids": slots, "token_hashes": ["0" * 64] * LEASE, "lease_seconds": 30.0,
         "worker_id": "w", "actor": "worker:w",
     }  # fmt: skip
     with seeded.engine.connect() as conn:
         for statement, values, part in (
-            (leases._PG_PROBE, {**params, "max_tasks": LEASE}, None),
-            *((leases._pg_claim_statement(start), claim, cte) for start in (False, True)
+            (leases._pg_probe(LEASE), params, None),
+            *((leases._pg_claim_statement(start, LEASE), claim, cte) for start in (False, True)
               for cte in ("CTE levels", "CTE picked")),
         ):  # fmt: skip
             compiled = statement.compile(dialect=seeded.engine.dialect)
@@ -227,12 +227,12 @@ def test_postgres_probe_reads_no_table_to_tell_whether_a_sweep_is_due(seeded: Se
         conn.execute(task_attempts.insert(), attempts)
         conn.exec_driver_sql("ANALYZE tasks")
         conn.exec_driver_sql("ANALYZE task_attempts")
-        values = {"namespace_id": seeded.namespace_id, "queue": "busy", "max_tasks": LEASE}
-        compiled = leases._PG_PROBE.compile(dialect=seeded.engine.dialect)
+        values = {"namespace_id": seeded.namespace_id, "queue": "busy"}
+        compiled = leases._pg_probe(LEASE).compile(dialect=seeded.engine.dialect)
         [[document]] = conn.exec_driver_sql(
             f"EXPLAIN (ANALYZE, FORMAT JSON) {compiled}", compiled.construct_params(values)
         ).all()
-        probed = conn.execute(leases._PG_PROBE, values).one()
+        probed = conn.execute(leases._pg_probe(LEASE), values).one()
         transaction.rollback()
     assert probed.q_sweep_due is False and probed.q_due == 0, probed
     nodes = list(_plan_nodes(document[0]["Plan"]))
@@ -263,8 +263,8 @@ def test_postgres_lease_reads_no_task_not_yet_due(seeded: Seeded) -> None:
     statement (in a savepoint rolled back), which then runs and grants those 3. Each reads no more index
     and table pages in ``many`` than in ``few`` but for a few (a range may cross a leaf page more). Before,
     one read of ``ix_tasks_claim_order`` in lease order, bounded by the clock only after the priority, read
-    every scheduled task the probe met before its ``:max_tasks``-th due one (all of them) and the claim
-    before its ``:slots``-th (the higher priorities'): in ``many`` 305 pages (probe) and 252 (the claim's
+    every scheduled task the probe met before its ``max_tasks``-th due one (all of them) and the claim
+    before its ``slots``-th (the higher priorities'): in ``many`` 305 pages (probe) and 252 (the claim's
     read), in ``few`` 12 and 7; walked by priority, 37-43 in both. In a transaction rolled back with the
     rows and their ANALYZE."""
     if seeded.engine.dialect.name != "postgresql":
@@ -297,25 +297,27 @@ def test_postgres_lease_reads_no_task_not_yet_due(seeded: Seeded) -> None:
                 )
             ).scalar_one()
             later = now + timedelta(hours=1)
-            conn.execute(tasks.insert(), [_waiting(seeded.namespace_id, queue_ids[name], later, priority=n % 6)
-                                          for n in range(count)])  # fmt: skip
+            rows = [
+                _waiting(seeded.namespace_id, queue_ids[name], later, priority=n % 6) for n in range(count)
+            ]
+            conn.execute(tasks.insert(), rows)
         conn.exec_driver_sql("ANALYZE tasks")
         for name, queue_id in queue_ids.items():
-            values = {"namespace_id": seeded.namespace_id, "queue": name, "max_tasks": LEASE}
-            assert conn.execute(leases._PG_PROBE, values).one().q_due == 0
-            read[name] = {"probe, none due": pages(explained(conn, leases._PG_PROBE, values))}
+            values, probe = {"namespace_id": seeded.namespace_id, "queue": name}, leases._pg_probe(LEASE)
+            assert conn.execute(probe, values).one().q_due == 0
+            read[name] = {"probe, none due": pages(explained(conn, probe, values))}
             due = [_waiting(seeded.namespace_id, queue_id, now - timedelta(minutes=3 - n)) for n in range(3)]
             conn.execute(tasks.insert(), due)
-            assert conn.execute(leases._PG_PROBE, values).one().q_due == 3
-            read[name]["probe, 3 due"] = pages(explained(conn, leases._PG_PROBE, values))
+            assert conn.execute(probe, values).one().q_due == 3
+            read[name]["probe, 3 due"] = pages(explained(conn, probe, values))
             claim = {
-                "namespace_id": seeded.namespace_id, "queue": name, "slots": 3, "lease_seconds": 30.0,
+                "namespace_id": seeded.namespace_id, "queue": name, "lease_seconds": 30.0,
                 "attempt_ids": [str(uuid.uuid4()) for _ in due], "token_hashes": ["0" * 64] * 3,
                 "worker_id": "w", "actor": "worker:w",
             }  # fmt: skip
-            document = explained(conn, leases._pg_claim_statement(False), claim)
+            document = explained(conn, leases._pg_claim_statement(False, 3), claim)
             read[name]["claim's read"] = pages(document, "CTE picked")  # with the walk it ran (``levels``)
-            granted = conn.execute(leases._pg_claim_statement(False), claim).mappings().all()
+            granted = conn.execute(leases._pg_claim_statement(False, 3), claim).mappings().all()
             assert {row["id"] for row in granted} == {row["id"] for row in due}, granted
         transaction.rollback()
     for what, few in read["few"].items():

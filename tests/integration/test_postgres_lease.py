@@ -117,9 +117,9 @@ def _between_probe_and_claim(monkeypatch: pytest.MonkeyPatch, change: Callable[[
     """Make ``change`` (committed) after the probe read the queue, before the claim statement runs."""
     real = leases._pg_claim_statement
 
-    def claim_after_the_change(start: bool) -> sa.TextClause:
+    def claim_after_the_change(start: bool, slots: int) -> sa.TextClause:
         change()
-        return real(start)
+        return real(start, slots)
 
     monkeypatch.setattr(leases, "_pg_claim_statement", claim_after_the_change)
 
