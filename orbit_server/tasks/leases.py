@@ -110,18 +110,22 @@ _DUE = sa.select(tasks).where(
     tasks.c.cancel_requested == sa.false(),  # a cancel asked for is never granted
     sa.or_(tasks.c.deadline.is_(None), tasks.c.deadline > _NOW),
 )
-#: The plain claim's reads: ``:max_tasks`` due tasks of ``:queue_id`` at ``:now``, locked, of the default
-#: priority (0) and of the others, each in lease order (:func:`_claim_read` merges them). One read in lease
-#: order would step over every waiting task not yet due of a priority above the last one it takes: with the
-#: default priority only, every one of the queue's when fewer are due than asked for (an idle worker's
-#: lease: 8 ms with 50,000 tasks scheduled ahead, MariaDB, against 0.8 with 10). Read apart, the default
-#: priority's due tasks are a range of ``ix_tasks_claim_order`` bounded by the clock.
+#: The plain claim's reads: ``:max_tasks`` due tasks of ``:queue_id`` at ``:now``, locked, of the priorities
+#: above the default, of the default (0) and of those below, each in lease order (:func:`_claim_read` merges
+#: them). One read in lease order would step over every waiting task not yet due of a priority above the last
+#: one it takes: with the default priority only, every one of the queue's when fewer are due than asked for
+#: (an idle worker's lease; ``bench.lease_scheduled``, results ``lease-scheduled-*``: 0.7 ms with 10 tasks
+#: scheduled ahead, 7.9 ms with 50,000, MariaDB). Read apart, the default priority's due tasks are a range of
+#: ``ix_tasks_claim_order`` bounded by the clock; each other part is a range of the index too (a single
+#: ``priority != 0`` was one on MariaDB, but not on SQLite, which read the whole queue for it).
+_LEVELS = (
+    (tasks.c.priority > 0, permits.LEASE_ORDER),
+    (tasks.c.priority == 0, permits.LEASE_ORDER[1:]),
+    (tasks.c.priority < 0, permits.LEASE_ORDER),
+)
 _CLAIM_READS = tuple(
     _faults.skip_locked(_DUE.where(level).order_by(*order).limit(sa.bindparam("max_tasks")))
-    for level, order in (
-        (tasks.c.priority == 0, permits.LEASE_ORDER[1:]),
-        (tasks.c.priority != 0, permits.LEASE_ORDER),
-    )
+    for level, order in _LEVELS
 )
 
 
@@ -143,11 +147,10 @@ def _find_queue_and_claim_statement(conn: Connection) -> sa.Executable:
     """MySQL/MariaDB: :func:`_find_queue_statement` and the plain claim's read in one statement (one round
     trip less per lease; an empty lease is this statement and its ``COMMIT``).
 
-    ``(SELECT <task> ... FOR UPDATE SKIP LOCKED) UNION ALL (SELECT <task> ...) UNION ALL SELECT <queue row>``:
-    the first two parts are the claim reads of :func:`lease_tasks` (:data:`_CLAIM_READS`: up to ``:max_tasks``
-    due tasks of the queue named ``:queue`` in ``:namespace_id`` of the default priority, and as many of
-    the others, each in lease order from ``ix_tasks_claim_order``; :func:`_find_queue_and_claim` merges
-    them), made only when the queue's gate is neither paused nor limited (read by an uncorrelated
+    ``(SELECT <task> ... FOR UPDATE SKIP LOCKED) UNION ALL ... UNION ALL SELECT <queue row>``: the first three
+    parts are the claim reads of :func:`lease_tasks` (:data:`_CLAIM_READS`: up to ``:max_tasks`` due tasks of
+    the queue named ``:queue`` in ``:namespace_id`` above the default priority, at it and below it, each in
+    lease order from ``ix_tasks_claim_order``; :func:`_find_queue_and_claim` merges them), made only when the queue's gate is neither paused nor limited (read by an uncorrelated
     subquery: such a queue takes its own path, under its gate's lock);
     the second is the queue's row as :func:`_find_queue_statement` reads it, its columns named
     :data:`_QUEUE_INFO` (``NULL`` in the task rows). Both parts read the clock of the same statement
@@ -181,21 +184,19 @@ def _find_queue_and_claim_statement(conn: Connection) -> sa.Executable:
             sa.or_(tasks.c.deadline.is_(None), tasks.c.deadline > clock),
             ~gated,
         )
-        # Two reads of the index, each stopping at :max_tasks rows: the default priority's due tasks, a
-        # range of the index bounded by the clock (so its tasks not yet due are never read), and the other
-        # priorities' in lease order (the caller merges the two in lease order and grants the first).
-        at_default, at_others = (
+        # Three reads of the index (_LEVELS), each stopping at :max_tasks rows: the default priority's due
+        # tasks, a range of the index bounded by the clock (so its tasks not yet due are never read), and
+        # the priorities above and below it in lease order (the caller merges them in lease order and
+        # grants the first).
+        claims = [
             _faults.skip_locked(
                 due.where(level)
                 .order_by(*order)
                 .limit(sa.bindparam("max_tasks"))
                 .with_hint(tasks, "FORCE INDEX (ix_tasks_claim_order)", dialect_name="mysql")
             )
-            for level, order in (
-                (tasks.c.priority == 0, permits.LEASE_ORDER[1:]),
-                (tasks.c.priority != 0, permits.LEASE_ORDER),
-            )
-        )
+            for level, order in _LEVELS
+        ]
         lookup = _find_queue_statement(conn)
         assert isinstance(lookup, sa.Select)
         found = lookup.subquery()
@@ -206,7 +207,7 @@ def _find_queue_and_claim_statement(conn: Connection) -> sa.Executable:
                 _QUEUE_INFO, strict=True,
             )),
         )  # fmt: skip
-        _FIND_QUEUE_AND_CLAIM.append(sa.union_all(at_default, at_others, row))
+        _FIND_QUEUE_AND_CLAIM.append(sa.union_all(*claims, row))
     return _FIND_QUEUE_AND_CLAIM[0]
 
 

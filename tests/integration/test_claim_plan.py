@@ -99,9 +99,8 @@ def _claim_statements(seeded: Seeded, queue: str) -> tuple[list[tuple[str, Any]]
     captured: list[tuple[str, Any]] = []
 
     def capture(conn: Any, cursor: Any, statement: str, parameters: Any, context: Any, many: bool) -> None:
-        if (
-            statement.lstrip().startswith(("SELECT", "(SELECT"))
-            and "ORDER BY tasks.priority DESC" in statement
+        if statement.lstrip().startswith(("SELECT", "(SELECT")) and (
+            "ORDER BY tasks.priority DESC" in statement or "ORDER BY tasks.available_at" in statement
         ):
             captured.append((statement, parameters))
 
@@ -127,8 +126,14 @@ def test_the_claim_reads_the_index_in_lease_order_without_a_sort(seeded: Seeded,
     assert len(order) == LEASE and order == sorted(order, key=lambda g: (-g[0], g[1]))
     # on MariaDB a limited queue's lease also runs the plain claim's read (with the queue's lookup, in one
     # statement), which the gate's subquery keeps from reading any task
-    merged = queue != "plain" and seeded.engine.dialect.name == "mysql"
-    assert len(statements) == (2 if queue == "crowded" else 1) + merged, [s for s, _ in statements]
+    mysql = seeded.engine.dialect.name == "mysql"
+    merged = queue != "plain" and mysql
+    # the plain claim: one read per priority range (above, at and below the default), on MySQL/MariaDB in
+    # the one statement with the queue's lookup
+    plain = 1 if mysql else 3
+    assert len(statements) == {"plain": plain, "limited": 1, "crowded": 2}[queue] + merged, [
+        s for s, _ in statements
+    ]
     for statement, parameters in statements:
         # plain: ~LEASE entries; limited: 4 x LEASE entries, each with its key's permit count looked up
         most = {"plain": 100, "limited": 400, "crowded": WAITING}[queue]
@@ -401,7 +406,7 @@ def test_a_lease_reads_no_default_priority_task_not_yet_due(seeded: Seeded) -> N
     captured: list[tuple[str, Any]] = []
 
     def capture(conn: Any, cursor: Any, statement: str, parameters: Any, context: Any, many: bool) -> None:
-        if statement.lstrip().startswith(("SELECT", "(SELECT")) and "tasks.priority = " in statement:
+        if statement.lstrip().startswith(("SELECT", "(SELECT")) and "tasks.available_at <=" in statement:
             captured.append((statement, parameters))
 
     with seeded.engine.connect() as conn, conn.begin() as transaction:
@@ -425,12 +430,24 @@ def test_a_lease_reads_no_default_priority_task_not_yet_due(seeded: Seeded) -> N
         finally:
             sa.event.remove(seeded.engine, "before_cursor_execute", capture)
         assert sorted(g.task.id for g in grants) == sorted(row["id"] for row in due)
-        [(statement, parameters)] = captured
-        if name == "sqlite":
-            plan = [row[-1] for row in conn.exec_driver_sql(f"EXPLAIN QUERY PLAN {statement}", parameters)]
-            assert any("ix_tasks_claim_order (queue_id=? AND status=? AND priority=? AND available_at<" in step
-                       for step in plan), plan  # fmt: skip
+        if name == "sqlite":  # one statement per priority range (above, at and below the default)
+            assert len(captured) == 3, captured
+            plans = [
+                [row[-1] for row in conn.exec_driver_sql(f"EXPLAIN QUERY PLAN {statement}", parameters)]
+                for statement, parameters in captured
+            ]
+            # each a range of the index with the priority bounded (a `priority != 0` read the whole queue)
+            for plan in plans:
+                assert any(
+                    "ix_tasks_claim_order (queue_id=? AND status=? AND priority" in step for step in plan
+                ), plan
+            assert any(
+                "ix_tasks_claim_order (queue_id=? AND status=? AND priority=? AND available_at<" in step
+                for plan in plans
+                for step in plan
+            ), plans
         else:
+            [(statement, parameters)] = captured
             [[document]] = conn.exec_driver_sql(f"EXPLAIN FORMAT=JSON {statement}", parameters).all()
             reads = [
                 node for node in _json_nodes(json.loads(document))
@@ -439,7 +456,9 @@ def test_a_lease_reads_no_default_priority_task_not_yet_due(seeded: Seeded) -> N
             # The optimizer sizes each range by diving into the index: the default priority's is bounded by
             # the clock (its key covers available_at), a few rows; one read of the queue's waiting tasks
             # (the old claim) was sized at all of them.
-            assert any(read["access_type"] == "range" and int(read["rows"]) < 100 for read in reads), [
+            # every part's range (above, at and below the default priority; this queue has the default only)
+            assert len(reads) == 3, reads
+            assert all(read["access_type"] == "range" and int(read["rows"]) < 100 for read in reads), [
                 (r["access_type"], r.get("key_length"), r.get("rows")) for r in reads
             ]
         transaction.rollback()
