@@ -163,7 +163,11 @@ def main() -> None:
         path = (
             Path(args.json_file)
             if args.json_file
-            else RESULTS / (f"lease-scheduled-{args.database}-{stamp}-{meta['commit'][:7]}.json")
+            else RESULTS
+            / (
+                f"lease-scheduled-{args.database}-{stamp}-{meta['commit'][:7]}"
+                f"{'-other-code' if 'orbit_server_from' in settings else ''}.json"
+            )
         )
         path.write_text(json.dumps({"meta": meta, "figures": figures}, indent=1) + "\n")
         print(f"wrote {path}", file=sys.stderr)

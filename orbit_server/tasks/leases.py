@@ -123,6 +123,11 @@ _LEVELS = (
     (tasks.c.priority == 0, permits.LEASE_ORDER[1:]),
     (tasks.c.priority < 0, permits.LEASE_ORDER),
 )
+#: MySQL/MariaDB: a ``priority != 0`` is two ranges of the index there, read in its order; one read fewer.
+_MYSQL_LEVELS = (
+    (tasks.c.priority == 0, permits.LEASE_ORDER[1:]),
+    (tasks.c.priority != 0, permits.LEASE_ORDER),
+)
 _CLAIM_READS = tuple(
     _faults.skip_locked(_DUE.where(level).order_by(*order).limit(sa.bindparam("max_tasks")))
     for level, order in _LEVELS
@@ -147,10 +152,11 @@ def _find_queue_and_claim_statement(conn: Connection) -> sa.Executable:
     """MySQL/MariaDB: :func:`_find_queue_statement` and the plain claim's read in one statement (one round
     trip less per lease; an empty lease is this statement and its ``COMMIT``).
 
-    ``(SELECT <task> ... FOR UPDATE SKIP LOCKED) UNION ALL ... UNION ALL SELECT <queue row>``: the first three
-    parts are the claim reads of :func:`lease_tasks` (:data:`_CLAIM_READS`: up to ``:max_tasks`` due tasks of
-    the queue named ``:queue`` in ``:namespace_id`` above the default priority, at it and below it, each in
-    lease order from ``ix_tasks_claim_order``; :func:`_find_queue_and_claim` merges them), made only when the queue's gate is neither paused nor limited (read by an uncorrelated
+    ``(SELECT <task> ... FOR UPDATE SKIP LOCKED) UNION ALL (SELECT <task> ...) UNION ALL SELECT <queue row>``:
+    the first two parts are the claim reads of :func:`lease_tasks` (:data:`_MYSQL_LEVELS`: up to
+    ``:max_tasks`` due tasks of the queue named ``:queue`` in ``:namespace_id`` at the default priority, and
+    of the others, each in lease order from ``ix_tasks_claim_order``; :func:`_find_queue_and_claim` merges
+    them), made only when the queue's gate is neither paused nor limited (read by an uncorrelated
     subquery: such a queue takes its own path, under its gate's lock);
     the second is the queue's row as :func:`_find_queue_statement` reads it, its columns named
     :data:`_QUEUE_INFO` (``NULL`` in the task rows). Both parts read the clock of the same statement
@@ -184,10 +190,10 @@ def _find_queue_and_claim_statement(conn: Connection) -> sa.Executable:
             sa.or_(tasks.c.deadline.is_(None), tasks.c.deadline > clock),
             ~gated,
         )
-        # Three reads of the index (_LEVELS), each stopping at :max_tasks rows: the default priority's due
-        # tasks, a range of the index bounded by the clock (so its tasks not yet due are never read), and
-        # the priorities above and below it in lease order (the caller merges them in lease order and
-        # grants the first).
+        # Two reads of the index (_MYSQL_LEVELS), each stopping at :max_tasks rows: the default priority's
+        # due tasks, a range of the index bounded by the clock (so its tasks not yet due are never read),
+        # and the other priorities' in lease order (the caller merges them in lease order and grants the
+        # first).
         claims = [
             _faults.skip_locked(
                 due.where(level)
@@ -195,7 +201,7 @@ def _find_queue_and_claim_statement(conn: Connection) -> sa.Executable:
                 .limit(sa.bindparam("max_tasks"))
                 .with_hint(tasks, "FORCE INDEX (ix_tasks_claim_order)", dialect_name="mysql")
             )
-            for level, order in _LEVELS
+            for level, order in _MYSQL_LEVELS
         ]
         lookup = _find_queue_statement(conn)
         assert isinstance(lookup, sa.Select)
