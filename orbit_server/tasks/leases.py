@@ -549,6 +549,23 @@ def _next_level(queue: str, above: str | None) -> str:
     )
 
 
+#: PostgreSQL: whether a sweep of the queue ``queues`` is due at ``clock.now`` (:data:`_PG_PROBE`'s comment).
+_PG_SWEEP_DUE = (
+    "(EXISTS (SELECT FROM (SELECT FROM task_attempts JOIN tasks ON tasks.id = task_attempts.task_id"
+    " WHERE task_attempts.status IN ('LEASED', 'RUNNING') AND task_attempts.lease_expires_at <= clock.now"
+    " AND tasks.queue_id = queues.id"
+    " ORDER BY task_attempts.status, task_attempts.lease_expires_at OFFSET 0) AS lapsed)"
+    " OR EXISTS (SELECT FROM (SELECT FROM tasks WHERE tasks.status = 'WAITING'"
+    " AND tasks.deadline IS NOT NULL AND tasks.deadline <= clock.now AND tasks.queue_id = queues.id"
+    " ORDER BY tasks.status, tasks.deadline OFFSET 0) AS overdue))"
+)
+#: PostgreSQL: the clock and the queue ``:queue`` of ``:namespace_id`` with its namespace and gate.
+_PG_QUEUE_FROM = (
+    " FROM (SELECT timezone('UTC', clock_timestamp()) AS now OFFSET 0) AS clock,"
+    " queues JOIN namespaces ON namespaces.id = queues.namespace_id"
+    " LEFT OUTER JOIN queue_gates ON queue_gates.queue_id = queues.id"
+    " WHERE queues.namespace_id = :namespace_id AND queues.name = :queue"
+)
 #: PostgreSQL: ``:namespace_id``'s queue ``:queue`` as :func:`_find_queue_statement` reads it (columns
 #: :data:`_QUEUE_INFO`) and ``q_due``: how many of its tasks are due, up to ``:max_tasks`` (read through
 #: ``ix_tasks_claim_order``, locking nothing; ``NULL`` unless its gate is plain and no sweep is due). One
@@ -575,23 +592,6 @@ def _next_level(queue: str, above: str | None) -> str:
 #: level, 16 pages and 0.07 ms, as with 10 (12 pages before). Each further priority in use costs a descent
 #: (3 pages): with all 201 in use, 630-690 pages and 0.6-1 ms however many tasks wait (29 pages with 1,000
 #: tasks before, 708 with 50,000).
-#: PostgreSQL: whether a sweep of the queue ``queues`` is due at ``clock.now`` (:data:`_PG_PROBE`'s comment).
-_PG_SWEEP_DUE = (
-    "(EXISTS (SELECT FROM (SELECT FROM task_attempts JOIN tasks ON tasks.id = task_attempts.task_id"
-    " WHERE task_attempts.status IN ('LEASED', 'RUNNING') AND task_attempts.lease_expires_at <= clock.now"
-    " AND tasks.queue_id = queues.id"
-    " ORDER BY task_attempts.status, task_attempts.lease_expires_at OFFSET 0) AS lapsed)"
-    " OR EXISTS (SELECT FROM (SELECT FROM tasks WHERE tasks.status = 'WAITING'"
-    " AND tasks.deadline IS NOT NULL AND tasks.deadline <= clock.now AND tasks.queue_id = queues.id"
-    " ORDER BY tasks.status, tasks.deadline OFFSET 0) AS overdue))"
-)
-#: PostgreSQL: the clock and the queue ``:queue`` of ``:namespace_id`` with its namespace and gate.
-_PG_QUEUE_FROM = (
-    " FROM (SELECT timezone('UTC', clock_timestamp()) AS now OFFSET 0) AS clock,"
-    " queues JOIN namespaces ON namespaces.id = queues.namespace_id"
-    " LEFT OUTER JOIN queue_gates ON queue_gates.queue_id = queues.id"
-    " WHERE queues.namespace_id = :namespace_id AND queues.name = :queue"
-)
 _PG_PROBE = sa.text(
     "SELECT q.*, CASE WHEN NOT q.q_sweep_due AND q.q_paused IS NOT TRUE AND q.q_per_key IS NULL"
     " AND q.q_max IS NULL THEN (WITH RECURSIVE levels (priority, earliest) AS"
