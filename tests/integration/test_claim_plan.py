@@ -27,7 +27,7 @@ from sqlalchemy.engine import Engine
 from orbit_server.db import migrate as _migrate
 from orbit_server.db.engine import create_engine, db_now
 from orbit_server.db.schema import queues, task_attempts, tasks
-from orbit_server.tasks import leases, store
+from orbit_server.tasks import leases, postgres_leases, store
 from tests.conftest import DatabaseFactory
 from tests.integration.conftest import BACKENDS
 
@@ -157,8 +157,8 @@ def test_postgres_lease_statements_read_the_index_in_lease_order(seeded: Seeded)
     }  # fmt: skip
     with seeded.engine.connect() as conn:
         for statement, values, part in (
-            (leases._pg_probe(LEASE), params, None),
-            *((leases._pg_claim_statement(start, LEASE), claim, cte) for start in (False, True)
+            (postgres_leases._pg_probe(LEASE), params, None),
+            *((postgres_leases._pg_claim_statement(start, LEASE), claim, cte) for start in (False, True)
               for cte in ("CTE levels", "CTE picked")),
         ):  # fmt: skip
             compiled = statement.compile(dialect=seeded.engine.dialect)
@@ -237,14 +237,14 @@ def test_postgres_probe_reads_no_table_to_tell_whether_a_sweep_is_due(seeded: Se
         documents = []
         # the probe, and the queue's lookup of lease_tasks's transaction (a limited queue's lease, or one
         # with a sweep due), which reads whether a sweep is due the same way (before: 4-7 ms, the tables read)
-        for statement in (leases._pg_probe(LEASE), leases._PG_FIND_QUEUE):
+        for statement in (postgres_leases._pg_probe(LEASE), postgres_leases._PG_FIND_QUEUE):
             compiled = statement.compile(dialect=seeded.engine.dialect)
             [[document]] = conn.exec_driver_sql(
                 f"EXPLAIN (ANALYZE, FORMAT JSON) {compiled}", compiled.construct_params(values)
             ).all()
             documents.append(document)
-        probed = conn.execute(leases._pg_probe(LEASE), values).one()
-        found = conn.execute(leases._PG_FIND_QUEUE, values).one()
+        probed = conn.execute(postgres_leases._pg_probe(LEASE), values).one()
+        found = conn.execute(postgres_leases._PG_FIND_QUEUE, values).one()
         transaction.rollback()
     assert probed.q_sweep_due is False and probed.q_due == 0, probed
     assert found.id == probed.q_id and found.sweep_due is False, found
@@ -317,7 +317,10 @@ def test_postgres_lease_reads_no_task_not_yet_due(seeded: Seeded) -> None:
             conn.execute(tasks.insert(), rows)
         conn.exec_driver_sql("ANALYZE tasks")
         for name, queue_id in queue_ids.items():
-            values, probe = {"namespace_id": seeded.namespace_id, "queue": name}, leases._pg_probe(LEASE)
+            values, probe = (
+                {"namespace_id": seeded.namespace_id, "queue": name},
+                postgres_leases._pg_probe(LEASE),
+            )
             assert conn.execute(probe, values).one().q_due == 0
             read[name] = {"probe, none due": pages(explained(conn, probe, values))}
             due = [_waiting(seeded.namespace_id, queue_id, now - timedelta(minutes=3 - n)) for n in range(3)]
@@ -329,9 +332,9 @@ def test_postgres_lease_reads_no_task_not_yet_due(seeded: Seeded) -> None:
                 "attempt_ids": [str(uuid.uuid4()) for _ in due], "token_hashes": ["0" * 64] * 3,
                 "worker_id": "w", "actor": "worker:w",
             }  # fmt: skip
-            document = explained(conn, leases._pg_claim_statement(False, 3), claim)
+            document = explained(conn, postgres_leases._pg_claim_statement(False, 3), claim)
             read[name]["claim's read"] = pages(document, "CTE picked")  # with the walk it ran (``levels``)
-            granted = conn.execute(leases._pg_claim_statement(False, 3), claim).mappings().all()
+            granted = conn.execute(postgres_leases._pg_claim_statement(False, 3), claim).mappings().all()
             assert {row["id"] for row in granted} == {row["id"] for row in due}, granted
         transaction.rollback()
     for what, few in read["few"].items():

@@ -55,8 +55,8 @@ def api(request: pytest.FixtureRequest, make_database: DatabaseFactory) -> Itera
         helper.close()
 
 
-#: The head of PostgreSQL's one-statement lease (``leases._pg_claim_statement``): its ``claimed`` UPDATE
-#: updates tasks by id, joined to the ones its ``picked`` read locked with ``SKIP LOCKED``.
+#: The head of PostgreSQL's one-statement lease (``postgres_leases._pg_claim_statement``): its ``claimed``
+#: UPDATE updates tasks by id, joined to the ones its ``picked`` read locked with ``SKIP LOCKED``.
 _PG_LEASE = "WITH CLOCK AS MATERIALIZED"
 
 

@@ -21,7 +21,7 @@ from orbit_server import errors
 from orbit_server.db import migrate as _migrate
 from orbit_server.db.engine import create_engine, to_utc
 from orbit_server.db.schema import concurrency_permits, task_attempts, tasks
-from orbit_server.tasks import leases, permits
+from orbit_server.tasks import leases, permits, postgres_leases
 from tests.conftest import DatabaseFactory
 from tests.integration.test_execution_db import Db
 
@@ -115,13 +115,13 @@ def test_a_lease_of_no_queue_is_refused(db: Db) -> None:
 
 def _between_probe_and_claim(monkeypatch: pytest.MonkeyPatch, change: Callable[[], None]) -> None:
     """Make ``change`` (committed) after the probe read the queue, before the claim statement runs."""
-    real = leases._pg_claim_statement
+    real = postgres_leases._pg_claim_statement
 
     def claim_after_the_change(start: bool, slots: int) -> sa.TextClause:
         change()
         return real(start, slots)
 
-    monkeypatch.setattr(leases, "_pg_claim_statement", claim_after_the_change)
+    monkeypatch.setattr(postgres_leases, "_pg_claim_statement", claim_after_the_change)
 
 
 def test_a_pause_after_the_probe_grants_nothing(db: Db, monkeypatch: pytest.MonkeyPatch) -> None:
