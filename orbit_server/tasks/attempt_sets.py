@@ -45,7 +45,7 @@ from orbit_server import _ids, errors
 from orbit_server.db import flow_hooks
 from orbit_server.db.engine import by_primary_key
 from orbit_server.db.schema import task_attempts, task_events, tasks
-from orbit_server.tasks import permits, result_events, transitions
+from orbit_server.tasks import attempt_locks, permits, result_events, transitions
 
 __all__ = ["complete_all", "start_all"]
 
@@ -73,7 +73,7 @@ def _lock_tasks_statement(conn: Connection) -> sa.Executable:
     statement = _LOCK_TASKS.get(name)
     if statement is None:
         statement = _LOCK_TASKS[name] = by_primary_key(
-            sa.select(*_TASK_COLUMNS, transitions._clock(conn).label("db_now"), transitions.gate_paused())
+            sa.select(*_TASK_COLUMNS, transitions._clock(conn).label("db_now"), attempt_locks.gate_paused())
             .where(
                 tasks.c.id.in_(sa.bindparam("task_ids", expanding=True, type_=tasks.c.id.type)),
                 tasks.c.namespace_id == sa.bindparam("namespace_id"),
@@ -206,7 +206,7 @@ def start_all(conn: Connection, namespace_id: int, items: Sequence[StartItem]) -
     )  # fmt: skip
     _update_tasks(conn, pairs, TaskStatus.RUNNING, now)
     return [
-        transitions._state(
+        attempt_locks._state(
             task, attempt, status=AttemptStatus.RUNNING, lease_expires_at=expires[attempt["id"]]
         )
         for task, attempt in pairs
@@ -259,4 +259,4 @@ def complete_all(
              if task["flow_instance_id"] is not None]  # fmt: skip
     if steps:  # flow steps: their internal events, in this transaction (orbit_server.db.flow_hooks)
         flow_hooks.record_events(conn, steps, now)
-    return [transitions._state(task, attempt, status=AttemptStatus.SUCCEEDED) for task, attempt in pairs]
+    return [attempt_locks._state(task, attempt, status=AttemptStatus.SUCCEEDED) for task, attempt in pairs]

@@ -21,20 +21,22 @@ from orbit_server import errors
 from orbit_server.db.schema import (
     task_attempts,
 )
-from orbit_server.tasks.transitions import (
+from orbit_server.tasks.attempt_locks import (
     _check_token,
     _confirmed,
-    _deadline_error,
-    _expire_attempt,
     _holds,
     _lapsed,
     _lock_and_record,
     _locked_attempt,
     _lost,
-    _past_deadline,
     _records_as_it_locks,
-    _retry_delay,
     _state,
+)
+from orbit_server.tasks.transitions import (
+    _deadline_error,
+    _expire_attempt,
+    _past_deadline,
+    _retry_delay,
     _update_attempt,
     apply_transition,
 )
@@ -236,7 +238,7 @@ def _succeed(
     *, recorded: str | None = None,
 ) -> AttemptState:  # fmt: skip
     """:func:`complete_attempt`'s transition of a running attempt that holds its lease (``recorded``: the id of its
-    result event, written already: :func:`~orbit_server.tasks.transitions._lock_and_record`)."""
+    result event, written already: :func:`~orbit_server.tasks.attempt_locks._lock_and_record`)."""
     task = apply_transition(
         conn,
         task,

@@ -126,7 +126,7 @@ def mariadb_subscribers(task_id: str) -> str:
     before the statement's ``UTC_TIMESTAMP(6)``, in the same order (the subscriptions are the inner side of an
     outer join on the namespace and queue, so they are read after both locks are granted), with the same
     value, read through :func:`subscribers`. Used in the ``RETURNING`` clause of
-    :func:`orbit_server.tasks.transitions._lock_and_record`'s ``INSERT``, which locks the task first."""
+    :func:`orbit_server.tasks.attempt_locks._lock_and_record`'s ``INSERT``, which locks the task first."""
     return (
         "(SELECT CASE WHEN COUNT(q.id) = 0 THEN NULL ELSE COALESCE(GROUP_CONCAT(s.id), '') END"
         " FROM tasks t JOIN namespaces n ON n.id = t.namespace_id JOIN queues q ON q.id = t.queue_id"
@@ -174,8 +174,8 @@ def record_result_event(
         read: the subscriptions, read ahead under the same locks by the statement that locked the task
             (:func:`locked_subscribers`), in this transaction and at ``now``: one statement less here.
         written: the id of the event, already written (as this would copy it) by the statement that locked the
-            task (:func:`orbit_server.tasks.transitions._lock_and_record`): only its deliveries (and the chain's
-            key) are written here. Only with ``read``.
+            task (:func:`orbit_server.tasks.attempt_locks._lock_and_record`): only its deliveries (and the
+            chain's key) are written here. Only with ``read``.
 
     Returns:
         The new event's id (a UUID).

@@ -24,8 +24,8 @@ from orbit_server.api.attempt_batches import Redo, run_items
 from orbit_server.db.engine import db_now
 from orbit_server.db.schema import result_events, task_attempts, tasks
 from orbit_server.db.transact import transact
+from orbit_server.tasks import attempt_locks
 from orbit_server.tasks import attempts as attempt_reports
-from orbit_server.tasks import transitions
 from tests.conftest import DatabaseFactory
 from tests.execution_support import check_attempt_history
 from tests.integration.conftest import BACKENDS
@@ -276,7 +276,7 @@ def test_an_attempt_call_locks_the_task_row_and_not_the_attempt_row(api: Api) ->
     with engine.connect() as holder, engine.connect() as probe:
         held = holder.begin()
         ns_id = holder.scalar(sa.select(tasks.c.namespace_id).where(tasks.c.id == grant["task"]["id"]))
-        task, attempt, _ = transitions._locked_attempt(holder, ns_id, grant["attempt"]["id"])
+        task, attempt, _ = attempt_locks._locked_attempt(holder, ns_id, grant["attempt"]["id"])
         assert task["id"] == grant["task"]["id"] and attempt["id"] == grant["attempt"]["id"]
         assert attempt["status"] == "LEASED" and attempt["generation"] == 1
         with probe.begin():
