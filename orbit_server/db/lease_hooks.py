@@ -17,12 +17,15 @@ It lives in ``db`` for the reason :mod:`orbit_server.db.flow_hooks` does: ``task
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections.abc import Callable, Iterable
 
 from sqlalchemy.engine import Connection, Engine
 
 __all__ = ["ROOM_MADE", "QueueKey", "add_listener", "after_commit", "forget", "mark", "remove_listener"]
+
+log = logging.getLogger("orbit_server.wakeup")
 
 #: ``(namespace id, queue name)``: the key of a queue's long-polls (:data:`orbit_server.api.wakeup.QueueKey`).
 QueueKey = tuple[int, str]
@@ -47,7 +50,8 @@ def add_listener(engine: Engine, listener: Callable[[frozenset[QueueKey]], None]
     """Call ``listener(keys)`` after each commit on ``engine`` that released permits in the queues ``keys``.
 
     It is called from the committing thread (a worker thread of the server) and must be thread-safe and
-    return at once (:meth:`orbit_server.api.wakeup.Wakeup.notify` is).
+    return at once (:meth:`orbit_server.api.wakeup.Wakeup.notify` is); an exception it raises is logged, never
+    raised to the call whose transaction committed.
     """
     with _lock:
         _listeners.append((engine, listener))
@@ -69,4 +73,7 @@ def after_commit(conn: Connection) -> None:
         listeners = [listener for owner, listener in _listeners if owner is engine]
     made = frozenset(keys)
     for listener in listeners:
-        listener(made)
+        try:
+            listener(made)
+        except Exception:  # a wake-up is only a hint (the long-polls still poll): never fail a committed call
+            log.exception("waking the long-polls of %s failed", sorted(made))

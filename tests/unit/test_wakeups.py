@@ -141,3 +141,23 @@ def test_wake_ups_published_between_two_sends_leave_as_one_payload() -> None:
 def test_the_notifier_refuses_another_database() -> None:
     with pytest.raises(ValueError, match="postgresql"):
         PgNotifier(sa.create_engine("sqlite://"), on_wake=lambda wake: None)
+
+
+def test_a_failing_listener_never_fails_the_committed_call(
+    heard: tuple[sa.Engine, list[frozenset[tuple[int, str]]]], caplog: pytest.LogCaptureFixture
+) -> None:
+    engine, got = heard
+
+    def broken(keys: frozenset[tuple[int, str]]) -> None:
+        raise RuntimeError("wake-up failed")
+
+    later: list[frozenset[tuple[int, str]]] = []
+    lease_hooks.add_listener(engine, broken)
+    lease_hooks.add_listener(engine, later.append)
+    try:
+        assert transact(engine, lambda conn: _releases(conn, [(1, "jobs")]) or "answer") == "answer"
+    finally:
+        lease_hooks.remove_listener(engine, broken)
+        lease_hooks.remove_listener(engine, later.append)
+    assert got == later == [frozenset({(1, "jobs")})]  # the listeners before and after it were told
+    assert "waking the long-polls of [(1, 'jobs')] failed" in caplog.text
