@@ -2,12 +2,12 @@
 
 A lease call that found nothing waits on the event of its ``(namespace id, queue)``; a commit that made a
 task of that queue due (a submission, a resumed queue) wakes it, and so does one that released a
-concurrency permit in it (an attempt of a limited queue ended: complete, fail, cancel, expiry, a lease given
-back), which the app's lifespan hears of through :mod:`orbit_server.db.lease_hooks` (:meth:`Wakeup.notify_queues`).
-Commits that do not know the queue (a flow step, a schedule firing, the expiry sweep, a batch) wake every
-queue. On PostgreSQL the same wake-up
-is handed to :class:`orbit_server.db.pg_notify.PgNotifier` (``publisher``), which tells the other server
-processes; elsewhere they find the task by polling (``ORBIT_LEASE_POLL_INTERVAL_SECONDS``).
+concurrency permit in it (an attempt of a limited queue ended: complete, fail, cancel, expiry, a lease
+given back), which the app's lifespan hears of through :mod:`orbit_server.db.lease_hooks`
+(:meth:`Wakeup.notify_queues`). Commits that do not know the queue (a flow step, a schedule firing, the
+expiry sweep, a batch) wake every queue. On PostgreSQL the same wake-up is handed to
+:class:`orbit_server.db.pg_notify.PgNotifier` (``publisher``), which tells the other server processes;
+elsewhere they find the task by polling (``ORBIT_LEASE_POLL_INTERVAL_SECONDS``).
 """
 
 from __future__ import annotations
