@@ -64,8 +64,8 @@ class ServerSettings(BaseSettings):
         gt=0,
         description=(
             "While a lease call long-polls (wait_seconds), how often it looks for due tasks that another "
-            "server process made available, in seconds; this process's own submissions wake it at once, "
-            "and on PostgreSQL the other processes' too (notify)."
+            "server process made available, in seconds; this process's own submissions (and released "
+            "concurrency permits) wake it at once, and on PostgreSQL the other processes' too (notify)."
         ),
     )
     notify: bool = Field(

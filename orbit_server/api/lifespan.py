@@ -1,9 +1,10 @@
 """The app's lifespan: the background loops of one server process, started and stopped with the app.
 
 The lease expiry sweep, the ``/metrics`` sampler, the scheduler and the flow loop, each turned off by
-its interval setting ``0`` (README "Running the server"); on PostgreSQL the ``LISTEN/NOTIFY`` wake-ups
-across server processes (:mod:`orbit_server.db.pg_notify`), turned off by ``ORBIT_NOTIFY=false``. They
-read the engine, settings, metrics and wake-up from ``app.state`` (set by
+its interval setting ``0`` (README "Running the server"); the wake-up of a queue's long-polls by a commit
+that released a concurrency permit in it (:mod:`orbit_server.db.lease_hooks`); on PostgreSQL the
+``LISTEN/NOTIFY`` wake-ups across server processes (:mod:`orbit_server.db.pg_notify`), turned off by
+``ORBIT_NOTIFY=false``. They read the engine, settings, metrics and wake-up from ``app.state`` (set by
 :func:`orbit_server.api.app.create_app`).
 """
 
@@ -22,7 +23,7 @@ from starlette.concurrency import run_in_threadpool
 
 from orbit_server.api.metrics import Metrics
 from orbit_server.api.wakeup import Wakeup
-from orbit_server.db import flow_hooks
+from orbit_server.db import flow_hooks, lease_hooks
 from orbit_server.db.engine import dispose_when_returned
 from orbit_server.db.pg_notify import PgNotifier, Wake
 from orbit_server.db.sampling import sample as sample_gauges
@@ -116,6 +117,8 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         publish_flow = _publish_flow(notifier)
         flow_hooks.add_publisher(publish_flow)
         loops.insert(0, (1.0, "orbit-notify", notifier.run()))
+    # A commit that released a concurrency permit wakes the long-polls of its queue (orbit_server.db.lease_hooks).
+    lease_hooks.add_listener(engine, wakeup.notify_queues)
     running = []
     for interval, name, coroutine in loops:
         if interval > 0:
@@ -129,6 +132,7 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task
+        lease_hooks.remove_listener(engine, wakeup.notify_queues)
         wakeup.publisher = None
         if publish_flow is not None:
             flow_hooks.remove_publisher(publish_flow)

@@ -1,17 +1,20 @@
 """The wake-up of long-polling lease calls: at once in this process, over ``NOTIFY`` to the others.
 
 A lease call that found nothing waits on the event of its ``(namespace id, queue)``; a commit that made a
-task of that queue due (a submission, a resumed queue) wakes it. Commits that do not know the queue (a
-flow step, a schedule firing, the expiry sweep, a batch) wake every queue. On PostgreSQL the same wake-up
-is handed to :class:`orbit_server.db.pg_notify.PgNotifier` (``publisher``), which tells the other server
-processes; elsewhere they find the task by polling (``ORBIT_LEASE_POLL_INTERVAL_SECONDS``).
+task of that queue due (a submission, a resumed queue) wakes it, and so does one that released a
+concurrency permit in it (an attempt of a limited queue ended: complete, fail, cancel, expiry, a lease
+given back), which the app's lifespan hears of through :mod:`orbit_server.db.lease_hooks`
+(:meth:`Wakeup.notify_queues`). Commits that do not know the queue (a flow step, a schedule firing, the
+expiry sweep, a batch) wake every queue. On PostgreSQL the same wake-up is handed to
+:class:`orbit_server.db.pg_notify.PgNotifier` (``publisher``), which tells the other server processes;
+elsewhere they find the task by polling (``ORBIT_LEASE_POLL_INTERVAL_SECONDS``).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 __all__ = ["QueueKey", "Wakeup"]
 
@@ -50,6 +53,11 @@ class Wakeup:
         publisher = self.publisher
         if publisher is not None:
             publisher(key)
+
+    def notify_queues(self, keys: Iterable[QueueKey]) -> None:
+        """:meth:`notify` each of ``keys`` (a :mod:`orbit_server.db.lease_hooks` listener: thread-safe)."""
+        for key in keys:
+            self.notify(key)
 
     def wake_local(self, key: QueueKey | None = None) -> None:
         """Wake this process's long-polls of ``key`` (``None``: every queue) only; thread-safe."""

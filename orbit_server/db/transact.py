@@ -15,7 +15,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
 
 from orbit_server import errors
-from orbit_server.db import flow_hooks
+from orbit_server.db import flow_hooks, lease_hooks
 from orbit_server.db.cluster import causal_reads
 from orbit_server.db.engine import is_lock_conflict
 
@@ -44,7 +44,8 @@ def transact(
 
     A domain error rolls the transaction back, except one with ``keep_writes`` (e.g.
     :class:`errors.LeaseLost`, whose refusal may have expired the attempt or kept a late
-    report as evidence): that is committed, then raised. A deadlock, lock wait timeout or
+    report as evidence): that is committed, then raised. After a commit (that one's too) it wakes
+    what the transaction made work for (:func:`_after_commit`). A deadlock, lock wait timeout or
     :class:`errors.ConcurrentUpdate` rolls back and runs ``work`` again, up to 5 times in all,
     after a short random pause; nothing of a rolled-back try is left behind, so this is safe. On
     a Galera cluster a write on another node conflicts with this one only at ``COMMIT``
@@ -67,14 +68,17 @@ def transact(
                 except errors.OrbitServerError as exc:
                     if exc.keep_writes:
                         trans.commit()
+                        _after_commit(conn)
                     else:
                         trans.rollback()
+                        lease_hooks.forget(conn)
                     raise
                 except BaseException:
                     trans.rollback()
+                    lease_hooks.forget(conn)
                     raise
                 trans.commit()
-                flow_hooks.after_commit(conn)
+                _after_commit(conn)
                 return value
         except errors.ConcurrentUpdate:
             log.debug("concurrent update; running %s again", work.__name__)
@@ -83,3 +87,11 @@ def transact(
                 raise
             log.debug("lock conflict; running %s again", work.__name__)
     raise errors.ConcurrentUpdate("the task kept changing under concurrent requests; retry shortly")
+
+
+def _after_commit(conn: Connection) -> None:
+    """Wake what the transaction just committed on ``conn`` has work for: the flow loops
+    (:mod:`~orbit_server.db.flow_hooks`) and the long-polling leases of the queues it released permits in
+    (:mod:`~orbit_server.db.lease_hooks`)."""
+    flow_hooks.after_commit(conn)
+    lease_hooks.after_commit(conn)

@@ -25,6 +25,9 @@ A permit is released in the transaction that ends its attempt: every transition 
 set-based complete of :mod:`orbit_server.tasks.attempt_sets`), which deletes the permit row when the
 task ``holds_permit``. Releases need no lock: they only ever make room, and a grant that does
 not see one yet grants less, never more. On SQLite every transaction is the single writer.
+Once that transaction commits, the queue's long-polling leases are woken (:func:`release`,
+:mod:`orbit_server.db.lease_hooks`): a task that waited for the permit is granted at once, not at
+the next poll.
 
 A queue without limits pays nothing: its lease reads the gate in the statement it runs anyway
 and takes the plain path; completions read ``holds_permit`` from the task row they lock anyway.
@@ -43,15 +46,18 @@ process may still be running (§3: 同业务键的并发限制只约束平台授
 from __future__ import annotations
 
 import logging
+import threading
+import weakref
 from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
 import sqlalchemy as sa
-from sqlalchemy.engine import Connection
+from sqlalchemy.engine import Connection, Engine
 
 from orbit_client import Queue, TaskStatus
 from orbit_server import errors
+from orbit_server.db import lease_hooks
 from orbit_server.db.engine import db_now
 from orbit_server.db.schema import concurrency_permits, namespaces, queue_events, queue_gates, queues, tasks
 from orbit_server.tasks import store
@@ -193,12 +199,49 @@ def permit_rows(granted: Sequence[tuple[Mapping[Any, Any], str]], now: datetime)
 
 
 def release(conn: Connection, attempt_ids: Sequence[str]) -> None:
-    """Delete the permits of attempts that end in this transaction (their tasks ``holds_permit``)."""
-    done = conn.execute(
-        concurrency_permits.delete().where(concurrency_permits.c.attempt_id.in_(list(attempt_ids)))
-    )
-    if done.rowcount != len(attempt_ids):  # pragma: no cover - a permit row is written with its flag
-        log.warning("released %d permits of %d attempts %s", done.rowcount, len(attempt_ids), attempt_ids)
+    """Delete the permits of attempts that end in this transaction (their tasks ``holds_permit``), and mark
+    the transaction as one that made room in their queues: once it commits, their long-polling leases are
+    woken (:mod:`orbit_server.db.lease_hooks`).
+
+    The queues are read from the deleted rows (``DELETE ... RETURNING``; MySQL, which has none, reads them
+    first: a statement more, and only for a queue with a limit), their names from a per-engine cache
+    (:func:`_queue_keys`).
+    """
+    where = concurrency_permits.c.attempt_id.in_(list(attempt_ids))
+    if conn.dialect.delete_returning:
+        queue_ids = list(
+            conn.execute(concurrency_permits.delete().where(where).returning(concurrency_permits.c.queue_id))
+            .scalars()
+            .all()
+        )
+    else:
+        queue_ids = list(conn.execute(sa.select(concurrency_permits.c.queue_id).where(where)).scalars().all())
+        conn.execute(concurrency_permits.delete().where(where))
+    if len(queue_ids) != len(attempt_ids):  # pragma: no cover - a permit row is written with its flag
+        log.warning("released %d permits of %d attempts %s", len(queue_ids), len(attempt_ids), attempt_ids)
+    if queue_ids:
+        lease_hooks.mark(conn, _queue_keys(conn, set(queue_ids)))
+
+
+#: Per engine: queue id → ``(namespace id, queue name)`` (a queue is never renamed or deleted, so an entry
+#: never goes stale), filled by :func:`_queue_keys`.
+_QUEUE_KEYS: weakref.WeakKeyDictionary[Engine, dict[int, lease_hooks.QueueKey]] = weakref.WeakKeyDictionary()
+_QUEUE_KEYS_LOCK = threading.Lock()
+
+
+def _queue_keys(conn: Connection, queue_ids: set[int]) -> list[lease_hooks.QueueKey]:
+    """The long-poll keys of ``queue_ids``: read from ``queues`` (one statement) only for ids this process has
+    not met yet on this engine, so a queue costs it once per process."""
+    with _QUEUE_KEYS_LOCK:
+        known = _QUEUE_KEYS.setdefault(conn.engine, {})
+    missing = [queue_id for queue_id in queue_ids if queue_id not in known]
+    if missing:
+        rows = conn.execute(
+            sa.select(queues.c.id, queues.c.namespace_id, queues.c.name).where(queues.c.id.in_(missing))
+        )
+        for queue_id, namespace_id, name in rows:
+            known[int(queue_id)] = (int(namespace_id), str(name))
+    return [known[queue_id] for queue_id in queue_ids if queue_id in known]
 
 
 # ------------------------------------------------------------------ the gate

@@ -2,7 +2,8 @@
 
 Two ``orbit-server serve`` processes on one PostgreSQL database. Server A polls every 30 s
 (``ORBIT_LEASE_POLL_INTERVAL_SECONDS``), so a lease call long-polling A that answers within seconds of a
-submission through B was woken by B's notification, not by polling. The listener survives its connection
+submission through B (or of the release of the concurrency permit it waited for) was woken by B's
+notification, not by polling. The listener survives its connection
 being terminated, and a burst of submissions sends one notification per interval, not one per submission.
 """
 
@@ -159,6 +160,41 @@ def test_a_submission_on_one_server_wakes_a_long_poll_on_the_other(
     assert len(poll.grants) == 1
     assert poll.answered_at - submitted < WOKEN_WITHIN, (
         f"answered {poll.answered_at - submitted:.3f} s after the submission"
+    )
+
+
+def test_a_permit_released_on_one_server_wakes_a_long_poll_on_the_other(
+    setup: Setup, two_servers: tuple[ServerProcess, ServerProcess]
+) -> None:
+    """The queue has ``max_concurrency`` 1 and its one permit is held: the long-poll on A waits for the second
+    task until the attempt holding the permit completes through B, whose notification wakes it."""
+    a, b = two_servers
+    queue_path = f"{b.base_url}/v1/namespaces/{NS}/queues/{QUEUE}"
+    with httpx.Client(timeout=30) as http:
+        limited = http.patch(queue_path, json={"max_concurrency": 1}, headers=setup.headers("admin"))
+        assert limited.status_code == 200, limited.text
+        setup.submit(b.base_url, http)
+        setup.submit(b.base_url, http)
+        leased = http.post(
+            f"{queue_path}/leases",
+            json={"worker_id": "holder", "max_tasks": 2},
+            headers=setup.headers("work"),
+        )
+        [grant] = leased.json()
+        attempt = f"{b.base_url}/v1/namespaces/{NS}/attempts/{grant['attempt']['id']}"
+        token = {"lease_token": grant["attempt"]["lease_token"]}
+        assert http.post(f"{attempt}/start", json=token, headers=setup.headers("work")).status_code == 200
+        poll = LongPoll(setup, a.base_url)
+        poll.waiting()  # it looked and found the queue at its limit
+        released = time.monotonic()
+        done = http.post(f"{attempt}/complete", json={**token, "result": {}}, headers=setup.headers("work"))
+        assert done.status_code == 200, done.text
+    assert poll.answered.wait(timeout=25)
+    poll.join()
+    [woken] = poll.grants
+    assert woken["task"]["id"] != grant["task"]["id"]  # type: ignore[index]  # the second task, held back
+    assert poll.answered_at - released < WOKEN_WITHIN, (
+        f"answered {poll.answered_at - released:.3f} s after the permit was released"
     )
 
 
