@@ -242,6 +242,9 @@ _RECORDED_TASK_COLUMNS = (
 )
 #: The attempt columns it returns (read as :func:`_locked_attempt` reads them: without a lock).
 _RECORDED_ATTEMPT_COLUMNS = ("generation", "worker_id", "lease_expires_at", "leased_at", "started_at")
+#: The same as columns, to read their packed values back (:func:`_unpacked`).
+_RECORDED_TASK_ROW = tuple(tasks.c[name] for name in _RECORDED_TASK_COLUMNS)
+_RECORDED_ATTEMPT_ROW = tuple(task_attempts.c[name] for name in _RECORDED_ATTEMPT_COLUMNS)
 #: :func:`_lock_and_record`'s statement, built once.
 _LOCK_AND_RECORD: list[sa.TextClause] = []
 
@@ -251,13 +254,16 @@ def _lock_and_record_statement() -> sa.TextClause:
     ...``, with ``:r_id`` (the event's id), ``:attempt_id``, ``:hash`` (the token's digest), ``:namespace_id``,
     ``:status`` (the task's and the attempt's), ``:to_status``, ``:result`` and ``:error``."""
     if not _LOCK_AND_RECORD:
-        attempt = "SELECT task_attempts.{} FROM task_attempts WHERE task_attempts.id = :attempt_id"
+        # The task's and the attempt's columns packed, one lookup and one column each (:func:`_packed`).
+        task_row = ", ".join(f"tasks.{c}" for c in _RECORDED_TASK_COLUMNS)
+        attempt_row = ", ".join(f"task_attempts.{c}" for c in _RECORDED_ATTEMPT_COLUMNS)
         returned = [
             "result_events.task_id", "result_events.state_version", "result_events.occurred_at",
             "result_events.retry_of",
-            *(f"(SELECT tasks.{c} FROM tasks WHERE tasks.id = result_events.task_id FOR UPDATE) AS {c}"
-              for c in _RECORDED_TASK_COLUMNS),
-            *(f"({attempt.format(c)}) AS attempt_{c}" for c in _RECORDED_ATTEMPT_COLUMNS),
+            f"(SELECT JSON_ARRAY({task_row}) FROM tasks WHERE tasks.id = result_events.task_id FOR UPDATE)"
+            " AS task_row",
+            f"(SELECT JSON_ARRAY({attempt_row}) FROM task_attempts WHERE task_attempts.id = :attempt_id)"
+            " AS attempt_row",
             f"{result_events.mariadb_subscribers('result_events.task_id')} AS subscribers",
         ]  # fmt: skip
         _LOCK_AND_RECORD.append(
@@ -329,12 +335,12 @@ def _lock_and_record(
     task: dict[str, Any] = {
         "id": row["task_id"], "namespace_id": namespace_id, "status": running,
         "state_version": row["state_version"] - 1, "current_attempt_id": attempt_id, "retry_of": row["retry_of"],
-        **{c: row[c] for c in _RECORDED_TASK_COLUMNS},
+        **_unpacked(row["task_row"], _RECORDED_TASK_ROW),
     }  # fmt: skip
     task["subscribers"] = result_events.subscribers(task, row["subscribers"], conn.dialect.name)
     attempt = {
         "id": attempt_id, "task_id": row["task_id"], "lease_token_hash": digest, "status": running,
-        **{c: row[f"attempt_{c}"] for c in _RECORDED_ATTEMPT_COLUMNS},
+        **_unpacked(row["attempt_row"], _RECORDED_ATTEMPT_ROW),
     }  # fmt: skip
     return task, attempt, _naive(row["occurred_at"]), event_id
 
