@@ -14,8 +14,9 @@ nothing of it; the lock order (the task row before its attempts) is the one :mod
 from __future__ import annotations
 
 import hmac
+import json
 import uuid
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from datetime import datetime
 from typing import Any
 
@@ -73,6 +74,33 @@ def _columns(lean: bool) -> tuple[tuple[sa.Column[Any], ...], tuple[sa.Column[An
     return _LEAN_COLUMNS if lean else (_TASK_COLUMNS, _ATTEMPT_COLUMNS)
 
 
+#: How a value of a packed row (:func:`_packed`) becomes the value the column gives, by the column's Python
+#: type: JSON's strings, integers and ``null`` are already; MariaDB writes a ``BOOLEAN`` as ``0``/``1``, a
+#: ``FLOAT`` as a number that may be integral, and a ``DATETIME(6)`` as ``'YYYY-MM-DD HH:MM:SS.ffffff'``.
+_FROM_JSON: dict[type, Callable[[Any], Any]] = {bool: bool, float: float, datetime: datetime.fromisoformat}
+
+
+def _packed(columns: tuple[sa.Column[Any], ...]) -> sa.ColumnElement[Any]:
+    """MySQL/MariaDB: the values of ``columns`` as one column, ``JSON_ARRAY(<columns>)``, read back by
+    :func:`_unpacked`.
+
+    Why: PyMySQL parses each column's description of every result in Python, whatever its value; a lean
+    :func:`_locked_attempt` returned 23 columns, and their descriptions were half of the statement's server
+    CPU (0.23 → 0.13 ms with both rows packed, ``bench.call_floor``'s start). The attempt's columns, read by
+    one subquery instead of one each, also cost MariaDB a single primary-key lookup (0.45 → 0.25 ms).
+    """
+    return sa.func.json_array(*columns, type_=sa.String)
+
+
+def _unpacked(value: str, columns: tuple[sa.Column[Any], ...]) -> dict[str, Any]:
+    """A :func:`_packed` row as ``{column name: value}``, each value as the column itself gives it."""
+    return {
+        column.name: item if item is None or (convert := _FROM_JSON.get(column.type.python_type)) is None
+        else convert(item)
+        for column, item in zip(columns, json.loads(value), strict=True)
+    }  # fmt: skip
+
+
 def _locked_attempt_statement(conn: Connection, *, ending: bool = False, lean: bool = False) -> sa.Executable:
     """``SELECT <task>, <clock>, <attempt columns as scalar subqueries> FROM tasks WHERE id = <the
     attempt's task> AND namespace_id = :namespace_id FOR UPDATE``, with ``:attempt_id``.
@@ -86,7 +114,9 @@ def _locked_attempt_statement(conn: Connection, *, ending: bool = False, lean: b
     which takes the result event's shared locks (namespace and queue; on MySQL/MariaDB then the
     subscriptions) in this statement rather than later in the transaction: a statement less for the event.
 
-    ``lean``: without the columns only the rare paths read (:data:`_RARE_TASK_COLUMNS`, :data:`_RARE_ATTEMPT_COLUMNS`).
+    ``lean``: without the columns only the rare paths read (:data:`_RARE_TASK_COLUMNS`, :data:`_RARE_ATTEMPT_COLUMNS`);
+    on MySQL/MariaDB the task's and the attempt's columns then come as one column each, ``task_row`` and
+    ``attempt_row`` (:func:`_packed`).
     """
     name = conn.dialect.name
     ending = ending and name in ("mysql", "postgresql")
@@ -106,14 +136,18 @@ def _locked_attempt_statement(conn: Connection, *, ending: bool = False, lean: b
         clock = _clock(conn)
         extra = (tasks.c.retry_of, result_events.locked_subscribers(clock, name)) if ending else ()
         task_of_attempt = sa.select(task_attempts.c.task_id).where(task_attempts.c.id == attempt_id)
-        statement = _LOCKED_ATTEMPT[(name, ending, lean)] = (
-            sa.select(
-                *task_columns,
+        if lean and name == "mysql":
+            attempt_row = sa.select(_packed(attempt_columns)).where(task_attempts.c.id == attempt_id)
+            read: tuple[sa.ColumnElement[Any], ...] = (
+                _packed(task_columns).label("task_row"),
                 clock.label("db_now"),
                 gate_paused(),
-                *(of(c) for c in attempt_columns),
-                *extra,
+                attempt_row.scalar_subquery().label("attempt_row"),
             )
+        else:
+            read = (*task_columns, clock.label("db_now"), gate_paused(), *(of(c) for c in attempt_columns))
+        statement = _LOCKED_ATTEMPT[(name, ending, lean)] = (
+            sa.select(*read, *extra)
             .where(
                 tasks.c.id == task_of_attempt.scalar_subquery(),
                 tasks.c.namespace_id == sa.bindparam("namespace_id"),
@@ -171,12 +205,20 @@ def _locked_attempt(
     if row is None:
         raise errors.AttemptNotFound(f"no attempt {attempt_id!r} in this namespace")
     task_columns, attempt_columns = _columns(lean)
-    task = {column.name: row[column.name] for column in task_columns}
+    packed = "task_row" in row
+    task = (
+        _unpacked(row["task_row"], task_columns)
+        if packed
+        else {column.name: row[column.name] for column in task_columns}
+    )
     task["gate_paused"] = bool(row["gate_paused"])
     if "subscribers" in row:
         task["retry_of"] = row["retry_of"]
         task["subscribers"] = result_events.subscribers(task, row["subscribers"], conn.dialect.name)
-    attempt = {column.name: row[f"attempt_{column.name}"] for column in attempt_columns}
+    if packed:
+        attempt = _unpacked(row["attempt_row"], attempt_columns)
+    else:
+        attempt = {column.name: row[f"attempt_{column.name}"] for column in attempt_columns}
     return task, attempt, _naive(row["db_now"])
 
 
@@ -200,6 +242,9 @@ _RECORDED_TASK_COLUMNS = (
 )
 #: The attempt columns it returns (read as :func:`_locked_attempt` reads them: without a lock).
 _RECORDED_ATTEMPT_COLUMNS = ("generation", "worker_id", "lease_expires_at", "leased_at", "started_at")
+#: The same as columns, to read their packed values back (:func:`_unpacked`).
+_RECORDED_TASK_ROW = tuple(tasks.c[name] for name in _RECORDED_TASK_COLUMNS)
+_RECORDED_ATTEMPT_ROW = tuple(task_attempts.c[name] for name in _RECORDED_ATTEMPT_COLUMNS)
 #: :func:`_lock_and_record`'s statement, built once.
 _LOCK_AND_RECORD: list[sa.TextClause] = []
 
@@ -209,13 +254,16 @@ def _lock_and_record_statement() -> sa.TextClause:
     ...``, with ``:r_id`` (the event's id), ``:attempt_id``, ``:hash`` (the token's digest), ``:namespace_id``,
     ``:status`` (the task's and the attempt's), ``:to_status``, ``:result`` and ``:error``."""
     if not _LOCK_AND_RECORD:
-        attempt = "SELECT task_attempts.{} FROM task_attempts WHERE task_attempts.id = :attempt_id"
+        # The task's and the attempt's columns packed, one lookup and one column each (:func:`_packed`).
+        task_row = ", ".join(f"tasks.{c}" for c in _RECORDED_TASK_COLUMNS)
+        attempt_row = ", ".join(f"task_attempts.{c}" for c in _RECORDED_ATTEMPT_COLUMNS)
         returned = [
             "result_events.task_id", "result_events.state_version", "result_events.occurred_at",
             "result_events.retry_of",
-            *(f"(SELECT tasks.{c} FROM tasks WHERE tasks.id = result_events.task_id FOR UPDATE) AS {c}"
-              for c in _RECORDED_TASK_COLUMNS),
-            *(f"({attempt.format(c)}) AS attempt_{c}" for c in _RECORDED_ATTEMPT_COLUMNS),
+            f"(SELECT JSON_ARRAY({task_row}) FROM tasks WHERE tasks.id = result_events.task_id FOR UPDATE)"
+            " AS task_row",
+            f"(SELECT JSON_ARRAY({attempt_row}) FROM task_attempts WHERE task_attempts.id = :attempt_id)"
+            " AS attempt_row",
             f"{result_events.mariadb_subscribers('result_events.task_id')} AS subscribers",
         ]  # fmt: skip
         _LOCK_AND_RECORD.append(
@@ -287,12 +335,12 @@ def _lock_and_record(
     task: dict[str, Any] = {
         "id": row["task_id"], "namespace_id": namespace_id, "status": running,
         "state_version": row["state_version"] - 1, "current_attempt_id": attempt_id, "retry_of": row["retry_of"],
-        **{c: row[c] for c in _RECORDED_TASK_COLUMNS},
+        **_unpacked(row["task_row"], _RECORDED_TASK_ROW),
     }  # fmt: skip
     task["subscribers"] = result_events.subscribers(task, row["subscribers"], conn.dialect.name)
     attempt = {
         "id": attempt_id, "task_id": row["task_id"], "lease_token_hash": digest, "status": running,
-        **{c: row[f"attempt_{c}"] for c in _RECORDED_ATTEMPT_COLUMNS},
+        **_unpacked(row["attempt_row"], _RECORDED_ATTEMPT_ROW),
     }  # fmt: skip
     return task, attempt, _naive(row["occurred_at"]), event_id
 

@@ -18,7 +18,7 @@ import pytest
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
-from orbit_client import MAX_ATTEMPT_BATCH_ITEMS, AttemptState
+from orbit_client import MAX_ATTEMPT_BATCH_ITEMS, AttemptState, TaskStatus
 from orbit_server import errors
 from orbit_server.api.attempt_batches import Redo, run_items
 from orbit_server.db.engine import db_now
@@ -289,6 +289,72 @@ def test_an_attempt_call_locks_the_task_row_and_not_the_attempt_row(api: Api) ->
                 sa.text("SELECT id FROM tasks WHERE id = :t FOR UPDATE NOWAIT"), {"t": grant["task"]["id"]}
             ).all()
         held.rollback()
+
+
+def test_the_lean_read_gives_each_column_as_the_full_read_does(api: Api) -> None:
+    """A lean read (on MySQL/MariaDB two ``JSON_ARRAY`` columns, attempt_locks._packed) gives the same values,
+    of the same types, as the full read's columns: NULLs, booleans both ways, datetimes with and without a
+    fraction, a float lease, a worker id that JSON must escape; and it locks the task row alone."""
+    queue = api.queue()
+    leased_grant, running_grant = leased(api, queue, 2)
+    ok_batch(api, "start", [item(running_grant)])
+    engine = api.server.engine
+    with engine.begin() as conn:
+        conn.execute(
+            tasks.update().where(tasks.c.id == running_grant["task"]["id"]).values(cancel_requested=True)
+        )
+        conn.execute(
+            task_attempts.update()
+            .where(task_attempts.c.id == running_grant["attempt"]["id"])
+            .values(worker_id='w"\\ö\n1', lease_seconds=12.5, started_at=datetime(2026, 12, 5, 13, 0, 0))
+        )
+    for grant in (leased_grant, running_grant):
+        for ending in (False, True):
+            with engine.connect() as holder, engine.connect() as probe:
+                held = holder.begin()
+                ns_id = holder.scalar(
+                    sa.select(tasks.c.namespace_id).where(tasks.c.id == grant["task"]["id"])
+                )
+                full = attempt_locks._locked_attempt(holder, ns_id, grant["attempt"]["id"], ending=ending)
+                lean = attempt_locks._locked_attempt(
+                    holder, ns_id, grant["attempt"]["id"], ending=ending, lean=True
+                )
+                if engine.dialect.name == "mysql":  # the attempt row stays unlocked; the task row is locked
+                    with probe.begin():
+                        probe.execute(
+                            sa.text("SELECT id FROM task_attempts WHERE id = :a FOR UPDATE NOWAIT"),
+                            {"a": grant["attempt"]["id"]},
+                        ).all()
+                    with probe.begin(), pytest.raises(sa.exc.OperationalError):
+                        probe.execute(
+                            sa.text("SELECT id FROM tasks WHERE id = :t FOR UPDATE NOWAIT"),
+                            {"t": grant["task"]["id"]},
+                        ).all()
+                held.rollback()
+            for whole, part in zip(full[:2], lean[:2], strict=True):
+                assert part == {key: whole[key] for key in part}
+                assert {key: type(value) for key, value in part.items()} == {
+                    key: type(whole[key]) for key in part
+                }
+            assert lean[2] <= full[2] + timedelta(seconds=5)
+    assert lean[1]["worker_id"] == 'w"\\ö\n1' and lean[1]["lease_seconds"] == 12.5
+    assert lean[0]["cancel_requested"] is True and lean[0]["flow_instance_id"] is None
+    if not attempt_locks._records_as_it_locks(engine.dialect):
+        return
+    # MariaDB's complete reads as it records its result event (_lock_and_record, packed too): the same values.
+    with engine.connect() as conn, conn.begin():
+        ns_id = conn.scalar(sa.select(tasks.c.namespace_id).where(tasks.c.id == running_grant["task"]["id"]))
+        full = attempt_locks._locked_attempt(conn, ns_id, running_grant["attempt"]["id"], ending=True)
+        recorded = attempt_locks._lock_and_record(
+            conn, ns_id, running_grant["attempt"]["id"], running_grant["attempt"]["lease_token"],
+            to=TaskStatus.SUCCEEDED, values={"result": {"ok": True}},
+        )  # fmt: skip
+        assert recorded is not None
+        for whole, part in zip(full[:2], recorded[:2], strict=True):
+            assert {key: (value, type(value)) for key, value in part.items()} == {
+                key: (whole[key], type(whole[key])) for key in part
+            }
+        conn.rollback()
 
 
 def _written(engine: sa.Engine, task_ids: list[str]) -> list[Any]:
