@@ -12,8 +12,8 @@ freed by a handler is filled at once from the grants in hand, and bounds what it
   seconds, so with this bound it starts within ``W``. Until one handler has returned, nothing
   is known and nothing is prefetched; a worker whose handlers take ``W`` or longer prefetches
   nothing and leases only for free slots. The prefetch is also capped (``prefetch_cap``,
-  default four times the concurrency), so a burst of short tasks never takes a queue's whole
-  backlog into one process.
+  :func:`default_prefetch`: four times the concurrency, at least :data:`MIN_PREFETCH`), so a burst
+  of short tasks never takes a queue's whole backlog into one process.
 - A quarter, because the worker heartbeats every third of a lease: a grant that starts within
   a quarter of it has its first heartbeat due before half its lease is spent, leaving the other
   half for a slow answer or a retry. A waiting grant whose quarter passes anyway (a handler ran
@@ -36,14 +36,30 @@ from dataclasses import dataclass
 from orbit_client._attempt_models import LeaseGrant
 from orbit_client._task_models import TaskStatus
 
-__all__ = ["START_WITHIN", "Held", "Pipeline"]
+__all__ = ["MIN_PREFETCH", "START_WITHIN", "Held", "Pipeline", "default_prefetch"]
 
 #: A grant held by a worker starts within this fraction of its lease (module docstring).
 START_WITHIN = 0.25
+#: The least default prefetch, whatever the concurrency (:func:`default_prefetch`).
+MIN_PREFETCH = 16
 #: Most tasks one lease request asks for (``LeaseRequest.max_tasks``).
 MAX_LEASE = 100
 #: Weight of the newest handler duration in the running mean.
 _SMOOTHING = 0.2
+
+
+def default_prefetch(concurrency: int) -> int:
+    """The default ``prefetch_cap``: four grants in hand per slot, and at least :data:`MIN_PREFETCH`.
+
+    The floor is for few slots and short handlers. The grants in hand must last until the next
+    grants arrive, and those ride on a ``complete`` batch: its linger (``report_linger``, waiting
+    for the next task's report) plus its round trip, 20-40 ms on a busy server. One slot running a
+    no-op handler uses a grant every 3-4 ms (its ``start``'s round trip), so four grants ran out
+    first: ``bench.timeline``'s backlog round at concurrency 1 spent 62% of its wall time in the
+    30% of its tasks that waited for a lease (a 3.5 ms median cycle, 151 tasks/s). Sixteen cover
+    such a wait; the quarter-lease bound (module docstring) still holds fewer when handlers are slow.
+    """
+    return max(4 * concurrency, MIN_PREFETCH)
 
 
 @dataclass(eq=False)

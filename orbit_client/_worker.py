@@ -33,7 +33,7 @@ from orbit_client import _tracing
 from orbit_client._attempt_models import AttemptError, AttemptState, LeaseGrant
 from orbit_client._exceptions import LeaseLostError, OrbitError, OrbitUsageError
 from orbit_client._metrics import WorkerMetrics, release_server, serve
-from orbit_client._pipeline import START_WITHIN, Held, Pipeline
+from orbit_client._pipeline import START_WITHIN, Held, Pipeline, default_prefetch
 from orbit_client._task_models import Task
 
 __all__ = ["RetryableError", "TaskCancelled", "TaskContext"]
@@ -238,7 +238,7 @@ class _Config:
         self.report_linger = report_linger
         self.metrics_port, self.metrics_host = metrics_port, metrics_host
         #: Most grants held beyond the slots (orbit_client._pipeline); fewer when handlers are slow.
-        self.prefetch_cap = 4 * concurrency if prefetch is None else prefetch
+        self.prefetch_cap = default_prefetch(concurrency) if prefetch is None else prefetch
         self.lease_and_start = bool(lease_and_start)
         #: The worker's counters, when it serves metrics (prometheus-client imported only then).
         self.metrics = WorkerMetrics(namespace, queue) if metrics_port is not None else None
@@ -315,8 +315,9 @@ _DOC_ARGS = """
         metrics_host: address the metrics server listens on. Default ``"127.0.0.1"``.
         prefetch: most grants held beyond ``concurrency``, waiting for a slot; the worker holds
             fewer when its handlers are slow, so that each grant starts within a quarter of its
-            lease (README "Workers"). ``None`` (the default) means four times ``concurrency``;
-            ``0`` leases only for free slots.
+            lease (README "Workers"). ``None`` (the default) means four times ``concurrency``,
+            and at least :data:`~orbit_client._pipeline.MIN_PREFETCH` (16); ``0`` leases only for
+            free slots.
         lease_and_start: ask for grants already ``RUNNING`` (lease-and-start: no ``start`` call;
             the attempt's first heartbeat or report confirms it, and one never confirmed lapses
             as never started) when the server offers it (``GET /v1/settings``). Default ``True``;

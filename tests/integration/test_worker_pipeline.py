@@ -156,8 +156,8 @@ def test_short_handlers_are_prefetched_and_each_starts_within_a_quarter_of_its_l
             env.wait(task_id, "SUCCEEDED", timeout=40)
     rows = attempt_rows(env, ids)
     assert len(rows) == len(ids)
-    # More held than slots (the pipeline), never more than slots + the cap (4 × concurrency).
-    assert 2 < most_held_at_once(rows) <= 2 + 8
+    # More held than slots (the pipeline), never more than slots + the cap (default_prefetch: 16 here).
+    assert 2 < most_held_at_once(rows) <= 2 + 16
     slack = timedelta(seconds=1.0)  # the answer's way back on a loaded machine
     for row in rows:
         assert began[row["id"]] - _naive_utc(row["leased_at"]) <= timedelta(seconds=lease / 4) + slack
@@ -167,6 +167,32 @@ def test_short_handlers_are_prefetched_and_each_starts_within_a_quarter_of_its_l
     assert "start (batch)" not in kinds and "start" not in kinds
     assert kinds.count("lease") < kinds.count("complete (batch)"), kinds
     assert len([k for k in kinds if k != "settings"]) < len(ids)
+    check_attempt_history(env.server.engine, ids)
+
+
+def test_one_slot_keeps_grants_in_hand_while_its_reports_are_on_their_way(env: Env) -> None:
+    # One slot, instant handlers, default tasks (each confirmed by a start on its path), and complete
+    # batches answered 40 ms late: the next grants ride on those batches, so the grants in hand must
+    # last a batch's linger and round trip. With four in hand (the old default cap, 4 × concurrency)
+    # the slot ran dry at every batch (bench.timeline at concurrency 1: 62% of the wall time waiting
+    # for a lease); the default cap is now at least 16 (orbit_client._pipeline.default_prefetch).
+    queue = env.queue()
+    ids = [env.submit(queue, "instant", {"n": n}) for n in range(80)]
+
+    def late_reports(request: httpx.Request, response: httpx.Response | None) -> None:
+        if kind_of(request) == "complete (batch)":
+            time.sleep(0.04)
+
+    recorder = Recorder()
+    with (
+        client_for(env, HookedTransport(recorder, after=late_reports)) as client,
+        running(Worker(client, env.ns, queue, {"instant": lambda ctx: None}, concurrency=1, **FAST)),
+    ):
+        for task_id in ids:
+            env.wait(task_id, "SUCCEEDED", timeout=60)
+    rows = attempt_rows(env, ids)
+    assert len(rows) == len(ids) and {r["status"] for r in rows} == {"SUCCEEDED"}
+    assert 1 + 4 < most_held_at_once(rows) <= 1 + 16
     check_attempt_history(env.server.engine, ids)
 
 
@@ -213,8 +239,8 @@ def test_the_async_worker_is_pipelined_alike(env: Env) -> None:
     rows = attempt_rows(env, ids)
     assert len(rows) == len(ids)
     # More held than slots (the pipeline: grants in hand while the slots run), never more than slots +
-    # the cap (4 × concurrency).
-    assert 3 < most_held_at_once(rows) <= 3 + 12
+    # the cap (default_prefetch: 16 here).
+    assert 3 < most_held_at_once(rows) <= 3 + 16
     check_attempt_history(env.server.engine, ids)
 
 
