@@ -14,9 +14,8 @@ nothing of it; the lock order (the task row before its attempts) is the one :mod
 from __future__ import annotations
 
 import hmac
-import json
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from datetime import datetime
 from typing import Any
 
@@ -25,6 +24,7 @@ from sqlalchemy.engine import Connection
 
 from orbit_client import AttemptState, AttemptStatus, TaskStatus
 from orbit_server import _ids, errors
+from orbit_server.db.packed_rows import packed, unpacked
 from orbit_server.db.schema import queue_gates, task_attempts, tasks
 from orbit_server.tasks import result_events
 from orbit_server.tasks.transitions import (
@@ -74,35 +74,6 @@ def _columns(lean: bool) -> tuple[tuple[sa.Column[Any], ...], tuple[sa.Column[An
     return _LEAN_COLUMNS if lean else (_TASK_COLUMNS, _ATTEMPT_COLUMNS)
 
 
-#: How a value of a packed row (:func:`_packed`) becomes the value the column gives, by the column's Python
-#: type: JSON's strings, integers and ``null`` are already; MariaDB writes a ``BOOLEAN`` as ``0``/``1``, a
-#: ``FLOAT`` as a number that may be integral, and a ``DATETIME(6)`` as ``'YYYY-MM-DD HH:MM:SS.ffffff'``.
-_FROM_JSON: dict[type, Callable[[Any], Any]] = {bool: bool, float: float, datetime: datetime.fromisoformat}
-
-
-def _packed(columns: tuple[sa.Column[Any], ...]) -> sa.ColumnElement[Any]:
-    """MySQL/MariaDB: the values of ``columns`` as one column, ``JSON_ARRAY(<columns>)``, read back by
-    :func:`_unpacked`.
-
-    Why: PyMySQL parses each column's description of every result in Python, whatever its value; a lean
-    :func:`_locked_attempt` returned 23 columns, and their descriptions were about half of the statement's
-    client CPU (0.23 → 0.13 ms per read with both rows packed, the statement alone in a loop). The attempt's
-    columns, read by one subquery instead of one each, also cost MariaDB one primary-key lookup instead of
-    ten (0.45 → 0.25 ms per read). Per call, paired in ``bench.call_floor``
-    (``bench/results/floor-2026-12-05T1409-30f47cd.json``): a start's server CPU 5% less, MariaDB's 9% less.
-    """
-    return sa.func.json_array(*columns, type_=sa.String)
-
-
-def _unpacked(value: str, columns: tuple[sa.Column[Any], ...]) -> dict[str, Any]:
-    """A :func:`_packed` row as ``{column name: value}``, each value as the column itself gives it."""
-    return {
-        column.name: item if item is None or (convert := _FROM_JSON.get(column.type.python_type)) is None
-        else convert(item)
-        for column, item in zip(columns, json.loads(value), strict=True)
-    }  # fmt: skip
-
-
 def _locked_attempt_statement(conn: Connection, *, ending: bool = False, lean: bool = False) -> sa.Executable:
     """``SELECT <task>, <clock>, <attempt columns as scalar subqueries> FROM tasks WHERE id = <the
     attempt's task> AND namespace_id = :namespace_id FOR UPDATE``, with ``:attempt_id``.
@@ -118,7 +89,7 @@ def _locked_attempt_statement(conn: Connection, *, ending: bool = False, lean: b
 
     ``lean``: without the columns only the rare paths read (:data:`_RARE_TASK_COLUMNS`, :data:`_RARE_ATTEMPT_COLUMNS`);
     on MySQL/MariaDB the task's and the attempt's columns then come as one column each, ``task_row`` and
-    ``attempt_row`` (:func:`_packed`).
+    ``attempt_row`` (:func:`~orbit_server.db.packed_rows.packed`).
     """
     name = conn.dialect.name
     ending = ending and name in ("mysql", "postgresql")
@@ -139,9 +110,9 @@ def _locked_attempt_statement(conn: Connection, *, ending: bool = False, lean: b
         extra = (tasks.c.retry_of, result_events.locked_subscribers(clock, name)) if ending else ()
         task_of_attempt = sa.select(task_attempts.c.task_id).where(task_attempts.c.id == attempt_id)
         if lean and name == "mysql":
-            attempt_row = sa.select(_packed(attempt_columns)).where(task_attempts.c.id == attempt_id)
+            attempt_row = sa.select(packed(attempt_columns)).where(task_attempts.c.id == attempt_id)
             read: tuple[sa.ColumnElement[Any], ...] = (
-                _packed(task_columns).label("task_row"),
+                packed(task_columns).label("task_row"),
                 clock.label("db_now"),
                 gate_paused(),
                 attempt_row.scalar_subquery().label("attempt_row"),
@@ -207,18 +178,18 @@ def _locked_attempt(
     if row is None:
         raise errors.AttemptNotFound(f"no attempt {attempt_id!r} in this namespace")
     task_columns, attempt_columns = _columns(lean)
-    packed = "task_row" in row
+    is_packed = "task_row" in row
     task = (
-        _unpacked(row["task_row"], task_columns)
-        if packed
+        unpacked(row["task_row"], task_columns)
+        if is_packed
         else {column.name: row[column.name] for column in task_columns}
     )
     task["gate_paused"] = bool(row["gate_paused"])
     if "subscribers" in row:
         task["retry_of"] = row["retry_of"]
         task["subscribers"] = result_events.subscribers(task, row["subscribers"], conn.dialect.name)
-    if packed:
-        attempt = _unpacked(row["attempt_row"], attempt_columns)
+    if is_packed:
+        attempt = unpacked(row["attempt_row"], attempt_columns)
     else:
         attempt = {column.name: row[f"attempt_{column.name}"] for column in attempt_columns}
     return task, attempt, _naive(row["db_now"])
@@ -244,7 +215,7 @@ _RECORDED_TASK_COLUMNS = (
 )
 #: The attempt columns it returns (read as :func:`_locked_attempt` reads them: without a lock).
 _RECORDED_ATTEMPT_COLUMNS = ("generation", "worker_id", "lease_expires_at", "leased_at", "started_at")
-#: The same as columns, to read their packed values back (:func:`_unpacked`).
+#: The same as columns, to read their packed values back (:func:`~orbit_server.db.packed_rows.unpacked`).
 _RECORDED_TASK_ROW = tuple(tasks.c[name] for name in _RECORDED_TASK_COLUMNS)
 _RECORDED_ATTEMPT_ROW = tuple(task_attempts.c[name] for name in _RECORDED_ATTEMPT_COLUMNS)
 #: :func:`_lock_and_record`'s statement, built once.
@@ -256,7 +227,7 @@ def _lock_and_record_statement() -> sa.TextClause:
     ...``, with ``:r_id`` (the event's id), ``:attempt_id``, ``:hash`` (the token's digest), ``:namespace_id``,
     ``:status`` (the task's and the attempt's), ``:to_status``, ``:result`` and ``:error``."""
     if not _LOCK_AND_RECORD:
-        # The task's and the attempt's columns packed, one lookup and one column each (:func:`_packed`).
+        # The task's and the attempt's columns packed, one lookup and one column each (:func:`~orbit_server.db.packed_rows.packed`).
         task_row = ", ".join(f"tasks.{c}" for c in _RECORDED_TASK_COLUMNS)
         attempt_row = ", ".join(f"task_attempts.{c}" for c in _RECORDED_ATTEMPT_COLUMNS)
         returned = [
@@ -337,12 +308,12 @@ def _lock_and_record(
     task: dict[str, Any] = {
         "id": row["task_id"], "namespace_id": namespace_id, "status": running,
         "state_version": row["state_version"] - 1, "current_attempt_id": attempt_id, "retry_of": row["retry_of"],
-        **_unpacked(row["task_row"], _RECORDED_TASK_ROW),
+        **unpacked(row["task_row"], _RECORDED_TASK_ROW),
     }  # fmt: skip
     task["subscribers"] = result_events.subscribers(task, row["subscribers"], conn.dialect.name)
     attempt = {
         "id": attempt_id, "task_id": row["task_id"], "lease_token_hash": digest, "status": running,
-        **_unpacked(row["attempt_row"], _RECORDED_ATTEMPT_ROW),
+        **unpacked(row["attempt_row"], _RECORDED_ATTEMPT_ROW),
     }  # fmt: skip
     return task, attempt, _naive(row["occurred_at"]), event_id
 

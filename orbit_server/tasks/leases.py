@@ -24,6 +24,7 @@ from orbit_client import (
 from orbit_server import errors
 from orbit_server.db import faults as _faults
 from orbit_server.db.engine import by_primary_key, db_now
+from orbit_server.db.packed_rows import packed, unpacked
 from orbit_server.db.schema import (
     concurrency_permits,
     namespaces,
@@ -147,6 +148,8 @@ def _claim_read(conn: Connection, params: Mapping[str, Any]) -> Sequence[Mapping
     return due[: params["max_tasks"]]
 
 
+#: The columns of its ``task_row`` (every column of ``tasks``), to read them back.
+_TASK_ROW = tuple(tasks.c)
 #: :func:`_find_queue_and_claim_statement`'s statement (MySQL/MariaDB), built once.
 _FIND_QUEUE_AND_CLAIM: list[sa.Executable] = []
 
@@ -155,7 +158,9 @@ def _find_queue_and_claim_statement(conn: Connection) -> sa.Executable:
     """MySQL/MariaDB: :func:`_find_queue_statement` and the plain claim's read in one statement (one round
     trip less per lease; an empty lease is this statement and its ``COMMIT``).
 
-    ``(SELECT <task> ... FOR UPDATE SKIP LOCKED) UNION ALL (SELECT <task> ...) UNION ALL SELECT <queue row>``:
+    ``(SELECT <task> ... FOR UPDATE SKIP LOCKED) UNION ALL (SELECT <task> ...) UNION ALL SELECT <queue row>``,
+    each task row packed into one column, ``task_row`` (:func:`~orbit_server.db.packed_rows.packed`: the
+    descriptions of every column of ``tasks`` were parsed on every lease, empty or not):
     the first two parts are the claim reads of :func:`lease_tasks` (:data:`_MYSQL_LEVELS`: up to
     ``:max_tasks`` due tasks of the queue named ``:queue`` in ``:namespace_id`` at the default priority, and
     of the others, each in lease order from ``ix_tasks_claim_order``; :func:`_find_queue_and_claim` merges
@@ -186,7 +191,9 @@ def _find_queue_and_claim_statement(conn: Connection) -> sa.Executable:
             )
             .exists()
         )
-        due = sa.select(tasks, *(sa.null().label(name) for name in _QUEUE_INFO)).where(
+        due = sa.select(
+            packed(tuple(tasks.c)).label("task_row"), *(sa.null().label(n) for n in _QUEUE_INFO)
+        ).where(
             tasks.c.queue_id == queue_id,
             tasks.c.status == TaskStatus.WAITING.value,
             tasks.c.available_at <= clock,
@@ -211,7 +218,7 @@ def _find_queue_and_claim_statement(conn: Connection) -> sa.Executable:
         assert isinstance(lookup, sa.Select)
         found = lookup.subquery()
         row = sa.select(
-            *(sa.null() for _ in tasks.c),
+            sa.null(),
             *(found.c[name].label(label) for name, label in zip(
                 ("id", "name", "db_now", "paused", "max_concurrency_per_key", "max_concurrency", "sweep_due"),
                 _QUEUE_INFO, strict=True,
@@ -235,7 +242,7 @@ def _find_queue_and_claim(
     found = None
     for row in rows:
         if row["q_id"] is None:
-            due.append(row)
+            due.append(unpacked(row["task_row"], _TASK_ROW))
         else:
             found = _QueueRow(
                 row["q_id"], row["q_namespace"], row["q_now"], row["q_paused"], row["q_per_key"], row["q_max"],

@@ -24,7 +24,7 @@ import threading
 import time
 import uuid
 from collections.abc import Iterator
-from datetime import datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import httpx
@@ -202,6 +202,27 @@ def test_lease_grants_an_attempt_with_generation_and_token(api: Api) -> None:
     assert stored == hashlib.sha256(attempt["lease_token"].encode()).hexdigest()
     assert api.moves(task["id"]) == [("accepted", None, "WAITING"), ("leased", "WAITING", "LEASED")]
     assert api.lease(queue) == []
+
+
+def test_a_grant_carries_the_task_exactly_as_it_is_read(api: Api) -> None:
+    """The task of a grant is the task as ``GET .../tasks/{id}`` reads it: every field, of the same JSON type
+    (on MariaDB the lease reads each task row packed into one JSON array: orbit_server.db.packed_rows)."""
+    queue = api.queue()
+    params = {"float": 1.0, "tiny": 1.5e-7, "big": 12345678901234567890123, "text": 'ü\u2028"\\', "none": None,
+              "nested": [{"a": [1, 2.5, True, False]}], "empty": {}}  # fmt: skip
+    due = datetime.now(UTC) - timedelta(seconds=1)
+    submitted = api.submit(
+        queue, params=params, deadline=(due + timedelta(days=1)).isoformat(), retry_safe=True,
+        backoff_base_seconds=2.5, backoff_cap_seconds=60.0, priority=7, max_attempts=3,
+        available_at=due.isoformat(),
+    )  # fmt: skip
+    (grant,) = api.lease(queue, 1)
+    read = api.task(submitted["id"])
+    assert grant["task"] == read
+    assert {key: type(value) for key, value in grant["task"].items()} == {
+        key: type(value) for key, value in read.items()
+    }
+    assert grant["task"]["params"] == params and isinstance(grant["task"]["params"]["float"], float)
 
 
 def test_lease_takes_due_tasks_oldest_first_and_no_more_than_asked(api: Api) -> None:
