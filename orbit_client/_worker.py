@@ -316,8 +316,8 @@ _DOC_ARGS = """
         prefetch: most grants held beyond ``concurrency``, waiting for a slot; the worker holds
             fewer when its handlers are slow, so that each grant starts within a quarter of its
             lease (README "Workers"). ``None`` (the default) means four times ``concurrency``,
-            and at least :data:`~orbit_client._pipeline.MIN_PREFETCH` (16); ``0`` leases only for
-            free slots.
+            and at least 16 (few slots with short handlers run through four grants before the
+            report batch carrying the next ones is answered); ``0`` leases only for free slots.
         lease_and_start: ask for grants already ``RUNNING`` (lease-and-start: no ``start`` call;
             the attempt's first heartbeat or report confirms it, and one never confirmed lapses
             as never started) when the server offers it (``GET /v1/settings``). Default ``True``;

@@ -6,7 +6,7 @@ Why: PyMySQL parses the description of each column of every result in Python, wh
 many columns pay that on every call: a ``start``'s locking read returned 23 columns, half of its client CPU
 (0.23 → 0.13 ms per read packed, the statement alone in a loop), and a lease's combined read returns every
 column of ``tasks``. Packed, each row is one column, and a packed subquery is one lookup instead of one per
-column (``bench/results/floor-2026-12-05T1409-30f47cd.json``: a start's server CPU 5% less, MariaDB's 9%).
+column (``bench/results/floor-2026-12-05T1409-30f47cd.json``: a start's server CPU 4% less, MariaDB's 9%).
 
 What MariaDB (and MySQL) writes for each type, and how it becomes the column's own value again, by the
 column's Python type: strings, integers and ``null`` as they are; a ``BOOLEAN`` as ``0``/``1`` (→ ``bool``);
