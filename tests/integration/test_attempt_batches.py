@@ -266,6 +266,19 @@ def test_an_item_refused_after_writing_is_undone_alone(api: Api) -> None:
     ]
 
 
+def assert_task_locked_alone(probe: Connection, grant: dict[str, Any]) -> None:
+    """From another connection: the grant's attempt row can be locked, its task row cannot (MariaDB)."""
+    with probe.begin():
+        probe.execute(
+            sa.text("SELECT id FROM task_attempts WHERE id = :a FOR UPDATE NOWAIT"),
+            {"a": grant["attempt"]["id"]},
+        ).all()
+    with probe.begin(), pytest.raises(sa.exc.OperationalError):
+        probe.execute(
+            sa.text("SELECT id FROM tasks WHERE id = :t FOR UPDATE NOWAIT"), {"t": grant["task"]["id"]}
+        ).all()
+
+
 def test_an_attempt_call_locks_the_task_row_and_not_the_attempt_row(api: Api) -> None:
     """Lock order (task first) holds with the one-statement read of task, attempt and clock."""
     if api.server.engine.dialect.name != "mysql":
@@ -279,15 +292,7 @@ def test_an_attempt_call_locks_the_task_row_and_not_the_attempt_row(api: Api) ->
         task, attempt, _ = attempt_locks._locked_attempt(holder, ns_id, grant["attempt"]["id"])
         assert task["id"] == grant["task"]["id"] and attempt["id"] == grant["attempt"]["id"]
         assert attempt["status"] == "LEASED" and attempt["generation"] == 1
-        with probe.begin():
-            probe.execute(
-                sa.text("SELECT id FROM task_attempts WHERE id = :a FOR UPDATE NOWAIT"),
-                {"a": grant["attempt"]["id"]},
-            ).all()
-        with probe.begin(), pytest.raises(sa.exc.OperationalError):
-            probe.execute(
-                sa.text("SELECT id FROM tasks WHERE id = :t FOR UPDATE NOWAIT"), {"t": grant["task"]["id"]}
-            ).all()
+        assert_task_locked_alone(probe, grant)
         held.rollback()
 
 
@@ -319,17 +324,8 @@ def test_the_lean_read_gives_each_column_as_the_full_read_does(api: Api) -> None
                 lean = attempt_locks._locked_attempt(
                     holder, ns_id, grant["attempt"]["id"], ending=ending, lean=True
                 )
-                if engine.dialect.name == "mysql":  # the attempt row stays unlocked; the task row is locked
-                    with probe.begin():
-                        probe.execute(
-                            sa.text("SELECT id FROM task_attempts WHERE id = :a FOR UPDATE NOWAIT"),
-                            {"a": grant["attempt"]["id"]},
-                        ).all()
-                    with probe.begin(), pytest.raises(sa.exc.OperationalError):
-                        probe.execute(
-                            sa.text("SELECT id FROM tasks WHERE id = :t FOR UPDATE NOWAIT"),
-                            {"t": grant["task"]["id"]},
-                        ).all()
+                if engine.dialect.name == "mysql":
+                    assert_task_locked_alone(probe, grant)
                 held.rollback()
             for whole, part in zip(full[:2], lean[:2], strict=True):
                 assert part == {key: whole[key] for key in part}
@@ -462,14 +458,5 @@ def test_the_set_based_path_locks_the_tasks_and_not_the_attempts(api: Api) -> No
         locked = attempt_sets._lock_tasks(holder, ns_id, [g["attempt"]["id"] for g in grants])
         assert sorted(row["id"] for row in locked) == sorted(g["task"]["id"] for g in grants)
         for grant in grants:
-            with probe.begin():
-                probe.execute(
-                    sa.text("SELECT id FROM task_attempts WHERE id = :a FOR UPDATE NOWAIT"),
-                    {"a": grant["attempt"]["id"]},
-                ).all()
-            with probe.begin(), pytest.raises(sa.exc.OperationalError):
-                probe.execute(
-                    sa.text("SELECT id FROM tasks WHERE id = :t FOR UPDATE NOWAIT"),
-                    {"t": grant["task"]["id"]},
-                ).all()
+            assert_task_locked_alone(probe, grant)
         held.rollback()
