@@ -223,6 +223,11 @@ def test_a_grant_carries_the_task_exactly_as_it_is_read(api: Api) -> None:
         key: type(value) for key, value in read.items()
     }
     assert grant["task"]["params"] == params and isinstance(grant["task"]["params"]["float"], float)
+    for scalar in ('a"b', 1.0, [1, "x", None]):  # params that are not an object come back as they went in
+        task_id = api.submit(queue, params=scalar)["id"]
+        (grant,) = api.lease(queue, 1)
+        assert grant["task"] == api.task(task_id) and grant["task"]["params"] == scalar
+        assert type(grant["task"]["params"]) is type(scalar)
 
 
 def test_lease_takes_due_tasks_oldest_first_and_no_more_than_asked(api: Api) -> None:
