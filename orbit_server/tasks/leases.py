@@ -192,7 +192,7 @@ def _find_queue_and_claim_statement(conn: Connection) -> sa.Executable:
             .exists()
         )
         due = sa.select(
-            packed(tuple(tasks.c)).label("task_row"), *(sa.null().label(n) for n in _QUEUE_INFO)
+            packed(_TASK_ROW).label("task_row"), *(sa.null().label(n) for n in _QUEUE_INFO)
         ).where(
             tasks.c.queue_id == queue_id,
             tasks.c.status == TaskStatus.WAITING.value,
