@@ -24,7 +24,7 @@ from sqlalchemy.engine import Connection
 
 from orbit_client import AttemptState, AttemptStatus, TaskStatus
 from orbit_server import _ids, errors
-from orbit_server.db.packed_rows import packed, unpacked
+from orbit_server.db.packed_rows import packed, packs, unpacked
 from orbit_server.db.schema import queue_gates, task_attempts, tasks
 from orbit_server.tasks import result_events
 from orbit_server.tasks.transitions import (
@@ -60,7 +60,7 @@ _RARE_TASK_COLUMNS = frozenset(
 )
 _RARE_ATTEMPT_COLUMNS = frozenset({"result", "error"})
 #: :func:`_locked_attempt`'s statements, built once per dialect and kind.
-_LOCKED_ATTEMPT: dict[tuple[str, bool, bool], sa.Executable] = {}
+_LOCKED_ATTEMPT: dict[tuple[str, bool, bool, bool], sa.Executable] = {}
 
 
 _LEAN_COLUMNS = (
@@ -88,12 +88,13 @@ def _locked_attempt_statement(conn: Connection, *, ending: bool = False, lean: b
     subscriptions) in this statement rather than later in the transaction: a statement less for the event.
 
     ``lean``: without the columns only the rare paths read (:data:`_RARE_TASK_COLUMNS`, :data:`_RARE_ATTEMPT_COLUMNS`);
-    on MySQL/MariaDB the task's and the attempt's columns then come as one column each, ``task_row`` and
+    on MariaDB the task's and the attempt's columns then come as one column each, ``task_row`` and
     ``attempt_row`` (:func:`~orbit_server.db.packed_rows.packed`).
     """
     name = conn.dialect.name
     ending = ending and name in ("mysql", "postgresql")
-    statement = _LOCKED_ATTEMPT.get((name, ending, lean))
+    pack = lean and packs(conn.dialect)
+    statement = _LOCKED_ATTEMPT.get((name, ending, lean, pack))
     if statement is None:
         task_columns, attempt_columns = _columns(lean)
         attempt_id = sa.bindparam("attempt_id", type_=task_attempts.c.id.type)
@@ -109,7 +110,7 @@ def _locked_attempt_statement(conn: Connection, *, ending: bool = False, lean: b
         clock = _clock(conn)
         extra = (tasks.c.retry_of, result_events.locked_subscribers(clock, name)) if ending else ()
         task_of_attempt = sa.select(task_attempts.c.task_id).where(task_attempts.c.id == attempt_id)
-        if lean and name == "mysql":
+        if pack:  # every column small: the packed row stays far below max_allowed_packet
             attempt_row = sa.select(packed(attempt_columns)).where(task_attempts.c.id == attempt_id)
             read: tuple[sa.ColumnElement[Any], ...] = (
                 packed(task_columns).label("task_row"),
@@ -119,7 +120,7 @@ def _locked_attempt_statement(conn: Connection, *, ending: bool = False, lean: b
             )
         else:
             read = (*task_columns, clock.label("db_now"), gate_paused(), *(of(c) for c in attempt_columns))
-        statement = _LOCKED_ATTEMPT[(name, ending, lean)] = (
+        statement = _LOCKED_ATTEMPT[(name, ending, lean, pack)] = (
             sa.select(*read, *extra)
             .where(
                 tasks.c.id == task_of_attempt.scalar_subquery(),

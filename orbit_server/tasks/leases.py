@@ -24,7 +24,7 @@ from orbit_client import (
 from orbit_server import errors
 from orbit_server.db import faults as _faults
 from orbit_server.db.engine import by_primary_key, db_now
-from orbit_server.db.packed_rows import packed, unpacked
+from orbit_server.db.packed_rows import packed, packs, unpacked
 from orbit_server.db.schema import (
     concurrency_permits,
     namespaces,
@@ -150,8 +150,8 @@ def _claim_read(conn: Connection, params: Mapping[str, Any]) -> Sequence[Mapping
 
 #: The columns of its ``task_row`` (every column of ``tasks``), to read them back.
 _TASK_ROW = tuple(tasks.c)
-#: :func:`_find_queue_and_claim_statement`'s statement (MySQL/MariaDB), built once.
-_FIND_QUEUE_AND_CLAIM: list[sa.Executable] = []
+#: :func:`_find_queue_and_claim_statement`'s statements (MySQL/MariaDB), by whether they pack the task rows.
+_FIND_QUEUE_AND_CLAIM: dict[bool, sa.Executable] = {}
 
 
 def _find_queue_and_claim_statement(conn: Connection) -> sa.Executable:
@@ -159,7 +159,7 @@ def _find_queue_and_claim_statement(conn: Connection) -> sa.Executable:
     trip less per lease; an empty lease is this statement and its ``COMMIT``).
 
     ``(SELECT <task> ... FOR UPDATE SKIP LOCKED) UNION ALL (SELECT <task> ...) UNION ALL SELECT <queue row>``,
-    each task row packed into one column, ``task_row`` (:func:`~orbit_server.db.packed_rows.packed`: the
+    on MariaDB each task row packed into one column, ``task_row`` (:mod:`~orbit_server.db.packed_rows`: the
     descriptions of every column of ``tasks`` were parsed on every lease, empty or not):
     the first two parts are the claim reads of :func:`lease_tasks` (:data:`_MYSQL_LEVELS`: up to
     ``:max_tasks`` due tasks of the queue named ``:queue`` in ``:namespace_id`` at the default priority, and
@@ -170,7 +170,9 @@ def _find_queue_and_claim_statement(conn: Connection) -> sa.Executable:
     :data:`~orbit_server.tasks.lease_rows._QUEUE_INFO` (``NULL`` in the task rows). Both parts read the
     clock of the same statement (MySQL's ``UTC_TIMESTAMP`` is the statement's time), and the subqueries
     lock nothing."""
-    if not _FIND_QUEUE_AND_CLAIM:
+    pack = packs(conn.dialect)
+    statement = _FIND_QUEUE_AND_CLAIM.get(pack)
+    if statement is None:
         clock = _clock(conn)
         namespace_id: sa.BindParameter[Any] = sa.bindparam("namespace_id")
         queue: sa.BindParameter[Any] = sa.bindparam("queue")
@@ -191,9 +193,8 @@ def _find_queue_and_claim_statement(conn: Connection) -> sa.Executable:
             )
             .exists()
         )
-        due = sa.select(
-            packed(_TASK_ROW).label("task_row"), *(sa.null().label(n) for n in _QUEUE_INFO)
-        ).where(
+        task: tuple[Any, ...] = (packed(_TASK_ROW).label("task_row"),) if pack else (tasks,)
+        due = sa.select(*task, *(sa.null().label(name) for name in _QUEUE_INFO)).where(
             tasks.c.queue_id == queue_id,
             tasks.c.status == TaskStatus.WAITING.value,
             tasks.c.available_at <= clock,
@@ -218,14 +219,14 @@ def _find_queue_and_claim_statement(conn: Connection) -> sa.Executable:
         assert isinstance(lookup, sa.Select)
         found = lookup.subquery()
         row = sa.select(
-            sa.null(),
+            *(sa.null() for _ in (task if pack else tasks.c)),
             *(found.c[name].label(label) for name, label in zip(
                 ("id", "name", "db_now", "paused", "max_concurrency_per_key", "max_concurrency", "sweep_due"),
                 _QUEUE_INFO, strict=True,
             )),
         )  # fmt: skip
-        _FIND_QUEUE_AND_CLAIM.append(sa.union_all(*claims, row))
-    return _FIND_QUEUE_AND_CLAIM[0]
+        statement = _FIND_QUEUE_AND_CLAIM[pack] = sa.union_all(*claims, row)
+    return statement
 
 
 def _find_queue_and_claim(
@@ -233,16 +234,24 @@ def _find_queue_and_claim(
 ) -> tuple[Any, Sequence[Mapping[Any, Any]] | None]:
     """The queue's row (:func:`_find_queue_statement`'s columns; ``None``: no such queue) and, on
     MySQL/MariaDB when its gate is plain and no sweep is due, the claimed due tasks (locked, in lease
-    order); ``None`` for them otherwise (the caller reads them on its path)."""
+    order); ``None`` for them otherwise (the caller reads them on its path), and also when a packed task row
+    came back ``NULL`` (longer than ``max_allowed_packet``: :mod:`~orbit_server.db.packed_rows`); the caller's
+    read gets its columns (the rows this statement locked stay locked by this transaction, not skipped)."""
     params = {"namespace_id": namespace_id, "queue": queue}
     if conn.dialect.name != "mysql":
         return conn.execute(_find_queue_statement(conn), params).first(), None
     rows = conn.execute(_find_queue_and_claim_statement(conn), {**params, "max_tasks": max_tasks}).mappings()
     due: list[Mapping[Any, Any]] = []
     found = None
+    too_long = False
     for row in rows:
         if row["q_id"] is None:
-            due.append(unpacked(row["task_row"], _TASK_ROW))
+            if "task_row" not in row:
+                due.append(row)
+            elif row["task_row"] is None:
+                too_long = True
+            else:
+                due.append(unpacked(row["task_row"], _TASK_ROW))
         else:
             found = _QueueRow(
                 row["q_id"], row["q_namespace"], row["q_now"], row["q_paused"], row["q_per_key"], row["q_max"],
@@ -250,6 +259,7 @@ def _find_queue_and_claim(
             )  # fmt: skip
     if (
         found is None
+        or too_long
         or found.sweep_due
         or found.paused
         or found.max_concurrency_per_key is not None
