@@ -37,8 +37,8 @@ from orbit_server.tasks.transitions import (
     _naive,
 )
 
-#: The attempt columns :func:`_locked_attempt` reads.
-_ATTEMPT_COLUMNS = (
+#: An attempt's identity and lease: what every report's checks read (also :mod:`.attempt_sets`' batches).
+_LEASE_COLUMNS = (
     task_attempts.c.id,
     task_attempts.c.task_id,
     task_attempts.c.generation,
@@ -47,6 +47,10 @@ _ATTEMPT_COLUMNS = (
     task_attempts.c.status,
     task_attempts.c.lease_seconds,
     task_attempts.c.lease_expires_at,
+)
+#: The attempt columns :func:`_locked_attempt` reads.
+_ATTEMPT_COLUMNS = (
+    *_LEASE_COLUMNS,
     task_attempts.c.result,
     task_attempts.c.error,
     task_attempts.c.leased_at,

@@ -50,16 +50,7 @@ from orbit_server.tasks import attempt_locks, permits, result_events, transition
 __all__ = ["complete_all", "start_all"]
 
 _TASK_COLUMNS = (*transitions._TASK_COLUMNS, tasks.c.handler, tasks.c.retry_of)
-_ATTEMPT_COLUMNS = (
-    task_attempts.c.id,
-    task_attempts.c.task_id,
-    task_attempts.c.generation,
-    task_attempts.c.lease_token_hash,
-    task_attempts.c.worker_id,
-    task_attempts.c.status,
-    task_attempts.c.lease_seconds,
-    task_attempts.c.lease_expires_at,
-)
+_ATTEMPT_COLUMNS = attempt_locks._LEASE_COLUMNS
 _IDS = sa.bindparam("attempt_ids", expanding=True, type_=task_attempts.c.id.type)
 _READ_ATTEMPTS = sa.select(*_ATTEMPT_COLUMNS).where(task_attempts.c.id.in_(_IDS))
 #: The batch's task ids, read without a lock (step 1 of the module docstring).
