@@ -35,6 +35,7 @@ from orbit_client._exceptions import (
     _api_error,
 )
 from orbit_client._flows import AsyncFlowMixin, FlowMixin
+from orbit_client._http import AsyncHTTPClient, HTTPClient
 from orbit_client._problem import Problem
 from orbit_client._queue_control import AsyncQueueControlMixin, QueueControlMixin
 from orbit_client._retry import RetryPolicy, _CallRetries
@@ -280,7 +281,7 @@ class OrbitClient(
         headers: Mapping[str, str] | None = None,
     ) -> None:
         super().__init__(base_url, api_key=api_key, timeout=timeout, retry=retry, headers=headers)
-        self._http = httpx.Client(
+        self._http = HTTPClient(
             base_url=self._base_url, headers=self._headers, timeout=self._timeout, transport=transport
         )
 
@@ -403,7 +404,7 @@ class AsyncOrbitClient(
         headers: Mapping[str, str] | None = None,
     ) -> None:
         super().__init__(base_url, api_key=api_key, timeout=timeout, retry=retry, headers=headers)
-        self._http = httpx.AsyncClient(
+        self._http = AsyncHTTPClient(
             base_url=self._base_url, headers=self._headers, timeout=self._timeout, transport=transport
         )
 

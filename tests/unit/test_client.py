@@ -308,6 +308,27 @@ async def test_a_path_joined_once_goes_to_the_same_url_every_time(
     assert len(calls.client._urls) <= _URL_CACHE_SIZE
 
 
+async def test_a_cookie_set_in_front_of_the_server_is_sent_back(client: Calls, mock: respx.MockRouter) -> None:
+    """The client reads cookies only from the responses that set one (``orbit_client._http``): a
+    load balancer's sticky-session cookie is still kept, sent back, replaced and not dropped by the
+    answers that set none, as ``httpx`` would."""
+    answers = iter(
+        [
+            httpx.Response(200, json=task_json(), headers={"Set-Cookie": "LB=node-1; Path=/"}),
+            httpx.Response(200, json=task_json()),
+            httpx.Response(200, json=task_json(), headers={"Set-Cookie": "LB=node-2; Path=/"}),
+            httpx.Response(200, json=task_json()),
+        ]
+    )
+    route = mock.get("/v1/namespaces/acme/tasks/t-1").mock(side_effect=lambda request: next(answers))
+
+    for _ in range(4):
+        await client.get_task("acme", "t-1")
+
+    sent = [call.request.headers.get("Cookie") for call in route.calls]
+    assert sent == [None, "LB=node-1", "LB=node-1", "LB=node-2"]
+
+
 async def test_extra_headers_cannot_replace_authorization(
     make_client: Callable[..., Any], mock: respx.MockRouter
 ) -> None:
