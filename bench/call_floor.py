@@ -10,7 +10,8 @@ each side's commands (``SELECT`` + ``UPDATE`` + other commands, ``COMMIT`` inclu
 time. Every call is sent ``--calls`` times one after the other (concurrency 1) from this process,
 on leased tasks prepared beforehand (their preparation is not counted): single ``start``,
 ``heartbeat`` and ``complete``; the same as one-item batches (``POST .../attempts/start`` with one
-item: what a ``Worker`` at concurrency 1 sends); a lease with one grant and an empty lease
+item) and two-item batches (what a ``Worker`` at concurrency 1 sends most: its next task runs while
+the report of the last one lingers; figures per call, no target); a lease with one grant and an empty lease
 (``wait_seconds`` 0); ``/healthz`` beside a bare route. For each, the server process's CPU per call
 (``/proc``) and its ratio to the floor's CPU per call in the same round; ``--rounds`` rounds, the
 floor first in odd rounds and last in even ones; the medians. Targets (issue 28): start, complete
@@ -56,6 +57,7 @@ NS = "floor"
 CALLS: list[tuple[str, float | None, int | None]] = [
     ("start", 1.5, 4), ("heartbeat", 1.5, 4), ("complete", 1.5, 4),
     ("start, one-item batch", 1.5, 4), ("complete, one-item batch", 1.5, 4),
+    ("start, two-item batch", None, None), ("complete, two-item batch", None, None),
     ("lease, one grant", 2.0, None), ("empty lease", 1.0, None), ("/healthz", None, 0),
 ]  # fmt: skip
 _USERSTAT = "SELECT SELECT_COMMANDS + UPDATE_COMMANDS + OTHER_COMMANDS, CPU_TIME FROM information_schema.USER_STATISTICS WHERE USER = :u"
@@ -195,8 +197,8 @@ def _orbit_round(
         path = f"/attempts/{grant['attempt']['id']}/{action}"
         return lambda: orbit.post(path, {"lease_token": grant["attempt"]["lease_token"], **body})
 
-    def batch(action: str, grant: dict[str, Any], **body: Any) -> Callable[[], None]:
-        return lambda: orbit.post(f"/attempts/{action}", {"items": [_attempt(grant, **body)]})
+    def batch(action: str, *grants: dict[str, Any], **body: Any) -> Callable[[], None]:
+        return lambda: orbit.post(f"/attempts/{action}", {"items": [_attempt(g, **body) for g in grants]})
 
     grants = orbit.leased(n)
     out["start"] = _measure(counters, user, pid, [single("start", g) for g in grants])
@@ -210,6 +212,13 @@ def _orbit_round(
     out["start, one-item batch"] = _measure(counters, user, pid, [batch("start", g) for g in grants])
     out["complete, one-item batch"] = _measure(
         counters, user, pid, [batch("complete", g, result={"ok": True}) for g in grants]
+    )
+    # What a Worker at concurrency 1 sends most (its next task runs while a report lingers): a call of two.
+    grants = orbit.leased(2 * n)
+    pairs = list(zip(grants[::2], grants[1::2], strict=True))
+    out["start, two-item batch"] = _measure(counters, user, pid, [batch("start", *p) for p in pairs])
+    out["complete, two-item batch"] = _measure(
+        counters, user, pid, [batch("complete", *p, result={"ok": True}) for p in pairs]
     )
     queue = orbit.submitted(n)
     lease_one = lambda: None if orbit.lease(queue, 1) else sys.exit("a lease granted nothing")  # noqa: E731

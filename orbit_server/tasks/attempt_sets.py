@@ -5,17 +5,18 @@ right, it holds a live lease, it is ``LEASED`` for a start or ``RUNNING`` for a 
 is at the matching status with this attempt current, and no attempt appears twice) is written
 with one statement per table instead of one per item:
 
-1. read the batch's task ids from its attempts, without a lock (lock order stays task first), and
-   lock those tasks by primary key: ``SELECT ... FROM tasks FORCE INDEX (PRIMARY) WHERE id IN
-   (...) AND namespace_id = :ns FOR UPDATE``, with the database clock. (Not one statement with an
-   ``IN (SELECT ...)``: MariaDB then scans and locks the whole table; and every by-key statement
-   here is pinned to the primary key, :func:`orbit_server.db.engine.by_primary_key`);
-2. read the attempts, now that their tasks are locked (every change to an attempt is made under
-   its task's lock, and the server reads at ``READ COMMITTED``, so these rows are current);
+1. read the batch's attempts, without a lock (lock order stays task first), and lock their tasks
+   by primary key: ``SELECT ... FROM tasks FORCE INDEX (PRIMARY) WHERE id IN (...) AND
+   namespace_id = :ns FOR UPDATE``, with the database clock. (Not one statement with an ``IN
+   (SELECT ...)``: MariaDB then scans and locks the whole table; and every by-key statement here
+   is pinned to the primary key, :func:`orbit_server.db.engine.by_primary_key`);
+2. decide from the rows read (every change to an attempt is made under its task's lock, so an
+   attempt read before the lock may be older than the locked task: step 3's fence decides);
 3. one conditional ``UPDATE`` of the attempts fenced on ``(id, lease_token_hash)``, status and an
-   unexpired lease, and one of the tasks fenced on ``(id, state_version)`` and status; both row
-   counts are checked (a mismatch raises :class:`errors.ConcurrentUpdate`: the whole request is
-   rolled back and run again);
+   unexpired lease (and for a start on ``lease_seconds`` as read, which its new lease's end is
+   computed from; nothing else read from an attempt can change while it lives), and one of the
+   tasks fenced on ``(id, state_version)`` and status; both row counts are checked (a mismatch
+   raises :class:`errors.ConcurrentUpdate`: the whole request is rolled back and run again);
 4. one multi-row ``INSERT`` of the task events; for completes, the result events and their
    deliveries in the same transaction (:func:`orbit_server.tasks.result_events.record_result_events`), and for
    the tasks that are flow steps one multi-row ``INSERT`` of their internal events
@@ -24,7 +25,8 @@ with one statement per table instead of one per item:
 A start whose queue is paused is declined (the per-item start gives its lease back), and a
 complete deletes the concurrency permits of the tasks that hold one (:mod:`orbit_server.tasks.permits`).
 
-The rows written are exactly those the per-item functions
+Every statement is built once (per batch size where it holds one ``CASE`` branch per item). The
+rows written are exactly those the per-item functions
 (:func:`orbit_server.tasks.attempts.start_attempt`, :func:`~orbit_server.tasks.attempts.complete_attempt`)
 write. Any other batch is declined before anything is written (``None``), and the caller runs
 it item by item in the same transaction (:func:`orbit_server.api.attempt_batches.run_items`),
@@ -33,6 +35,7 @@ which answers every refusal exactly as the single call does.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from datetime import datetime, timedelta
 from typing import Any
@@ -52,11 +55,13 @@ __all__ = ["complete_all", "start_all"]
 _TASK_COLUMNS = (*transitions._TASK_COLUMNS, tasks.c.handler, tasks.c.retry_of)
 _ATTEMPT_COLUMNS = attempt_locks._LEASE_COLUMNS
 _IDS = sa.bindparam("attempt_ids", expanding=True, type_=task_attempts.c.id.type)
+#: The batch's attempts, read without a lock (step 1 of the module docstring).
 _READ_ATTEMPTS = sa.select(*_ATTEMPT_COLUMNS).where(task_attempts.c.id.in_(_IDS))
-#: The batch's task ids, read without a lock (step 1 of the module docstring).
-_TASK_IDS = sa.select(task_attempts.c.task_id).where(task_attempts.c.id.in_(_IDS))
 #: :func:`_lock_tasks`'s statement, built once per dialect.
 _LOCK_TASKS: dict[str, sa.Executable] = {}
+#: Most statements a batch size keeps built (:func:`_attempts_update`, :func:`_tasks_update`): the batches
+#: of a server's workers come in a few sizes; an unusual size builds its statements again.
+_SIZES_KEPT = 128
 
 
 def _lock_tasks_statement(conn: Connection) -> sa.Executable:
@@ -75,15 +80,19 @@ def _lock_tasks_statement(conn: Connection) -> sa.Executable:
     return statement
 
 
-def _lock_tasks(conn: Connection, namespace_id: int, attempt_ids: list[str]) -> Sequence[RowMapping]:
-    """Lock the tasks of the attempts ``attempt_ids`` in ``namespace_id`` (step 1 of the module
-    docstring) and read them, with the database clock and their queue's pause; none when no
-    attempt exists."""
-    task_ids = list(conn.execute(_TASK_IDS, {"attempt_ids": attempt_ids}).scalars())
-    if not task_ids:
-        return []
-    params = {"task_ids": task_ids, "namespace_id": namespace_id}
-    return conn.execute(_lock_tasks_statement(conn), params).mappings().all()
+def _lock_tasks(
+    conn: Connection, namespace_id: int, attempt_ids: list[str]
+) -> tuple[Sequence[RowMapping], dict[str, dict[str, Any]]]:
+    """Read the attempts ``attempt_ids`` without a lock, then lock their tasks in ``namespace_id``
+    (step 1 of the module docstring) and read them, with the database clock and their queue's
+    pause: ``(tasks, attempts by id)``, no task when no attempt exists."""
+    attempts = {
+        row["id"]: dict(row) for row in conn.execute(_READ_ATTEMPTS, {"attempt_ids": attempt_ids}).mappings()
+    }
+    if not attempts:
+        return [], attempts
+    params = {"task_ids": [attempt["task_id"] for attempt in attempts.values()], "namespace_id": namespace_id}
+    return conn.execute(_lock_tasks_statement(conn), params).mappings().all(), attempts
 
 
 def _read(
@@ -93,14 +102,11 @@ def _read(
     """Lock and read the batch; ``(task, attempt)`` per item and the clock, or ``None`` to decline."""
     if len(set(attempt_ids)) != len(attempt_ids) or not all(map(_ids.can_exist, attempt_ids)):
         return None  # item by item: a repeated id sees the first item's effect; a bad id is a 404
-    locked = _lock_tasks(conn, namespace_id, attempt_ids)
+    locked, by_attempt = _lock_tasks(conn, namespace_id, attempt_ids)
     if not locked:
         return None
     now = transitions._naive(locked[0]["db_now"])
     by_task = {row["id"]: dict(row) for row in locked}
-    by_attempt = {
-        row["id"]: dict(row) for row in conn.execute(_READ_ATTEMPTS, {"attempt_ids": attempt_ids}).mappings()
-    }
     pairs: list[tuple[dict[str, Any], dict[str, Any]]] = []
     for attempt_id, token in zip(attempt_ids, tokens, strict=True):
         attempt = by_attempt.get(attempt_id)
@@ -122,46 +128,119 @@ def _read(
     return pairs, now
 
 
-def _update_attempts(
-    conn: Connection, pairs: Sequence[tuple[dict[str, Any], dict[str, Any]]], now: datetime, **values: Any
-) -> None:
-    done = conn.execute(
-        by_primary_key(task_attempts.update())
-        .where(
-            task_attempts.c.id.in_([attempt["id"] for _, attempt in pairs]),  # a range for one item too
-            sa.tuple_(task_attempts.c.id, task_attempts.c.lease_token_hash).in_(
-                [(attempt["id"], attempt["lease_token_hash"]) for _, attempt in pairs]
-            ),
-            task_attempts.c.status == pairs[0][1]["status"],
-            task_attempts.c.lease_expires_at > now,
-        )
-        .values(**values)
+def _by_id(column: sa.ColumnElement[Any], n: int, type_: Any) -> sa.ColumnElement[Any]:
+    """``CASE column WHEN :id_0 THEN :value_0 ...`` for ``n`` items (:func:`_case_params`)."""
+    return sa.case(
+        *[
+            (sa.bindparam(f"id_{i}", type_=column.type), sa.bindparam(f"value_{i}", type_=type_))
+            for i in range(n)
+        ],
+        value=column,
     )
+
+
+def _case_params(keys: Sequence[Any], values: Sequence[Any]) -> dict[str, Any]:
+    return {
+        **{f"id_{i}": key for i, key in enumerate(keys)},
+        **{f"value_{i}": v for i, v in enumerate(values)},
+    }
+
+
+#: The attempts ``UPDATE``'s fence (step 3 of the module docstring), by the status they become.
+_ATTEMPT_FENCE = {
+    AttemptStatus.RUNNING: sa.tuple_(
+        task_attempts.c.id, task_attempts.c.lease_token_hash, task_attempts.c.lease_seconds
+    ),
+    AttemptStatus.SUCCEEDED: sa.tuple_(task_attempts.c.id, task_attempts.c.lease_token_hash),
+}
+_TASK_FENCE = sa.tuple_(tasks.c.id, tasks.c.state_version)
+#: The database clock the batch read (every timestamp it writes).
+_NOW = sa.bindparam("now", type_=tasks.c.updated_at.type)
+
+
+@functools.lru_cache(maxsize=_SIZES_KEPT)
+def _attempts_update(to: AttemptStatus, n: int) -> sa.Update:
+    """The conditional ``UPDATE`` of ``n`` attempts becoming ``to`` (``RUNNING`` or ``SUCCEEDED``)."""
+    if to is AttemptStatus.RUNNING:
+        values: dict[str, Any] = {
+            "started_at": _NOW,
+            "lease_expires_at": _by_id(task_attempts.c.id, n, task_attempts.c.lease_expires_at.type),
+        }
+    else:  # a lease-and-start attempt's report confirms it: started_at = the grant's time (execution._confirmed)
+        values = {
+            "result": _by_id(task_attempts.c.id, n, task_attempts.c.result.type),
+            "finished_at": _NOW,
+            "started_at": sa.func.coalesce(task_attempts.c.started_at, task_attempts.c.leased_at),
+        }
+    return by_primary_key(
+        task_attempts.update()
+        .where(
+            task_attempts.c.id.in_(sa.bindparam("ids", expanding=True)),  # a range for one item too
+            _ATTEMPT_FENCE[to].in_(sa.bindparam("fence", expanding=True)),
+            task_attempts.c.status == sa.bindparam("from_status"),
+            task_attempts.c.lease_expires_at > _NOW,
+        )
+        .values(status=to.value, **values)
+    )
+
+
+@functools.lru_cache(maxsize=_SIZES_KEPT)
+def _tasks_update(to: TaskStatus, n: int) -> sa.Update:
+    """The conditional ``UPDATE`` of ``n`` tasks becoming ``to`` (``RUNNING`` or ``SUCCEEDED``)."""
+    values: dict[str, Any] = {"status": to.value, "updated_at": _NOW}
+    if to.is_terminal:
+        values |= {
+            "finished_at": _NOW, "result": _by_id(tasks.c.id, n, tasks.c.result.type),
+            "error": None, "holds_permit": False,
+        }  # fmt: skip
+    return by_primary_key(
+        tasks.update()
+        .where(
+            tasks.c.id.in_(sa.bindparam("ids", expanding=True)),  # a range for one item too
+            _TASK_FENCE.in_(sa.bindparam("fence", expanding=True)),
+            tasks.c.status == sa.bindparam("from_status"),
+        )
+        .values(state_version=tasks.c.state_version + 1, **values)
+    )
+
+
+def _update_attempts(
+    conn: Connection, pairs: Sequence[tuple[dict[str, Any], dict[str, Any]]], now: datetime, to: AttemptStatus,
+    values: Sequence[Any],
+) -> None:  # fmt: skip
+    """Write ``to`` on the batch's attempts, with each its value (its lease's end for ``RUNNING``, its
+    result for ``SUCCEEDED``); every row fenced, or :class:`errors.ConcurrentUpdate`."""
+    attempts = [attempt for _, attempt in pairs]
+    ids = [attempt["id"] for attempt in attempts]
+    fenced = (lambda a: (a["lease_seconds"],)) if to is AttemptStatus.RUNNING else (lambda a: ())
+    done = conn.execute(
+        _attempts_update(to, len(pairs)),
+        {
+            "ids": ids, "now": now, "from_status": attempts[0]["status"],
+            "fence": [(a["id"], a["lease_token_hash"], *fenced(a)) for a in attempts],
+            **_case_params(ids, values),
+        },
+    )  # fmt: skip
     if done.rowcount != len(pairs):
         raise errors.ConcurrentUpdate("an attempt of the batch changed while it was being updated")
 
 
 def _update_tasks(
     conn: Connection, pairs: Sequence[tuple[dict[str, Any], dict[str, Any]]], to: TaskStatus, now: datetime,
-    **values: Any,
+    results: Sequence[Any] = (),
 ) -> None:  # fmt: skip
     current = TaskStatus(pairs[0][0]["status"])
     if (current, to) not in transitions.TRANSITIONS:
         raise errors.InvalidTransition(f"a {current.value} task cannot become {to.value}")
-    changes: dict[str, Any] = {"status": to.value, "updated_at": now, **values}
-    if to.is_terminal:
-        changes["finished_at"] = now
+    ids = [task["id"] for task, _ in pairs]
     done = conn.execute(
-        by_primary_key(tasks.update())
-        .where(
-            tasks.c.id.in_([task["id"] for task, _ in pairs]),  # a range for one item too
-            sa.tuple_(tasks.c.id, tasks.c.state_version).in_(
-                [(task["id"], task["state_version"]) for task, _ in pairs]
-            ),
-            tasks.c.status == current.value,
-        )
-        .values(state_version=tasks.c.state_version + 1, **changes)
-    )
+        _tasks_update(to, len(pairs)),
+        {
+            "ids": ids, "now": now, "from_status": current.value,
+            "fence": [(task["id"], task["state_version"]) for task, _ in pairs],
+            **(_case_params(ids, results) if to.is_terminal else {}),
+        },
+    )  # fmt: skip
     if done.rowcount != len(pairs):
         raise errors.ConcurrentUpdate("a task of the batch changed while it was being updated")
     conn.execute(
@@ -177,6 +256,9 @@ def _update_tasks(
             for task, attempt in pairs
         ],
     )  # fmt: skip
+    changes: dict[str, Any] = {"status": to.value, "updated_at": now}
+    if to.is_terminal:
+        changes |= {"finished_at": now, "error": None, "holds_permit": False}
     for task, _ in pairs:
         task.update(changes, state_version=int(task["state_version"]) + 1)
 
@@ -190,17 +272,12 @@ def start_all(conn: Connection, namespace_id: int, items: Sequence[StartItem]) -
     if read is None:
         return None
     pairs, now = read
-    expires = {attempt["id"]: now + timedelta(seconds=attempt["lease_seconds"]) for _, attempt in pairs}
-    _update_attempts(
-        conn, pairs, now, status=AttemptStatus.RUNNING.value, started_at=now,
-        lease_expires_at=sa.case(expires, value=task_attempts.c.id),
-    )  # fmt: skip
+    expires = [now + timedelta(seconds=attempt["lease_seconds"]) for _, attempt in pairs]
+    _update_attempts(conn, pairs, now, AttemptStatus.RUNNING, expires)
     _update_tasks(conn, pairs, TaskStatus.RUNNING, now)
     return [
-        attempt_locks._state(
-            task, attempt, status=AttemptStatus.RUNNING, lease_expires_at=expires[attempt["id"]]
-        )
-        for task, attempt in pairs
+        attempt_locks._state(task, attempt, status=AttemptStatus.RUNNING, lease_expires_at=expiry)
+        for (task, attempt), expiry in zip(pairs, expires, strict=True)
     ]
 
 
@@ -215,36 +292,14 @@ def complete_all(
     if read is None:
         return None
     pairs, now = read
-    json_type = task_attempts.c.result.type
-    found = {item.attempt_id: item.result for item in items}
-    by_attempt = sa.case(
-        {aid: sa.bindparam(None, result, type_=json_type) for aid, result in found.items()},
-        value=task_attempts.c.id,
-    )
-    by_task = sa.case(
-        {
-            attempt["task_id"]: sa.bindparam(None, found[attempt["id"]], type_=json_type)
-            for _, attempt in pairs
-        },
-        value=tasks.c.id,
-    )
-    # A lease-and-start attempt's report confirms it: started_at = the grant's time (execution._confirmed).
-    started = sa.func.coalesce(task_attempts.c.started_at, task_attempts.c.leased_at)
-    _update_attempts(
-        conn,
-        pairs,
-        now,
-        status=AttemptStatus.SUCCEEDED.value,
-        result=by_attempt,
-        finished_at=now,
-        started_at=started,
-    )
+    results = [item.result for item in items]  # in the order of pairs: one pair per item, in order
+    _update_attempts(conn, pairs, now, AttemptStatus.SUCCEEDED, results)
     holders = [attempt["id"] for task, attempt in pairs if task["holds_permit"]]
     if holders:  # the attempts end here: so do their concurrency permits (orbit_server.tasks.permits)
         permits.release(conn, holders)
-    _update_tasks(conn, pairs, TaskStatus.SUCCEEDED, now, result=by_task, error=None, holds_permit=False)
-    for task, attempt in pairs:
-        task["result"] = found[attempt["id"]]
+    _update_tasks(conn, pairs, TaskStatus.SUCCEEDED, now, results)
+    for (task, _), result in zip(pairs, results, strict=True):
+        task["result"] = result
     event_ids = result_events.record_result_events(conn, namespace_id, [task for task, _ in pairs], now)
     steps = [(task, event_id) for (task, _), event_id in zip(pairs, event_ids, strict=True)
              if task["flow_instance_id"] is not None]  # fmt: skip

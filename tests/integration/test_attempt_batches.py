@@ -455,8 +455,58 @@ def test_the_set_based_path_locks_the_tasks_and_not_the_attempts(api: Api) -> No
     with engine.connect() as holder, engine.connect() as probe:
         held = holder.begin()
         ns_id = holder.scalar(sa.select(tasks.c.namespace_id).where(tasks.c.id == grants[0]["task"]["id"]))
-        locked = attempt_sets._lock_tasks(holder, ns_id, [g["attempt"]["id"] for g in grants])
+        locked, _ = attempt_sets._lock_tasks(holder, ns_id, [g["attempt"]["id"] for g in grants])
         assert sorted(row["id"] for row in locked) == sorted(g["task"]["id"] for g in grants)
         for grant in grants:
             assert_task_locked_alone(probe, grant)
         held.rollback()
+
+
+def test_an_attempt_changed_after_the_set_based_read_is_written_as_it_is_now(
+    api: Api, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The set-based path reads the attempts before it locks their tasks; its ``UPDATE`` is fenced on
+    what it derives from them. A renewal committed in between (here: a new lease duration, as a
+    heartbeat with ``lease_seconds`` writes it) makes the first try write nothing; the request runs
+    again and the start's lease is computed from the duration as it is now."""
+    if api.server.engine.dialect.name == "sqlite":
+        pytest.skip("SQLite has one writer at a time: nothing commits between the read and the lock")
+    from orbit_server.tasks import attempt_sets
+
+    queue = api.queue()
+    grants = leased(api, queue, 2)
+    renewed = grants[1]["attempt"]["id"]
+    original = attempt_sets._lock_tasks
+    reads: list[int] = []
+
+    def renewal_in_between(conn: Connection, namespace_id: int, attempt_ids: list[str]) -> Any:
+        locked, attempts = original(conn, namespace_id, attempt_ids)
+        reads.append(len(attempts))
+        if len(reads) == 1:  # as if committed after the read: the attempt row is not locked by the batch
+            with api.server.engine.begin() as other:
+                other.execute(
+                    task_attempts.update().where(task_attempts.c.id == renewed).values(lease_seconds=777)
+                )
+        return locked, attempts
+
+    monkeypatch.setattr(attempt_sets, "_lock_tasks", renewal_in_between)
+    results = ok_batch(api, "start", [item(grant) for grant in grants])
+
+    assert reads == [2, 2]  # the first try wrote nothing and the request ran again
+    assert [result["status"] for result in results] == [200, 200]
+    with api.server.engine.connect() as conn:
+        now = db_now(conn)
+        rows = dict(
+            conn.execute(
+                sa.select(task_attempts.c.id, task_attempts.c.lease_expires_at).where(
+                    task_attempts.c.id.in_([g["attempt"]["id"] for g in grants])
+                )
+            ).all()
+        )
+    lease = rows[renewed] - now
+    assert timedelta(seconds=700) < lease <= timedelta(seconds=777)
+    assert (
+        datetime.fromisoformat(results[1]["attempt"]["lease_expires_at"]).replace(tzinfo=None)
+        == rows[renewed]
+    )
+    assert rows[grants[0]["attempt"]["id"]] - now < timedelta(seconds=60)
