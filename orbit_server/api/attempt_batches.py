@@ -69,6 +69,11 @@ log = logging.getLogger("orbit_server.attempt_batches")
 
 #: How many times one item is run when it meets a concurrent update (as ``transact`` does).
 _ITEM_TRIES = 5
+#: The fewest items a start or complete batch writes set-based (:mod:`orbit_server.tasks.attempt_sets`).
+#: Fewer take the single calls' path, whose statements read the task, the attempt and the clock in one:
+#: two items cost the server 0.75× (complete) and 0.9× (start) the set-based CPU, with the same CPU in
+#: all once MariaDB's is counted; from three items the set-based path costs less in all (1.2-1.6×).
+_SET_BASED_FROM = 3
 
 NamespaceName = Annotated[str, Path(pattern=NAME_PATTERN, description="Namespace name.")]
 Item = Callable[[Connection], AttemptState]
@@ -223,9 +228,7 @@ def attempt_batch_router(engine: Engine, granted: Granted | None = None) -> APIR
         request: Request, items: list[Item], all_at_once: AllAtOnce | None = None, *,
         lease: BatchLease | None = None, namespace: str = "", namespace_id: int = 0,
     ) -> Response:  # fmt: skip
-        if len(items) == 1:
-            # One item takes the single call's path: its statements are built once and it reads the task,
-            # the attempt and the clock in one statement (the set-based path costs two statements more).
+        if len(items) < _SET_BASED_FROM:
             all_at_once = None
         try:
             outcomes = transact(engine, _set_based_or_items, all_at_once, items)

@@ -81,14 +81,14 @@ def _sighted(engine: sa.Engine, worker_id: str) -> Iterator[threading.Event]:
 def test_a_released_permit_wakes_the_long_poll_of_its_queue(
     slow_poll: RunningServer, clients: dict[str, OrbitClient], ending: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Queue ``max_concurrency`` n (2 for the set-based batch complete, else 1), n + 1 tasks: n are leased
+    """Queue ``max_concurrency`` n (3 for the set-based batch complete, else 1), n + 1 tasks: n are leased
     (and started, but for ``cancel_leased``), so a long-poll for the last one waits; ending the n attempts
     (single complete, non-retryable fail, an operator's cancel of a leased task, one batched complete taking
     the set-based path) releases their permits and makes the long-poll answer the last task at once.
     ``complete_no_returning``: a complete on a database without ``DELETE ... RETURNING`` (MySQL), which reads
     the permits' queues before deleting them."""
     submit, work, admin = clients["submit"], clients["work"], clients["admin"]
-    holders = 2 if ending == "batch_complete" else 1
+    holders = 3 if ending == "batch_complete" else 1  # 3: the fewest items a batch writes set-based
     queue = f"q-{uuid.uuid4().hex[:10]}"
     with slow_poll.engine.begin() as conn:
         store.create_queue(conn, NS, queue, max_concurrency=holders)

@@ -308,7 +308,9 @@ async def test_a_path_joined_once_goes_to_the_same_url_every_time(
     assert len(calls.client._urls) <= _URL_CACHE_SIZE
 
 
-async def test_a_cookie_set_in_front_of_the_server_is_sent_back(client: Calls, mock: respx.MockRouter) -> None:
+async def test_a_cookie_set_in_front_of_the_server_is_sent_back(
+    client: Calls, mock: respx.MockRouter
+) -> None:
     """The client reads cookies only from the responses that set one (``orbit_client._http``): a
     load balancer's sticky-session cookie is still kept, sent back, replaced and not dropped by the
     answers that set none, as ``httpx`` would."""
