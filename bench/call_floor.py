@@ -11,8 +11,8 @@ time. Every call is sent ``--calls`` times one after the other (concurrency 1) f
 on leased tasks prepared beforehand (their preparation is not counted): single ``start``,
 ``heartbeat`` and ``complete``; the same as one-item batches (``POST .../attempts/start`` with one
 item) and two-item batches (what a ``Worker`` at concurrency 1 sends most: its next task runs while
-the report of the last one lingers; figures per call, no target); a lease with one grant and an empty lease
-(``wait_seconds`` 0); ``/healthz`` beside a bare route. For each, the server process's CPU per call
+the report of the last one lingers; figures per call, no target); a lease with one grant, one with eight
+(what a worker leasing in bulk asks for; per call, no target) and an empty lease (``wait_seconds`` 0); ``/healthz`` beside a bare route. For each, the server process's CPU per call
 (``/proc``) and its ratio to the floor's CPU per call in the same round; ``--rounds`` rounds, the
 floor first in odd rounds and last in even ones; the medians. Targets (issue 28): start, complete
 and heartbeat ≤ 1.5× the floor and ≤ 4 commands with the ``COMMIT``; a lease with one grant ≤ 2×;
@@ -58,7 +58,8 @@ CALLS: list[tuple[str, float | None, int | None]] = [
     ("start", 1.5, 4), ("heartbeat", 1.5, 4), ("complete", 1.5, 4),
     ("start, one-item batch", 1.5, 4), ("complete, one-item batch", 1.5, 4),
     ("start, two-item batch", None, None), ("complete, two-item batch", None, None),
-    ("lease, one grant", 2.0, None), ("empty lease", 1.0, None), ("/healthz", None, 0),
+    ("lease, one grant", 2.0, None), ("lease, eight grants", None, None), ("empty lease", 1.0, None),
+    ("/healthz", None, 0),
 ]  # fmt: skip
 _USERSTAT = "SELECT SELECT_COMMANDS + UPDATE_COMMANDS + OTHER_COMMANDS, CPU_TIME FROM information_schema.USER_STATISTICS WHERE USER = :u"
 
@@ -223,6 +224,13 @@ def _orbit_round(
     queue = orbit.submitted(n)
     lease_one = lambda: None if orbit.lease(queue, 1) else sys.exit("a lease granted nothing")  # noqa: E731
     out["lease, one grant"] = _measure(counters, user, pid, [lease_one] * n)
+    queue = orbit.submitted(8 * n)
+
+    def lease_eight() -> None:
+        if len(orbit.lease(queue, 8)) != 8:
+            sys.exit("a lease granted fewer than 8")
+
+    out["lease, eight grants"] = _measure(counters, user, pid, [lease_eight] * n)
     empty = orbit.queue()
     lease_none = lambda: sys.exit("an empty queue granted a task") if orbit.lease(empty, 1) else None  # noqa: E731
     out["empty lease"] = _measure(counters, user, pid, [lease_none] * n)
