@@ -5,18 +5,19 @@ right, it holds a live lease, it is ``LEASED`` for a start or ``RUNNING`` for a 
 is at the matching status with this attempt current, and no attempt appears twice) is written
 with one statement per table instead of one per item:
 
-1. read the batch's attempts, without a lock (lock order stays task first), and lock their tasks
-   by primary key: ``SELECT ... FROM tasks FORCE INDEX (PRIMARY) WHERE id IN (...) AND
-   namespace_id = :ns FOR UPDATE``, with the database clock. (Not one statement with an ``IN
-   (SELECT ...)``: MariaDB then scans and locks the whole table; and every by-key statement here
-   is pinned to the primary key, :func:`orbit_server.db.engine.by_primary_key`);
-2. decide from the rows read (every change to an attempt is made under its task's lock, so an
-   attempt read before the lock may be older than the locked task: step 3's fence decides);
+1. read the batch's task ids from its attempts, without a lock (lock order stays task first), and
+   lock those tasks by primary key: ``SELECT ... FROM tasks FORCE INDEX (PRIMARY) WHERE id IN
+   (...) AND namespace_id = :ns FOR UPDATE``, with the database clock. (Not one statement with an
+   ``IN (SELECT ...)``: MariaDB then scans and locks the whole table; and every by-key statement
+   here is pinned to the primary key, :func:`orbit_server.db.engine.by_primary_key`);
+2. read the attempts, now that their tasks are locked (every change to an attempt is made under
+   its task's lock, and the server reads at ``READ COMMITTED``, so these rows are current: what a
+   heartbeat changed before the lock is seen, such as the ``lease_seconds`` a start's new lease is
+   computed from, or the lease's end a complete answers);
 3. one conditional ``UPDATE`` of the attempts fenced on ``(id, lease_token_hash)``, status and an
-   unexpired lease (and for a start on ``lease_seconds`` as read, which its new lease's end is
-   computed from; nothing else read from an attempt can change while it lives), and one of the
-   tasks fenced on ``(id, state_version)`` and status; both row counts are checked (a mismatch
-   raises :class:`errors.ConcurrentUpdate`: the whole request is rolled back and run again);
+   unexpired lease, and one of the tasks fenced on ``(id, state_version)`` and status; both row
+   counts are checked (a mismatch raises :class:`errors.ConcurrentUpdate`: the whole request is
+   rolled back and run again);
 4. one multi-row ``INSERT`` of the task events; for completes, the result events and their
    deliveries in the same transaction (:func:`orbit_server.tasks.result_events.record_result_events`), and for
    the tasks that are flow steps one multi-row ``INSERT`` of their internal events
@@ -55,8 +56,9 @@ __all__ = ["complete_all", "start_all"]
 _TASK_COLUMNS = (*transitions._TASK_COLUMNS, tasks.c.handler, tasks.c.retry_of)
 _ATTEMPT_COLUMNS = attempt_locks._LEASE_COLUMNS
 _IDS = sa.bindparam("attempt_ids", expanding=True, type_=task_attempts.c.id.type)
-#: The batch's attempts, read without a lock (step 1 of the module docstring).
 _READ_ATTEMPTS = sa.select(*_ATTEMPT_COLUMNS).where(task_attempts.c.id.in_(_IDS))
+#: The batch's task ids, read without a lock (step 1 of the module docstring).
+_TASK_IDS = sa.select(task_attempts.c.task_id).where(task_attempts.c.id.in_(_IDS))
 #: :func:`_lock_tasks`'s statement, built once per dialect.
 _LOCK_TASKS: dict[str, sa.Executable] = {}
 #: Most statements a batch size keeps built (:func:`_attempts_update`, :func:`_tasks_update`): the batches
@@ -83,16 +85,16 @@ def _lock_tasks_statement(conn: Connection) -> sa.Executable:
 def _lock_tasks(
     conn: Connection, namespace_id: int, attempt_ids: list[str]
 ) -> tuple[Sequence[RowMapping], dict[str, dict[str, Any]]]:
-    """Read the attempts ``attempt_ids`` without a lock, then lock their tasks in ``namespace_id``
-    (step 1 of the module docstring) and read them, with the database clock and their queue's
-    pause: ``(tasks, attempts by id)``, no task when no attempt exists."""
-    attempts = {
-        row["id"]: dict(row) for row in conn.execute(_READ_ATTEMPTS, {"attempt_ids": attempt_ids}).mappings()
-    }
-    if not attempts:
-        return [], attempts
-    params = {"task_ids": [attempt["task_id"] for attempt in attempts.values()], "namespace_id": namespace_id}
-    return conn.execute(_lock_tasks_statement(conn), params).mappings().all(), attempts
+    """Lock the tasks of the attempts ``attempt_ids`` in ``namespace_id`` (step 1 of the module
+    docstring) and read them, with the database clock and their queue's pause, then read the
+    attempts (step 2): ``(tasks, attempts by id)``, nothing when no attempt exists."""
+    task_ids = list(conn.execute(_TASK_IDS, {"attempt_ids": attempt_ids}).scalars())
+    if not task_ids:
+        return [], {}
+    params = {"task_ids": task_ids, "namespace_id": namespace_id}
+    locked = conn.execute(_lock_tasks_statement(conn), params).mappings().all()
+    rows = conn.execute(_READ_ATTEMPTS, {"attempt_ids": attempt_ids}).mappings()
+    return locked, {row["id"]: dict(row) for row in rows}
 
 
 def _read(
@@ -146,13 +148,7 @@ def _case_params(keys: Sequence[Any], values: Sequence[Any]) -> dict[str, Any]:
     }
 
 
-#: The attempts ``UPDATE``'s fence (step 3 of the module docstring), by the status they become.
-_ATTEMPT_FENCE = {
-    AttemptStatus.RUNNING: sa.tuple_(
-        task_attempts.c.id, task_attempts.c.lease_token_hash, task_attempts.c.lease_seconds
-    ),
-    AttemptStatus.SUCCEEDED: sa.tuple_(task_attempts.c.id, task_attempts.c.lease_token_hash),
-}
+_ATTEMPT_FENCE = sa.tuple_(task_attempts.c.id, task_attempts.c.lease_token_hash)
 _TASK_FENCE = sa.tuple_(tasks.c.id, tasks.c.state_version)
 #: The database clock the batch read (every timestamp it writes).
 _NOW = sa.bindparam("now", type_=tasks.c.updated_at.type)
@@ -176,7 +172,7 @@ def _attempts_update(to: AttemptStatus, n: int) -> sa.Update:
         task_attempts.update()
         .where(
             task_attempts.c.id.in_(sa.bindparam("ids", expanding=True)),  # a range for one item too
-            _ATTEMPT_FENCE[to].in_(sa.bindparam("fence", expanding=True)),
+            _ATTEMPT_FENCE.in_(sa.bindparam("fence", expanding=True)),
             task_attempts.c.status == sa.bindparam("from_status"),
             task_attempts.c.lease_expires_at > _NOW,
         )
@@ -212,12 +208,11 @@ def _update_attempts(
     result for ``SUCCEEDED``); every row fenced, or :class:`errors.ConcurrentUpdate`."""
     attempts = [attempt for _, attempt in pairs]
     ids = [attempt["id"] for attempt in attempts]
-    fenced = (lambda a: (a["lease_seconds"],)) if to is AttemptStatus.RUNNING else (lambda a: ())
     done = conn.execute(
         _attempts_update(to, len(pairs)),
         {
             "ids": ids, "now": now, "from_status": attempts[0]["status"],
-            "fence": [(a["id"], a["lease_token_hash"], *fenced(a)) for a in attempts],
+            "fence": [(a["id"], a["lease_token_hash"]) for a in attempts],
             **_case_params(ids, values),
         },
     )  # fmt: skip

@@ -462,13 +462,12 @@ def test_the_set_based_path_locks_the_tasks_and_not_the_attempts(api: Api) -> No
         held.rollback()
 
 
-def test_an_attempt_changed_after_the_set_based_read_is_written_as_it_is_now(
+def test_a_set_based_start_computes_its_lease_from_the_attempt_as_it_is_once_locked(
     api: Api, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The set-based path reads the attempts before it locks their tasks; its ``UPDATE`` is fenced on
-    what it derives from them. A renewal committed in between (here: a new lease duration, as a
-    heartbeat with ``lease_seconds`` writes it) makes the first try write nothing; the request runs
-    again and the start's lease is computed from the duration as it is now."""
+    """The set-based path reads the batch's task ids before it locks the tasks, and the attempts
+    after: a renewal committed in between (here: a new lease duration, as a heartbeat with
+    ``lease_seconds`` writes it) is what the start's new lease is computed from."""
     if api.server.engine.dialect.name == "sqlite":
         pytest.skip("SQLite has one writer at a time: nothing commits between the read and the lock")
     from orbit_server.tasks import attempt_sets
@@ -476,23 +475,22 @@ def test_an_attempt_changed_after_the_set_based_read_is_written_as_it_is_now(
     queue = api.queue()
     grants = leased(api, queue, 3)  # the fewest items a batch writes set-based
     renewed = grants[1]["attempt"]["id"]
-    original = attempt_sets._lock_tasks
-    reads: list[int] = []
+    original = attempt_sets._lock_tasks_statement
+    locks: list[int] = []
 
-    def renewal_in_between(conn: Connection, namespace_id: int, attempt_ids: list[str]) -> Any:
-        locked, attempts = original(conn, namespace_id, attempt_ids)
-        reads.append(len(attempts))
-        if len(reads) == 1:  # as if committed after the read: the attempt row is not locked by the batch
+    def renewal_before_the_lock(conn: Connection) -> Any:
+        if not locks:  # as if committed after the ids were read: nothing of the batch is locked yet
             with api.server.engine.begin() as other:
                 other.execute(
                     task_attempts.update().where(task_attempts.c.id == renewed).values(lease_seconds=777)
                 )
-        return locked, attempts
+        locks.append(1)
+        return original(conn)
 
-    monkeypatch.setattr(attempt_sets, "_lock_tasks", renewal_in_between)
+    monkeypatch.setattr(attempt_sets, "_lock_tasks_statement", renewal_before_the_lock)
     results = ok_batch(api, "start", [item(grant) for grant in grants])
 
-    assert reads == [3, 3]  # the first try wrote nothing and the request ran again
+    assert len(locks) == 1  # set-based, in one try
     assert [result["status"] for result in results] == [200, 200, 200]
     with api.server.engine.connect() as conn:
         now = db_now(conn)
