@@ -42,12 +42,13 @@ from datetime import datetime, timedelta
 from typing import Any
 
 import sqlalchemy as sa
-from sqlalchemy.engine import Connection, RowMapping
+from sqlalchemy.engine import Connection
 
 from orbit_client import AttemptState, AttemptStatus, CompleteItem, StartItem, TaskStatus
 from orbit_server import _ids, errors
 from orbit_server.db import flow_hooks
 from orbit_server.db.engine import by_primary_key
+from orbit_server.db.packed_rows import packed, packs, unpacked
 from orbit_server.db.schema import task_attempts, task_events, tasks
 from orbit_server.tasks import attempt_locks, permits, result_events, transitions
 
@@ -57,21 +58,28 @@ _TASK_COLUMNS = (*transitions._TASK_COLUMNS, tasks.c.handler, tasks.c.retry_of)
 _ATTEMPT_COLUMNS = attempt_locks._LEASE_COLUMNS
 _IDS = sa.bindparam("attempt_ids", expanding=True, type_=task_attempts.c.id.type)
 _READ_ATTEMPTS = sa.select(*_ATTEMPT_COLUMNS).where(task_attempts.c.id.in_(_IDS))
+#: The same on MariaDB, each row packed into one column (every column small: far below max_allowed_packet).
+_READ_PACKED_ATTEMPTS = sa.select(packed(_ATTEMPT_COLUMNS).label("attempt_row")).where(
+    task_attempts.c.id.in_(_IDS)
+)
 #: The batch's task ids, read without a lock (step 1 of the module docstring).
 _TASK_IDS = sa.select(task_attempts.c.task_id).where(task_attempts.c.id.in_(_IDS))
-#: :func:`_lock_tasks`'s statement, built once per dialect.
-_LOCK_TASKS: dict[str, sa.Executable] = {}
+#: :func:`_lock_tasks`'s statement, built once per dialect and whether it packs its rows.
+_LOCK_TASKS: dict[tuple[str, bool], sa.Executable] = {}
 #: Most statements a batch size keeps built (:func:`_attempts_update`, :func:`_tasks_update`): the batches
 #: of a server's workers come in a few sizes; an unusual size builds its statements again.
 _SIZES_KEPT = 128
 
 
-def _lock_tasks_statement(conn: Connection) -> sa.Executable:
-    name = conn.dialect.name
-    statement = _LOCK_TASKS.get(name)
+def _lock_tasks_statement(conn: Connection, pack: bool) -> sa.Executable:
+    """The locking read of the batch's tasks, with the clock and their queues' pause; ``pack``: each
+    task's columns as one, ``task_row`` (MariaDB, :mod:`orbit_server.db.packed_rows`)."""
+    key = (conn.dialect.name, pack)
+    statement = _LOCK_TASKS.get(key)
     if statement is None:
-        statement = _LOCK_TASKS[name] = by_primary_key(
-            sa.select(*_TASK_COLUMNS, transitions._clock(conn).label("db_now"), attempt_locks.gate_paused())
+        task = (packed(_TASK_COLUMNS).label("task_row"),) if pack else _TASK_COLUMNS
+        statement = _LOCK_TASKS[key] = by_primary_key(
+            sa.select(*task, transitions._clock(conn).label("db_now"), attempt_locks.gate_paused())
             .where(
                 tasks.c.id.in_(sa.bindparam("task_ids", expanding=True, type_=tasks.c.id.type)),
                 tasks.c.namespace_id == sa.bindparam("namespace_id"),
@@ -84,17 +92,35 @@ def _lock_tasks_statement(conn: Connection) -> sa.Executable:
 
 def _lock_tasks(
     conn: Connection, namespace_id: int, attempt_ids: list[str]
-) -> tuple[Sequence[RowMapping], dict[str, dict[str, Any]]]:
+) -> tuple[list[dict[str, Any]], dict[str, dict[str, Any]]]:
     """Lock the tasks of the attempts ``attempt_ids`` in ``namespace_id`` (step 1 of the module
-    docstring) and read them, with the database clock and their queue's pause, then read the
-    attempts (step 2): ``(tasks, attempts by id)``, nothing when no attempt exists."""
+    docstring) and read them, with the database clock (``db_now``) and their queue's pause
+    (``gate_paused``), then read the attempts (step 2): ``(tasks, attempts by id)``, nothing when no
+    attempt exists. On MariaDB the rows come packed (:mod:`orbit_server.db.packed_rows`): PyMySQL
+    parses each column's description in Python, and these reads returned 22 and 8 columns."""
     task_ids = list(conn.execute(_TASK_IDS, {"attempt_ids": attempt_ids}).scalars())
     if not task_ids:
         return [], {}
+    pack = packs(conn.dialect)
     params = {"task_ids": task_ids, "namespace_id": namespace_id}
-    locked = conn.execute(_lock_tasks_statement(conn), params).mappings().all()
-    rows = conn.execute(_READ_ATTEMPTS, {"attempt_ids": attempt_ids}).mappings()
-    return locked, {row["id"]: dict(row) for row in rows}
+    rows = conn.execute(_lock_tasks_statement(conn, pack), params).mappings().all()
+    if pack:
+        locked = [
+            {
+                **unpacked(row["task_row"], _TASK_COLUMNS),
+                "db_now": row["db_now"],
+                "gate_paused": row["gate_paused"],
+            }
+            for row in rows
+        ]
+        read = conn.execute(_READ_PACKED_ATTEMPTS, {"attempt_ids": attempt_ids}).scalars()
+        attempts = [unpacked(row, _ATTEMPT_COLUMNS) for row in read]
+    else:
+        locked = [dict(row) for row in rows]
+        attempts = [
+            dict(row) for row in conn.execute(_READ_ATTEMPTS, {"attempt_ids": attempt_ids}).mappings()
+        ]
+    return locked, {attempt["id"]: attempt for attempt in attempts}
 
 
 def _read(
@@ -108,7 +134,7 @@ def _read(
     if not locked:
         return None
     now = transitions._naive(locked[0]["db_now"])
-    by_task = {row["id"]: dict(row) for row in locked}
+    by_task = {row["id"]: row for row in locked}
     pairs: list[tuple[dict[str, Any], dict[str, Any]]] = []
     for attempt_id, token in zip(attempt_ids, tokens, strict=True):
         attempt = by_attempt.get(attempt_id)

@@ -478,14 +478,14 @@ def test_a_set_based_start_computes_its_lease_from_the_attempt_as_it_is_once_loc
     original = attempt_sets._lock_tasks_statement
     locks: list[int] = []
 
-    def renewal_before_the_lock(conn: Connection) -> Any:
+    def renewal_before_the_lock(conn: Connection, *args: Any) -> Any:
         if not locks:  # as if committed after the ids were read: nothing of the batch is locked yet
             with api.server.engine.begin() as other:
                 other.execute(
                     task_attempts.update().where(task_attempts.c.id == renewed).values(lease_seconds=777)
                 )
         locks.append(1)
-        return original(conn)
+        return original(conn, *args)
 
     monkeypatch.setattr(attempt_sets, "_lock_tasks_statement", renewal_before_the_lock)
     results = ok_batch(api, "start", [item(grant) for grant in grants])

@@ -299,3 +299,43 @@ def test_only_mariadb_packs() -> None:
     assert packed_rows.packs(mariadb)
     assert not packed_rows.packs(mysql.dialect())
     assert not packed_rows.packs(postgresql.dialect()) and not packed_rows.packs(sqlite.dialect())
+
+
+@pytest.mark.mariadb
+@pytest.mark.parametrize("n", range(len(TASK_EDGES)))
+def test_set_based_batch_reads_packed_equal_columns(
+    api: Api, n: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The set-based batch path's locking read of the tasks and its read of the attempts
+    (``attempt_sets._lock_tasks``), packed, give what they give as columns (MySQL's path)."""
+    from orbit_server.tasks import attempt_sets
+
+    queue = api.queue()
+    for _ in range(2):
+        api.submit(queue)
+    grants = api.lease(queue, 2)
+    task_edges = {k: v for k, v in TASK_EDGES[n].items() if k not in ("params", "result", "error")}
+    engine = api.server.engine
+    with engine.begin() as conn:
+        if task_edges:
+            conn.execute(tasks.update().where(tasks.c.id == grants[0]["task"]["id"]).values(**task_edges))
+        attempt_edges = ATTEMPT_EDGES[n % len(ATTEMPT_EDGES)]
+        conn.execute(
+            task_attempts.update()
+            .where(task_attempts.c.id == grants[0]["attempt"]["id"])
+            .values(**attempt_edges)
+        )
+        ns_id = conn.scalar(sa.select(tasks.c.namespace_id).where(tasks.c.id == grants[0]["task"]["id"]))
+    ids = [g["attempt"]["id"] for g in grants]
+    with engine.connect() as conn, conn.begin():
+        packed = attempt_sets._lock_tasks(conn, ns_id, ids)
+        monkeypatch.setattr(attempt_sets, "packs", lambda dialect: False)
+        columns = attempt_sets._lock_tasks(conn, ns_id, ids)
+        conn.rollback()
+    assert len(packed[0]) == 2 and len(packed[1]) == 2
+    by_id = {row["id"]: row for row in columns[0]}
+    for row in packed[0]:
+        assert typed({k: v for k, v in row.items() if k != "db_now"}) == typed(
+            {k: v for k, v in by_id[row["id"]].items() if k != "db_now"}
+        )
+    assert {k: typed(v) for k, v in packed[1].items()} == {k: typed(v) for k, v in columns[1].items()}
