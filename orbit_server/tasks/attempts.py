@@ -82,6 +82,7 @@ def start_attempt(conn: Connection, namespace_id: int, attempt_id: str, lease_to
             attempt,
             {"status": AttemptStatus.RUNNING.value, "started_at": now, "lease_expires_at": expires},
         ),
+        renews=True,  # the new lease is computed from the attempt as read: its lease_seconds
     )
     return _state(task, attempt, status=AttemptStatus.RUNNING, lease_expires_at=expires)
 
@@ -140,6 +141,7 @@ def heartbeat(
         conn,
         attempt,
         now,
+        renews=True,  # the new lease is computed from the attempt as read (without lease_seconds, its own)
         heartbeat_at=now,
         lease_seconds=seconds,
         lease_expires_at=expires,

@@ -141,6 +141,17 @@ _UPDATE_LIVE_ATTEMPT = by_primary_key(
         task_attempts.c.lease_expires_at > sa.bindparam("b_now", type_=task_attempts.c.lease_expires_at.type),
     )
 )
+#: :func:`_update_attempt` with ``renews``: also fenced on the lease's end as read (``:b_expires``).
+_UPDATE_RENEWED_ATTEMPT = by_primary_key(
+    task_attempts.update().where(
+        task_attempts.c.id == sa.bindparam("b_id"),
+        task_attempts.c.lease_token_hash == sa.bindparam("b_hash"),
+        task_attempts.c.status == sa.bindparam("b_status"),
+        task_attempts.c.lease_expires_at > sa.bindparam("b_now", type_=task_attempts.c.lease_expires_at.type),
+        task_attempts.c.lease_expires_at
+        == sa.bindparam("b_expires", type_=task_attempts.c.lease_expires_at.type),
+    )
+)
 _INSERT_EVENT = task_events.insert()  # also flows.advance's (its rows may leave columns out)
 #: :func:`_append_event`'s ``INSERT`` as text: the row ``_INSERT_EVENT`` writes, every column given, without
 #: the work SQLAlchemy does for a compiled single-row ``INSERT`` (the inserted primary key, which nothing reads).
@@ -148,18 +159,21 @@ _EVENT_COLUMNS = tuple(c.name for c in task_events.c if c.name != "id")
 _APPEND_EVENT = sa.text(
     f"INSERT INTO task_events ({', '.join(_EVENT_COLUMNS)}) VALUES ({', '.join(f':{c}' for c in _EVENT_COLUMNS)})"
 ).bindparams(*(sa.bindparam(c, type_=task_events.c[c].type) for c in _EVENT_COLUMNS))
-#: :func:`_update_both_statement`'s statements, by the task and attempt columns they set.
-_UPDATE_BOTH: dict[tuple[tuple[str, ...], tuple[str, ...]], sa.TextClause] = {}
+#: :func:`_update_both_statement`'s statements, by the task and attempt columns they set and ``renews``.
+_UPDATE_BOTH: dict[tuple[tuple[str, ...], tuple[str, ...], bool], sa.TextClause] = {}
 
 
-def _update_both_statement(task_columns: tuple[str, ...], attempt_columns: tuple[str, ...]) -> sa.TextClause:
+def _update_both_statement(
+    task_columns: tuple[str, ...], attempt_columns: tuple[str, ...], renews: bool = False
+) -> sa.TextClause:
     """MySQL/MariaDB: one ``UPDATE`` of a task (fenced on its id, status and ``state_version``: ``:b_id``,
     ``:b_status``, ``:b_version``) and its live attempt (fenced as :func:`_update_attempt` fences it:
-    ``:a_id``, ``:a_hash``, ``:a_status``, ``:a_now``), setting ``task_columns`` from parameters of the
-    same names and ``attempt_columns`` from ``:a_set_<name>``; both rows are read through the primary key
-    (:func:`orbit_server.db.engine.by_primary_key` says why). Built once per set of columns. (Text: the
-    dialect's compiler drops the first table's index hint of a multi-table ``UPDATE``.)"""
-    key = (task_columns, attempt_columns)
+    ``:a_id``, ``:a_hash``, ``:a_status``, ``:a_now``, and with ``renews`` ``:a_expires``), setting
+    ``task_columns`` from parameters of the same names and ``attempt_columns`` from ``:a_set_<name>``; both
+    rows are read through the primary key (:func:`orbit_server.db.engine.by_primary_key` says why). Built
+    once per set of columns. (Text: the dialect's compiler drops the first table's index hint of a
+    multi-table ``UPDATE``.)"""
+    key = (task_columns, attempt_columns, renews)
     statement = _UPDATE_BOTH.get(key)
     if statement is None:
         sets = [f"tasks.{c} = :{c}" for c in task_columns]
@@ -171,21 +185,25 @@ def _update_both_statement(task_columns: tuple[str, ...], attempt_columns: tuple
             " AND task_attempts.id = :a_id AND task_attempts.task_id = tasks.id"
             " AND task_attempts.lease_token_hash = :a_hash AND task_attempts.status = :a_status"
             " AND task_attempts.lease_expires_at > :a_now"
+            + (" AND task_attempts.lease_expires_at = :a_expires" if renews else "")
         ).bindparams(
             *(sa.bindparam(c, type_=tasks.c[c].type) for c in task_columns),
             *(sa.bindparam(f"a_set_{c}", type_=task_attempts.c[c].type) for c in attempt_columns),
             sa.bindparam("a_now", type_=task_attempts.c.lease_expires_at.type),
+            *((sa.bindparam("a_expires", type_=task_attempts.c.lease_expires_at.type),) if renews else ()),
         )
     return statement
 
 
-#: :func:`_update_both_postgres`'s statements, by the task and attempt columns they set.
-_UPDATE_BOTH_POSTGRES: dict[tuple[tuple[str, ...], tuple[str, ...], bool], sa.TextClause] = {}
+#: :func:`_update_both_postgres`'s statements, by the task and attempt columns they set, ``result_event`` and
+#: ``renews``.
+_UPDATE_BOTH_POSTGRES: dict[tuple[tuple[str, ...], tuple[str, ...], bool, bool], sa.TextClause] = {}
 
 
 def _update_both_postgres(
-    task_columns: tuple[str, ...], attempt_columns: tuple[str, ...], result_event: bool = False
-) -> sa.TextClause:
+    task_columns: tuple[str, ...], attempt_columns: tuple[str, ...], result_event: bool = False,
+    renews: bool = False,
+) -> sa.TextClause:  # fmt: skip
     """PostgreSQL: :func:`_update_both_statement`'s update in one statement (same parameters), with the
     transition's ``task_events`` row: the live attempt's conditional ``UPDATE`` in a data-modifying ``WITH``,
     the task's conditional ``UPDATE`` only when it changed a row, and the event (``:e_<column>``) inserted
@@ -194,8 +212,9 @@ def _update_both_postgres(
     ``ConcurrentUpdate`` rolls back its transaction or savepoint, as for the statements this replaces).
     ``result_event``: the transition's result event and its deliveries too, in the same statement
     (:func:`~orbit_server.tasks.result_events.postgres_event_ctes`, parameters ``:r_<name>``), written only
-    for a task row changed. Built once per set of columns."""
-    key = (task_columns, attempt_columns, result_event)
+    for a task row changed. ``renews``: the attempt also fenced on ``:a_expires``, as :func:`_update_both_statement`.
+    Built once per set of columns."""
+    key = (task_columns, attempt_columns, result_event, renews)
     statement = _UPDATE_BOTH_POSTGRES.get(key)
     if statement is None:
         returning = (
@@ -209,7 +228,9 @@ def _update_both_postgres(
             f"WITH live AS (UPDATE task_attempts SET {attempt_sets}"
             " WHERE task_attempts.id = :a_id AND task_attempts.task_id = :b_id"
             " AND task_attempts.lease_token_hash = :a_hash AND task_attempts.status = :a_status"
-            " AND task_attempts.lease_expires_at > :a_now RETURNING task_attempts.id),"
+            " AND task_attempts.lease_expires_at > :a_now"
+            + (" AND task_attempts.lease_expires_at = :a_expires" if renews else "")
+            + " RETURNING task_attempts.id),"
             f" changed AS (UPDATE tasks SET {task_sets}"
             " WHERE tasks.id = :b_id AND tasks.status = :b_status AND tasks.state_version = :b_version"
             f" AND EXISTS (SELECT FROM live) RETURNING {', '.join(returning)}),"
@@ -221,6 +242,7 @@ def _update_both_postgres(
             *(sa.bindparam(c, type_=tasks.c[c].type) for c in task_columns),
             *(sa.bindparam(f"a_set_{c}", type_=task_attempts.c[c].type) for c in attempt_columns),
             sa.bindparam("a_now", type_=task_attempts.c.lease_expires_at.type),
+            *((sa.bindparam("a_expires", type_=task_attempts.c.lease_expires_at.type),) if renews else ()),
             *(sa.bindparam(f"e_{c}", type_=task_events.c[c].type) for c in event_columns),
             *event_params,
         )
@@ -243,6 +265,7 @@ def apply_transition(
     values: Mapping[str, Any] | None = None,
     attempt: tuple[Mapping[Any, Any], Mapping[str, Any]] | None = None,
     recorded: str | None = None,
+    renews: bool = False,
 ) -> dict[str, Any]:
     """Move ``task`` to ``to``: the one way any task changes state.
 
@@ -266,6 +289,8 @@ def apply_transition(
         recorded: the id of the transition's result event, already written in this transaction by the
             statement that locked the task (:func:`~orbit_server.tasks.attempt_locks._lock_and_record`,
             MariaDB): not written again here (its deliveries are).
+        renews: ``values`` give the attempt a new lease computed from the attempt as read: its update is
+            also fenced on the lease's end as read (:func:`_update_attempt`).
 
     Returns:
         ``task`` with the new status, version and values: pass it to a following transition.
@@ -307,7 +332,9 @@ def apply_transition(
             # The result event and its deliveries in the update's statement, under the locks taken by the
             # statement that locked the task (read ahead: result_events.locked_subscribers).
             event_id = str(uuid.uuid4())
-            statement = _update_both_postgres(tuple(changes), tuple(attempt_values), result_event=True)
+            statement = _update_both_postgres(
+                tuple(changes), tuple(attempt_values), result_event=True, renews=renews
+            )
             written = {
                 "r_id": event_id,
                 "r_now": now,
@@ -315,14 +342,18 @@ def apply_transition(
                 "r_queue": read.queue_name,
             }
         elif postgres:
-            statement, written = _update_both_postgres(tuple(changes), tuple(attempt_values)), {}
+            statement, written = (
+                _update_both_postgres(tuple(changes), tuple(attempt_values), renews=renews),
+                {},
+            )
         else:
-            statement, written = _update_both_statement(tuple(changes), tuple(attempt_values)), {}
+            statement, written = _update_both_statement(tuple(changes), tuple(attempt_values), renews), {}
         result = conn.execute(
             statement,
             {
                 **fence, **changes, **{f"a_set_{k}": v for k, v in attempt_values.items()},
                 "a_id": row["id"], "a_hash": row["lease_token_hash"], "a_status": row["status"], "a_now": now,
+                **({"a_expires": row["lease_expires_at"]} if renews else {}),
                 **(_event_values(version, event, current, to, now, actor, reason, data) if postgres else {}),
                 **written,
             },
@@ -334,7 +365,7 @@ def apply_transition(
             )
     else:
         if attempt is not None:
-            _update_attempt(conn, attempt[0], now, **attempt[1])
+            _update_attempt(conn, attempt[0], now, renews=renews, **attempt[1])
         result = conn.execute(_UPDATE_TASK, {**fence, **changes})
         if result.rowcount != 1:
             raise errors.ConcurrentUpdate(f"task {task['id']} changed while it was being updated")
@@ -607,17 +638,26 @@ def _expire_attempt(
     return True
 
 
-def _update_attempt(conn: Connection, attempt: Mapping[Any, Any], now: datetime, **values: Any) -> None:
-    """The conditional update of a live attempt: same id, token digest and status, lease not lapsed."""
-    done = conn.execute(
-        _UPDATE_LIVE_ATTEMPT,
-        {
-            "b_id": attempt["id"],
-            "b_hash": attempt["lease_token_hash"],
-            "b_status": attempt["status"],
-            "b_now": now,
-            **values,
-        },
-    )
+def _update_attempt(
+    conn: Connection, attempt: Mapping[Any, Any], now: datetime, *, renews: bool = False, **values: Any
+) -> None:
+    """The conditional update of a live attempt: same id, token digest and status, lease not lapsed.
+
+    ``renews``: ``values`` give it a new lease computed from the attempt as read (a start, a heartbeat):
+    also fenced on the lease's end as read. The read may be older than the task's lock: the statement that
+    locks the task reads the attempt in a subquery, which on MariaDB and PostgreSQL sees the rows as they
+    were when the statement began, before it waited for the lock. A renewal committed meanwhile (which
+    moves the lease's end, and may change ``lease_seconds``) then makes this update miss:
+    :class:`errors.ConcurrentUpdate`, and the call runs again on the rows as they are.
+    """
+    params = {
+        "b_id": attempt["id"],
+        "b_hash": attempt["lease_token_hash"],
+        "b_status": attempt["status"],
+        "b_now": now,
+    }
+    if renews:
+        params["b_expires"] = attempt["lease_expires_at"]
+    done = conn.execute(_UPDATE_RENEWED_ATTEMPT if renews else _UPDATE_LIVE_ATTEMPT, {**params, **values})
     if done.rowcount != 1:
         raise errors.ConcurrentUpdate(f"attempt {attempt['id']} changed while it was being updated")

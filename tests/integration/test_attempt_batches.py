@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime, timedelta
 from functools import partial
 from typing import Any
@@ -30,6 +31,7 @@ from tests.conftest import DatabaseFactory
 from tests.execution_support import check_attempt_history
 from tests.integration.conftest import BACKENDS
 from tests.integration.test_execution_api import Api
+from tests.integration.test_result_events import _until, _waiting_for
 from tests.servers import RunningServer, run_server
 
 
@@ -508,3 +510,59 @@ def test_a_set_based_start_computes_its_lease_from_the_attempt_as_it_is_once_loc
         == rows[renewed]
     )
     assert rows[grants[0]["attempt"]["id"]] - now < timedelta(seconds=60)
+
+
+@pytest.mark.parametrize("call", ["start", "start, one-item batch", "heartbeat"])
+def test_a_renewal_that_waited_for_its_task_computes_the_lease_from_the_attempt_as_it_is_now(
+    api: Api, call: str
+) -> None:
+    """A ``start`` or ``heartbeat`` reads its attempt in the statement that locks the task; on MariaDB and
+    PostgreSQL that read sees the attempt as it was when the statement began. A renewal committed while the
+    call waited for the task's lock (here: a new lease duration, as a heartbeat with ``lease_seconds``
+    writes it) must not be undone by a lease computed from the older duration."""
+    engine = api.server.engine
+    if engine.dialect.name == "sqlite":
+        pytest.skip(
+            "SQLite has one writer at a time: a call never waits inside a statement for a task's lock"
+        )
+    queue = api.queue()
+    (grant,) = leased(api, queue, 1)
+    attempt = grant["attempt"]
+    if call == "heartbeat":
+        ok_batch(api, "start", [item(grant)])
+    path, body = {
+        "start": (f"attempts/{attempt['id']}/start", {"lease_token": attempt["lease_token"]}),
+        "start, one-item batch": ("attempts/start", {"items": [item(grant)]}),
+        "heartbeat": (f"attempts/{attempt['id']}/heartbeat", {"lease_token": attempt["lease_token"]}),
+    }[call]
+    probe = sa.create_engine(engine.url, poolclass=sa.pool.NullPool)
+    answers: list[httpx.Response] = []
+    with engine.connect() as holder, ThreadPoolExecutor(max_workers=1) as pool:
+        held = holder.begin()
+        holder.execute(sa.select(tasks.c.id).where(tasks.c.id == grant["task"]["id"]).with_for_update())
+        now = db_now(holder)
+        holder.execute(  # what a heartbeat with lease_seconds=777 writes
+            task_attempts.update()
+            .where(task_attempts.c.id == attempt["id"])
+            .values(lease_seconds=777, lease_expires_at=now + timedelta(seconds=777), heartbeat_at=now)
+        )
+        holder_id = holder.exec_driver_sql(
+            "SELECT pg_backend_pid()" if engine.dialect.name == "postgresql" else "SELECT CONNECTION_ID()"
+        ).scalar_one()
+        sent = pool.submit(
+            lambda: answers.append(api.http["work"].post(f"/v1/namespaces/{api.ns}/{path}", json=body))
+        )
+        _until(
+            lambda: sent.done() or _waiting_for(probe, holder_id) > 0, "the call never waited for the lock"
+        )
+        assert not sent.done(), f"the call did not wait for the task's lock: {answers and answers[0].text}"
+        held.commit()
+        sent.result(timeout=60)
+    probe.dispose()
+    assert answers[0].status_code == 200, answers[0].text
+    with engine.connect() as conn:
+        left = conn.scalar(
+            sa.select(task_attempts.c.lease_expires_at).where(task_attempts.c.id == attempt["id"])
+        )
+        left -= db_now(conn)
+    assert timedelta(seconds=700) < left <= timedelta(seconds=777)
