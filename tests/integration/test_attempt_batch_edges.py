@@ -337,3 +337,45 @@ def test_lease_and_start_attempts_completed_set_based_are_confirmed_as_by_the_si
             .where(task_attempts.c.task_id.in_([g["task"]["id"] for g in [single, *grants]]))
         ).all()  # fmt: skip
     assert all(r.started_at == r.leased_at and r.status == "SUCCEEDED" for r in rows), rows
+
+
+def test_a_set_based_complete_releases_the_permits_of_the_tasks_holding_one(api: Api) -> None:
+    """Three tasks of a queue limited to three at a time, with one of an unlimited queue: the batch releases the
+    three permits (the fourth task of the limited queue is leased at once) and leaves no permit behind."""
+    from orbit_server.db.schema import concurrency_permits
+    from orbit_server.tasks import store
+
+    limited, free = f"q-{uuid.uuid4().hex[:10]}", api.queue()
+    with api.server.engine.begin() as conn:
+        store.create_queue(conn, api.ns, limited, max_concurrency=3)
+    holders = leased(api, limited, 3)
+    api.submit(limited)
+    assert api.lease(limited, 1) == []  # every permit held
+    other = leased(api, free, 1)
+    everything = [holders[0], other[0], *holders[1:]]
+    ok_batch(api, "start", [item(g) for g in everything])
+    with api.server.engine.connect() as conn:
+        held = (
+            conn.execute(
+                sa.select(tasks.c.holds_permit).where(tasks.c.id.in_([g["task"]["id"] for g in everything]))
+            )
+            .scalars()
+            .all()
+        )
+    assert sorted(held) == [False, True, True, True]
+    done = ok_batch(api, "complete", [item(g, result=i) for i, g in enumerate(everything)])
+    assert [d["status"] for d in done] == [200] * 4
+    with api.server.engine.connect() as conn:
+        left = conn.scalar(
+            sa.select(sa.func.count()).select_from(concurrency_permits)
+            .where(concurrency_permits.c.attempt_id.in_([g["attempt"]["id"] for g in everything]))
+        )  # fmt: skip
+        held = (
+            conn.execute(
+                sa.select(tasks.c.holds_permit).where(tasks.c.id.in_([g["task"]["id"] for g in everything]))
+            )
+            .scalars()
+            .all()
+        )
+    assert left == 0 and set(held) == {False}
+    assert len(api.lease(limited, 1)) == 1
