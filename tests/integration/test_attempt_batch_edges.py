@@ -379,3 +379,23 @@ def test_a_set_based_complete_releases_the_permits_of_the_tasks_holding_one(api:
         )
     assert left == 0 and set(held) == {False}
     assert len(api.lease(limited, 1)) == 1
+
+
+def test_three_racing_complete_batches_overlapping_in_part_answer_every_item(api: Api) -> None:
+    """Batches sharing some attempts, sent at once: each attempt completes once, by one batch, and every
+    other batch's item for it is a conflict; no request fails whole (a deadlock is run again)."""
+    queue = api.queue()
+    grants = leased(api, queue, 8)
+    ok_batch(api, "start", [item(g) for g in grants])
+    picks = [[0, 1, 2, 3, 4], [7, 3, 5, 1, 6], [6, 2, 4, 0, 5, 7]]
+    answers = _race(
+        api, "complete", [[item(grants[i], result=n) for i in pick] for n, pick in enumerate(picks)]
+    )
+    stored = [t for t, _, _ in _stored(api, grants)]
+    for n, (pick, answered) in enumerate(zip(picks, answers, strict=True)):
+        for i, answer in zip(pick, answered, strict=True):
+            if stored[i] == n:
+                assert answer["status"] == 200, answer
+            else:
+                assert answer["status"] == 409 and answer["error"]["code"] == "report_conflict", answer
+    assert all(isinstance(s, int) for s in stored)
