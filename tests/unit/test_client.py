@@ -811,3 +811,42 @@ async def test_get_settings_reads_the_key_window(client: Calls, mock: respx.Mock
         500,
         262144,
     )
+
+
+async def test_cookies_are_kept_replaced_and_deleted_exactly_as_httpx_keeps_them(
+    client: Calls, mock: respx.MockRouter
+) -> None:
+    """Header names in any case, several cookies in one answer, a deletion (``Max-Age=0``), a
+    path the request is under, a domain it is not: what the client sends back is what a plain
+    ``httpx`` client sends back after the same answers."""
+    headers: list[list[tuple[str, str]]] = [
+        [("SET-COOKIE", "A=1; Path=/"), ("set-cookie", "B=2; Path=/v1/namespaces/acme")],
+        [],
+        [("Set-Cookie", "A=; Max-Age=0; Path=/"), ("Set-Cookie", "C=3; Domain=elsewhere.example; Path=/")],
+        [("x-other", "1")],
+        [("set-cookie", "D=4; Path=/nowhere"), ("Set-Cookie", "B=5; Path=/v1/namespaces/acme")],
+        [],
+    ]
+
+    def answers() -> Iterator[httpx.Response]:
+        return iter(httpx.Response(200, json=task_json(), headers=h) for h in headers)
+
+    ours = answers()
+    route = mock.get("/v1/namespaces/acme/tasks/t-1").mock(side_effect=lambda request: next(ours))
+    for _ in headers:
+        await client.get_task("acme", "t-1")
+    sent = [call.request.headers.get("Cookie") for call in route.calls]
+
+    theirs = answers()
+    plain: list[str | None] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        plain.append(request.headers.get("Cookie"))
+        return next(theirs)
+
+    with httpx.Client(base_url=BASE, transport=httpx.MockTransport(handler)) as http:
+        for _ in headers:
+            http.get("/v1/namespaces/acme/tasks/t-1")
+    assert sent == plain
+    assert sent[1] is not None and "A=1" in sent[1] and "B=2" in sent[1]
+    assert sent[3] == "B=2" and sent[5] == "B=5"
