@@ -28,9 +28,10 @@ server that answers reports slowly slows leasing down instead of piling up grant
 
 Leasing in bulk: a lease costs the server little more for eight grants than for one
 (``bench.call_floor``'s "lease, one grant" and "lease, eight grants"), and with short handlers a
-worker that asked again for every slot its reports freed leased one or two grants at a time. So while the grants in hand cover every slot once more, the worker does not ask until it has
-room for half its prefetch, and then asks for all the room it has; with fewer in hand it asks at
-once for what it has room for. What it holds at most is unchanged.
+worker that asked again for every slot its reports freed leased one or two grants at a time. So
+while the grants in hand cover every slot once more, the worker does not ask until it has room for
+half its prefetch, and then asks for all the room it has; with fewer in hand it asks at once for
+what it has room for. What it holds at most is unchanged.
 """
 
 from __future__ import annotations

@@ -174,6 +174,7 @@ def _case_params(keys: Sequence[Any], values: Sequence[Any]) -> dict[str, Any]:
     }
 
 
+#: What the ``UPDATE`` of the attempts and the one of the tasks are fenced on, per row (step 3 of the module docstring).
 _ATTEMPT_FENCE = sa.tuple_(task_attempts.c.id, task_attempts.c.lease_token_hash)
 _TASK_FENCE = sa.tuple_(tasks.c.id, tasks.c.state_version)
 #: The database clock the batch read (every timestamp it writes).
