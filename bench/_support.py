@@ -4,6 +4,7 @@ their peak memory."""
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import platform
 import socket
@@ -32,6 +33,8 @@ __all__ = [
 ]
 
 MYSQL_SERVER = os.environ.get("ORBIT_TEST_MYSQL_URL", "mysql+pymysql://root@127.0.0.1:3306/test")
+#: Where the benchmarks write their results files (bench/results/README.md).
+RESULTS = Path(__file__).resolve().parent / "results"
 
 
 def cli(*args: str, url: str) -> str:
@@ -272,3 +275,19 @@ def run_provenance(module: str, settings: dict[str, Any]) -> dict[str, Any]:
         "command": f"python -m {module} " + " ".join(sys.argv[1:]),
         "settings": settings,
     }
+
+
+def write_results(kind: str, meta: dict[str, Any], figures: Any, json_file: str | None) -> Path | None:
+    """Write a run's ``{"meta": meta, "figures": figures}`` as JSON, with the load average at its end
+    added to ``meta`` (unless there already): to ``json_file``, or (``None``) to ``bench/results/<kind>-<UTC start,
+    YYYY-MM-DDTHHMM>-<commit>.json`` (``meta`` from :func:`run_provenance`); ``"-"``: nowhere.
+    Returns the path written, if any."""
+    meta.setdefault("loadavg_at_end", os.getloadavg())
+    if json_file == "-":
+        return None
+    started = datetime.fromisoformat(meta["started_at"])
+    name = f"{kind}-{started.strftime('%Y-%m-%dT%H%M')}-{meta['commit'][:7]}.json"
+    path = Path(json_file) if json_file else RESULTS / name
+    path.write_text(json.dumps({"meta": meta, "figures": figures}, indent=2) + "\n")
+    print(f"wrote {path}")
+    return path

@@ -23,20 +23,22 @@ load to ``bench/results/attempt-batches-*.json`` unless ``--json-file -``.
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import statistics
 import sys
-from datetime import UTC, datetime
-from pathlib import Path
 from typing import Any
 
 import sqlalchemy as sa
 
-from bench._support import MYSQL_SERVER, cli, cpu_seconds, orbit_server_processes, run_provenance
+from bench._support import (
+    MYSQL_SERVER,
+    cli,
+    cpu_seconds,
+    orbit_server_processes,
+    run_provenance,
+    write_results,
+)
 from bench.call_floor import NS, Counters, Orbit, _attempt, _database
 
-RESULTS = Path(__file__).resolve().parent / "results"
 ACTIONS = ("start", "complete")
 #: The servers' background loops, off: they are not part of any call.
 QUIET = {f"ORBIT_{loop}_INTERVAL_SECONDS": "0" for loop in ("SWEEP", "SCHEDULER", "FLOW", "METRICS_SAMPLE")}
@@ -122,16 +124,7 @@ def main() -> None:
             conn.exec_driver_sql(f"SET GLOBAL userstat = {int(userstat_was)}")
     report = _report(rounds, args.sizes)
     _print(report, meta)
-    if args.json_file != "-":
-        stamp = datetime.now(UTC).strftime("%Y-%m-%dT%H%M")
-        path = (
-            Path(args.json_file)
-            if args.json_file
-            else RESULTS / f"attempt-batches-{stamp}-{meta['commit'][:7]}.json"
-        )
-        meta["loadavg_at_end"] = os.getloadavg()
-        path.write_text(json.dumps({"meta": meta, "figures": report}, indent=2) + "\n")
-        print(f"wrote {path}")
+    write_results("attempt-batches", meta, report, args.json_file)
 
 
 def _report(rounds: list[dict[str, Any]], sizes: list[int]) -> dict[str, Any]:

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import os
 import statistics
 import sys
@@ -33,17 +32,15 @@ import tempfile
 import time
 import uuid
 from collections.abc import Callable, Iterator
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import httpx
 import sqlalchemy as sa
 
-from bench._support import ProcessCpu, cli, cpu_seconds, orbit_server_processes, run_provenance
+from bench._support import ProcessCpu, cli, cpu_seconds, orbit_server_processes, run_provenance, write_results
 from bench.call_floor import NS, Orbit, _floor_process
 
-RESULTS = Path(__file__).resolve().parent / "results"
 POSTGRES_SERVER = os.environ.get(
     "ORBIT_TEST_POSTGRES_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/postgres"
 )
@@ -195,15 +192,7 @@ def main() -> None:
     report = _report(rounds)
     meta["loadavg_at_end"] = os.getloadavg()
     _print(report, meta)
-    if args.json_file != "-":
-        stamp = datetime.now(UTC).strftime("%Y-%m-%dT%H%M")
-        path = (
-            Path(args.json_file)
-            if args.json_file
-            else RESULTS / f"pg-lease-{stamp}-{meta['commit'][:7]}.json"
-        )
-        path.write_text(json.dumps({"meta": meta, "figures": report}, indent=2) + "\n")
-        print(f"wrote {path}")
+    write_results("pg-lease", meta, report, args.json_file)
 
 
 def _report(rounds: list[dict[str, dict[str, float]]]) -> dict[str, dict[str, Any]]:
