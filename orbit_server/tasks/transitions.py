@@ -142,15 +142,8 @@ _UPDATE_LIVE_ATTEMPT = by_primary_key(
     )
 )
 #: :func:`_update_attempt` with ``renews``: also fenced on the lease's end as read (``:b_expires``).
-_UPDATE_RENEWED_ATTEMPT = by_primary_key(
-    task_attempts.update().where(
-        task_attempts.c.id == sa.bindparam("b_id"),
-        task_attempts.c.lease_token_hash == sa.bindparam("b_hash"),
-        task_attempts.c.status == sa.bindparam("b_status"),
-        task_attempts.c.lease_expires_at > sa.bindparam("b_now", type_=task_attempts.c.lease_expires_at.type),
-        task_attempts.c.lease_expires_at
-        == sa.bindparam("b_expires", type_=task_attempts.c.lease_expires_at.type),
-    )
+_UPDATE_RENEWED_ATTEMPT = _UPDATE_LIVE_ATTEMPT.where(
+    task_attempts.c.lease_expires_at == sa.bindparam("b_expires", type_=task_attempts.c.lease_expires_at.type)
 )
 _INSERT_EVENT = task_events.insert()  # also flows.advance's (its rows may leave columns out)
 #: :func:`_append_event`'s ``INSERT`` as text: the row ``_INSERT_EVENT`` writes, every column given, without

@@ -31,7 +31,8 @@ from tests.conftest import DatabaseFactory
 from tests.execution_support import check_attempt_history
 from tests.integration.conftest import BACKENDS
 from tests.integration.test_execution_api import Api
-from tests.integration.test_result_events import _until, _waiting_for
+from tests.integration.test_flows_break import _lock_waits
+from tests.integration.test_result_events import _until
 from tests.servers import RunningServer, run_server
 
 
@@ -535,7 +536,6 @@ def test_a_renewal_that_waited_for_its_task_computes_the_lease_from_the_attempt_
         "start, one-item batch": ("attempts/start", {"items": [item(grant)]}),
         "heartbeat": (f"attempts/{attempt['id']}/heartbeat", {"lease_token": attempt["lease_token"]}),
     }[call]
-    probe = sa.create_engine(engine.url, poolclass=sa.pool.NullPool)
     answers: list[httpx.Response] = []
     with engine.connect() as holder, ThreadPoolExecutor(max_workers=1) as pool:
         held = holder.begin()
@@ -546,19 +546,13 @@ def test_a_renewal_that_waited_for_its_task_computes_the_lease_from_the_attempt_
             .where(task_attempts.c.id == attempt["id"])
             .values(lease_seconds=777, lease_expires_at=now + timedelta(seconds=777), heartbeat_at=now)
         )
-        holder_id = holder.exec_driver_sql(
-            "SELECT pg_backend_pid()" if engine.dialect.name == "postgresql" else "SELECT CONNECTION_ID()"
-        ).scalar_one()
         sent = pool.submit(
             lambda: answers.append(api.http["work"].post(f"/v1/namespaces/{api.ns}/{path}", json=body))
         )
-        _until(
-            lambda: sent.done() or _waiting_for(probe, holder_id) > 0, "the call never waited for the lock"
-        )
+        _until(lambda: sent.done() or _lock_waits(api.server) > 0, "the call never waited for the lock")
         assert not sent.done(), f"the call did not wait for the task's lock: {answers and answers[0].text}"
         held.commit()
         sent.result(timeout=60)
-    probe.dispose()
     assert answers[0].status_code == 200, answers[0].text
     with engine.connect() as conn:
         left = conn.scalar(
