@@ -141,9 +141,13 @@ _UPDATE_LIVE_ATTEMPT = by_primary_key(
         task_attempts.c.lease_expires_at > sa.bindparam("b_now", type_=task_attempts.c.lease_expires_at.type),
     )
 )
-#: :func:`_update_attempt` with ``renews``: also fenced on the lease's end as read (``:b_expires``).
+#: :func:`_update_attempt` with ``renews``: also fenced on the lease's end as read (``:b_expires``). Written
+#: ``IS NOT DISTINCT FROM`` (the column is never NULL): as an ``=`` PostgreSQL takes it with the status for an
+#: index condition on ``(status, lease_expires_at)`` and leaves the primary key (tests/integration/test_lock_plans).
 _UPDATE_RENEWED_ATTEMPT = _UPDATE_LIVE_ATTEMPT.where(
-    task_attempts.c.lease_expires_at == sa.bindparam("b_expires", type_=task_attempts.c.lease_expires_at.type)
+    task_attempts.c.lease_expires_at.is_not_distinct_from(
+        sa.bindparam("b_expires", type_=task_attempts.c.lease_expires_at.type)
+    )
 )
 _INSERT_EVENT = task_events.insert()  # also flows.advance's (its rows may leave columns out)
 #: :func:`_append_event`'s ``INSERT`` as text: the row ``_INSERT_EVENT`` writes, every column given, without
@@ -222,7 +226,8 @@ def _update_both_postgres(
             " WHERE task_attempts.id = :a_id AND task_attempts.task_id = :b_id"
             " AND task_attempts.lease_token_hash = :a_hash AND task_attempts.status = :a_status"
             " AND task_attempts.lease_expires_at > :a_now"
-            + (" AND task_attempts.lease_expires_at = :a_expires" if renews else "")
+            # not "=": see _UPDATE_RENEWED_ATTEMPT
+            + (" AND task_attempts.lease_expires_at IS NOT DISTINCT FROM :a_expires" if renews else "")
             + " RETURNING task_attempts.id),"
             f" changed AS (UPDATE tasks SET {task_sets}"
             " WHERE tasks.id = :b_id AND tasks.status = :b_status AND tasks.state_version = :b_version"
