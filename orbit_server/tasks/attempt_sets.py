@@ -5,15 +5,18 @@ right, it holds a live lease, it is ``LEASED`` for a start or ``RUNNING`` for a 
 is at the matching status with this attempt current, and no attempt appears twice) is written
 with one statement per table instead of one per item:
 
-1. read the batch's task ids from its attempts, without a lock (lock order stays task first), and
-   lock those tasks by primary key: ``SELECT ... FROM tasks FORCE INDEX (PRIMARY) WHERE id IN
-   (...) AND namespace_id = :ns FOR UPDATE``, with the database clock. (Not one statement with an
-   ``IN (SELECT ...)``: MariaDB then scans and locks the whole table; and every by-key statement
-   here is pinned to the primary key, :func:`orbit_server.db.engine.by_primary_key`);
-2. read the attempts, now that their tasks are locked (every change to an attempt is made under
-   its task's lock, and the server reads at ``READ COMMITTED``, so these rows are current: what a
-   heartbeat changed before the lock is seen, such as the ``lease_seconds`` a start's new lease is
-   computed from, or the lease's end a complete answers);
+1. read the batch's task ids from its attempts, without a lock (lock order stays task first);
+2. lock those tasks by primary key and their current attempts with them, and read both, in one
+   statement: ``SELECT ... FROM tasks FORCE INDEX (PRIMARY) JOIN task_attempts ON task_attempts.id =
+   tasks.current_attempt_id WHERE tasks.id IN (...) AND namespace_id = :ns FOR UPDATE``, with the
+   database clock (``STRAIGHT_JOIN`` on MariaDB: each task, then its attempt, the order every path
+   locks them in). Not one statement with an ``IN (SELECT ...)``: MariaDB then scans and locks the
+   whole table; and every by-key statement here is pinned to the primary key,
+   :func:`orbit_server.db.engine.by_primary_key`. A locking read reads the newest row, so the
+   attempts are current: what a heartbeat changed before the lock is seen, such as the
+   ``lease_seconds`` a start's new lease is computed from, or the lease's end a complete answers (on
+   PostgreSQL, a row changed while the statement waited for a lock is read again as it is now). An
+   attempt that is not its task's current one is not read: the batch is declined;
 3. one conditional ``UPDATE`` of the attempts fenced on ``(id, lease_token_hash)``, status and an
    unexpired lease, and one of the tasks fenced on ``(id, state_version)`` and status; both row
    counts are checked (a mismatch raises :class:`errors.ConcurrentUpdate`: the whole request is
@@ -26,7 +29,8 @@ with one statement per table instead of one per item:
 A start whose queue is paused is declined (the per-item start gives its lease back), and a
 complete deletes the concurrency permits of the tasks that hold one (:mod:`orbit_server.tasks.permits`).
 
-Every statement is built once (per batch size where it holds one ``CASE`` branch per item). The
+Every statement is built once per batch size (an ``IN`` list of that many parameters, a ``CASE`` branch per
+item), not rewritten per call. The
 rows written are exactly those the per-item functions
 (:func:`orbit_server.tasks.attempts.start_attempt`, :func:`~orbit_server.tasks.attempts.complete_attempt`)
 write. Any other batch is declined before anything is written (``None``), and the caller runs
@@ -56,70 +60,79 @@ __all__ = ["complete_all", "start_all"]
 
 _TASK_COLUMNS = (*transitions._TASK_COLUMNS, tasks.c.handler, tasks.c.retry_of)
 _ATTEMPT_COLUMNS = attempt_locks._LEASE_COLUMNS
-_IDS = sa.bindparam("attempt_ids", expanding=True, type_=task_attempts.c.id.type)
-_READ_ATTEMPTS = sa.select(*_ATTEMPT_COLUMNS).where(task_attempts.c.id.in_(_IDS))
-#: The same on MariaDB, each row packed into one column (every column small: far below max_allowed_packet).
-_READ_PACKED_ATTEMPTS = sa.select(packed(_ATTEMPT_COLUMNS).label("attempt_row")).where(
-    task_attempts.c.id.in_(_IDS)
-)
-#: The batch's task ids, read without a lock (step 1 of the module docstring).
-_TASK_IDS = sa.select(task_attempts.c.task_id).where(task_attempts.c.id.in_(_IDS))
-#: :func:`_lock_tasks`'s statement, built once per dialect and whether it packs its rows.
-_LOCK_TASKS: dict[tuple[str, bool], sa.Executable] = {}
-#: Most statements a batch size keeps built (:func:`_attempts_update`, :func:`_tasks_update`): the batches
-#: of a server's workers come in a few sizes; an unusual size builds its statements again.
+#: Most statements a batch size keeps built (:func:`_task_ids`, :func:`_lock_statement`, :func:`_attempts_update`,
+#: :func:`_tasks_update`): the batches of a server's workers come in a few sizes; an unusual size builds its
+#: statements again.
 _SIZES_KEPT = 128
 
 
-def _lock_tasks_statement(conn: Connection, pack: bool) -> sa.Executable:
-    """The locking read of the batch's tasks, with the clock and their queues' pause; ``pack``: each
-    task's columns as one, ``task_row`` (MariaDB, :mod:`orbit_server.db.packed_rows`)."""
-    key = (conn.dialect.name, pack)
-    statement = _LOCK_TASKS.get(key)
-    if statement is None:
-        task = (packed(_TASK_COLUMNS).label("task_row"),) if pack else _TASK_COLUMNS
-        statement = _LOCK_TASKS[key] = by_primary_key(
-            sa.select(*task, transitions._clock(conn).label("db_now"), attempt_locks.gate_paused())
-            .where(
-                tasks.c.id.in_(sa.bindparam("task_ids", expanding=True, type_=tasks.c.id.type)),
-                tasks.c.namespace_id == sa.bindparam("namespace_id"),
-            )
-            .with_for_update(),
-            tasks,
+def _keys(column: sa.Column[Any], name: str, n: int) -> list[sa.BindParameter[Any]]:
+    """``:name_0 ... :name_{n-1}``, typed as ``column``: an ``IN`` list built once for ``n`` items (an
+    ``expanding`` parameter would rewrite the statement's text on every call)."""
+    return [sa.bindparam(f"{name}_{i}", type_=column.type) for i in range(n)]
+
+
+def _key_params(name: str, values: Sequence[Any]) -> dict[str, Any]:
+    return {f"{name}_{i}": value for i, value in enumerate(values)}
+
+
+@functools.lru_cache(maxsize=_SIZES_KEPT)
+def _task_ids(n: int) -> sa.Select[Any]:
+    """The task ids of ``n`` attempts ``:a_0 ...``, read without a lock (step 1 of the module docstring)."""
+    return sa.select(task_attempts.c.task_id).where(task_attempts.c.id.in_(_keys(task_attempts.c.id, "a", n)))
+
+
+@functools.lru_cache(maxsize=_SIZES_KEPT)
+def _lock_statement(dialect: str, pack: bool, n: int) -> sa.Select[Any]:
+    """The locking read of ``n`` tasks ``:t_0 ...`` and their current attempts (steps 1 and 2 of the module
+    docstring), with the clock and the queues' pause; ``pack``: each task's and attempt's columns as one,
+    ``task_row`` and ``attempt_row`` (MariaDB, :mod:`orbit_server.db.packed_rows`)."""
+    if pack:
+        read: tuple[sa.ColumnElement[Any], ...] = (
+            packed(_TASK_COLUMNS).label("task_row"), packed(_ATTEMPT_COLUMNS).label("attempt_row"),
+        )  # fmt: skip
+    else:
+        read = (*_TASK_COLUMNS, *(column.label(f"attempt_{column.name}") for column in _ATTEMPT_COLUMNS))
+    statement = by_primary_key(
+        sa.select(*read, transitions.clock_of(dialect).label("db_now"), attempt_locks.gate_paused())
+        .select_from(tasks.join(task_attempts, task_attempts.c.id == tasks.c.current_attempt_id))
+        .where(
+            tasks.c.id.in_(_keys(tasks.c.id, "t", n)), tasks.c.namespace_id == sa.bindparam("namespace_id")
         )
-    return statement
+        .with_for_update(),
+        tasks,
+    )
+    # MariaDB: each task, then its attempt (by primary key), the order every path locks them in
+    return statement.prefix_with("STRAIGHT_JOIN", dialect="mysql") if dialect == "mysql" else statement
 
 
 def _lock_tasks(
     conn: Connection, namespace_id: int, attempt_ids: list[str]
 ) -> tuple[list[dict[str, Any]], dict[str, dict[str, Any]]]:
-    """Lock the tasks of the attempts ``attempt_ids`` in ``namespace_id`` (step 1 of the module
-    docstring) and read them, with the database clock (``db_now``) and their queue's pause
-    (``gate_paused``), then read the attempts (step 2): ``(tasks, attempts by id)``, nothing when no
-    attempt exists. On MariaDB the rows come packed (:mod:`orbit_server.db.packed_rows`): PyMySQL
-    parses each column's description in Python, and these reads returned 22 and 8 columns."""
-    task_ids = list(conn.execute(_TASK_IDS, {"attempt_ids": attempt_ids}).scalars())
+    """Lock the tasks of the attempts ``attempt_ids`` in ``namespace_id`` and their current attempts, and
+    read them (steps 1 and 2 of the module docstring), with the database clock (``db_now``) and their
+    queue's pause (``gate_paused``): ``(tasks, current attempts by id)``, nothing when no attempt exists.
+    On MariaDB the rows come packed (:mod:`orbit_server.db.packed_rows`): PyMySQL parses each column's
+    description in Python, and this read returns 30 columns."""
+    task_ids = list(conn.execute(_task_ids(len(attempt_ids)), _key_params("a", attempt_ids)).scalars())
     if not task_ids:
         return [], {}
     pack = packs(conn.dialect)
-    params = {"task_ids": task_ids, "namespace_id": namespace_id}
-    rows = conn.execute(_lock_tasks_statement(conn, pack), params).mappings().all()
-    if pack:
-        locked = [
-            {
-                **unpacked(row["task_row"], _TASK_COLUMNS),
-                "db_now": row["db_now"],
-                "gate_paused": row["gate_paused"],
-            }
-            for row in rows
-        ]
-        read = conn.execute(_READ_PACKED_ATTEMPTS, {"attempt_ids": attempt_ids}).scalars()
-        attempts = [unpacked(row, _ATTEMPT_COLUMNS) for row in read]
-    else:
-        locked = [dict(row) for row in rows]
-        attempts = [
-            dict(row) for row in conn.execute(_READ_ATTEMPTS, {"attempt_ids": attempt_ids}).mappings()
-        ]
+    statement = _lock_statement(conn.dialect.name, pack, len(task_ids))
+    rows = (
+        conn.execute(statement, {"namespace_id": namespace_id, **_key_params("t", task_ids)}).mappings().all()
+    )
+    locked: list[dict[str, Any]] = []
+    attempts: list[dict[str, Any]] = []
+    for row in rows:
+        if pack:
+            task = unpacked(row["task_row"], _TASK_COLUMNS)
+            attempts.append(unpacked(row["attempt_row"], _ATTEMPT_COLUMNS))
+        else:
+            task = {column.name: row[column.name] for column in _TASK_COLUMNS}
+            attempts.append({column.name: row[f"attempt_{column.name}"] for column in _ATTEMPT_COLUMNS})
+        task["db_now"], task["gate_paused"] = row["db_now"], row["gate_paused"]
+        locked.append(task)
     return locked, {attempt["id"]: attempt for attempt in attempts}
 
 
@@ -156,34 +169,45 @@ def _read(
     return pairs, now
 
 
-def _by_id(column: sa.ColumnElement[Any], n: int, type_: Any) -> sa.ColumnElement[Any]:
-    """``CASE column WHEN :id_0 THEN :value_0 ...`` for ``n`` items (:func:`_case_params`)."""
-    return sa.case(
-        *[
-            (sa.bindparam(f"id_{i}", type_=column.type), sa.bindparam(f"value_{i}", type_=type_))
-            for i in range(n)
-        ],
-        value=column,
-    )
+def _by_id(column: sa.Column[Any], n: int, type_: Any) -> sa.ColumnElement[Any]:
+    """``CASE column WHEN :id_0 THEN :value_0 ...`` for ``n`` items (:func:`_row_params`)."""
+    return sa.case(*zip(_keys(column, "id", n), _values(type_, n), strict=True), value=column)
 
 
-def _case_params(keys: Sequence[Any], values: Sequence[Any]) -> dict[str, Any]:
+def _values(type_: Any, n: int) -> list[sa.BindParameter[Any]]:
+    return [sa.bindparam(f"value_{i}", type_=type_) for i in range(n)]
+
+
+def _fenced(column: sa.Column[Any], fence: sa.Column[Any], n: int) -> list[sa.ColumnElement[bool]]:
+    """``column IN (:id_0, ...) AND (column, fence) IN ((:id_0, :fence_0), ...)`` for ``n`` rows: the plain
+    ``IN`` beside the row ``IN`` gives MariaDB a range of the key for one item too
+    (:func:`~orbit_server.db.engine.by_primary_key`)."""
+    ids = _keys(column, "id", n)
+    fences = [sa.bindparam(f"fence_{i}", type_=fence.type) for i in range(n)]
+    return [
+        column.in_(ids),
+        sa.tuple_(column, fence).in_([sa.tuple_(*pair) for pair in zip(ids, fences, strict=True)]),
+    ]
+
+
+def _row_params(keys: Sequence[Any], fences: Sequence[Any], values: Sequence[Any] = ()) -> dict[str, Any]:
+    """The parameters of a statement of :func:`_attempts_update` or :func:`_tasks_update`: each row's key, its
+    fence and (where it has a ``CASE``) its value."""
     return {
-        **{f"id_{i}": key for i, key in enumerate(keys)},
-        **{f"value_{i}": v for i, v in enumerate(values)},
+        **_key_params("id", keys),
+        **_key_params("fence", fences),
+        **_key_params("value", values),
     }
 
 
-#: What the ``UPDATE`` of the attempts and the one of the tasks are fenced on, per row (step 3 of the module docstring).
-_ATTEMPT_FENCE = sa.tuple_(task_attempts.c.id, task_attempts.c.lease_token_hash)
-_TASK_FENCE = sa.tuple_(tasks.c.id, tasks.c.state_version)
 #: The database clock the batch read (every timestamp it writes).
 _NOW = sa.bindparam("now", type_=tasks.c.updated_at.type)
 
 
 @functools.lru_cache(maxsize=_SIZES_KEPT)
 def _attempts_update(to: AttemptStatus, n: int) -> sa.Update:
-    """The conditional ``UPDATE`` of ``n`` attempts becoming ``to`` (``RUNNING`` or ``SUCCEEDED``)."""
+    """The conditional ``UPDATE`` of ``n`` attempts becoming ``to`` (``RUNNING`` or ``SUCCEEDED``), each fenced
+    on ``(id, lease_token_hash)`` (step 3 of the module docstring)."""
     if to is AttemptStatus.RUNNING:
         values: dict[str, Any] = {
             "started_at": _NOW,
@@ -198,8 +222,7 @@ def _attempts_update(to: AttemptStatus, n: int) -> sa.Update:
     return by_primary_key(
         task_attempts.update()
         .where(
-            task_attempts.c.id.in_(sa.bindparam("ids", expanding=True)),  # a range for one item too
-            _ATTEMPT_FENCE.in_(sa.bindparam("fence", expanding=True)),
+            *_fenced(task_attempts.c.id, task_attempts.c.lease_token_hash, n),
             task_attempts.c.status == sa.bindparam("from_status"),
             task_attempts.c.lease_expires_at > _NOW,
         )
@@ -209,7 +232,8 @@ def _attempts_update(to: AttemptStatus, n: int) -> sa.Update:
 
 @functools.lru_cache(maxsize=_SIZES_KEPT)
 def _tasks_update(to: TaskStatus, n: int) -> sa.Update:
-    """The conditional ``UPDATE`` of ``n`` tasks becoming ``to`` (``RUNNING`` or ``SUCCEEDED``)."""
+    """The conditional ``UPDATE`` of ``n`` tasks becoming ``to`` (``RUNNING`` or ``SUCCEEDED``), each fenced on
+    ``(id, state_version)`` (step 3 of the module docstring)."""
     values: dict[str, Any] = {"status": to.value, "updated_at": _NOW}
     if to.is_terminal:
         values |= {
@@ -218,11 +242,7 @@ def _tasks_update(to: TaskStatus, n: int) -> sa.Update:
         }  # fmt: skip
     return by_primary_key(
         tasks.update()
-        .where(
-            tasks.c.id.in_(sa.bindparam("ids", expanding=True)),  # a range for one item too
-            _TASK_FENCE.in_(sa.bindparam("fence", expanding=True)),
-            tasks.c.status == sa.bindparam("from_status"),
-        )
+        .where(*_fenced(tasks.c.id, tasks.c.state_version, n), tasks.c.status == sa.bindparam("from_status"))
         .values(state_version=tasks.c.state_version + 1, **values)
     )
 
@@ -234,13 +254,11 @@ def _update_attempts(
     """Write ``to`` on the batch's attempts, with each its value (its lease's end for ``RUNNING``, its
     result for ``SUCCEEDED``); every row fenced, or :class:`errors.ConcurrentUpdate`."""
     attempts = [attempt for _, attempt in pairs]
-    ids = [attempt["id"] for attempt in attempts]
     done = conn.execute(
         _attempts_update(to, len(pairs)),
         {
-            "ids": ids, "now": now, "from_status": attempts[0]["status"],
-            "fence": [(a["id"], a["lease_token_hash"]) for a in attempts],
-            **_case_params(ids, values),
+            "now": now, "from_status": attempts[0]["status"],
+            **_row_params([a["id"] for a in attempts], [a["lease_token_hash"] for a in attempts], values),
         },
     )  # fmt: skip
     if done.rowcount != len(pairs):
@@ -254,13 +272,12 @@ def _update_tasks(
     current = TaskStatus(pairs[0][0]["status"])
     if (current, to) not in transitions.TRANSITIONS:
         raise errors.InvalidTransition(f"a {current.value} task cannot become {to.value}")
-    ids = [task["id"] for task, _ in pairs]
     done = conn.execute(
         _tasks_update(to, len(pairs)),
         {
-            "ids": ids, "now": now, "from_status": current.value,
-            "fence": [(task["id"], task["state_version"]) for task, _ in pairs],
-            **(_case_params(ids, results) if to.is_terminal else {}),
+            "now": now, "from_status": current.value,
+            **_row_params([task["id"] for task, _ in pairs], [task["state_version"] for task, _ in pairs],
+                          results if to.is_terminal else ()),
         },
     )  # fmt: skip
     if done.rowcount != len(pairs):

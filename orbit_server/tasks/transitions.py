@@ -435,7 +435,11 @@ def _lock_task(conn: Connection, task_id: str, *, skip_locked: bool = False) -> 
 
 def _clock(conn: Connection) -> sa.ColumnElement[Any]:
     """The database's current UTC time as a column, to read it in a statement that runs anyway."""
-    name = conn.dialect.name
+    return clock_of(conn.dialect.name)
+
+
+def clock_of(name: str) -> sa.ColumnElement[Any]:
+    """:func:`_clock` for the database of dialect ``name`` (``sqlite``, ``mysql``, ``postgresql``)."""
     if name == "sqlite":
         return sa.func.strftime("%Y-%m-%d %H:%M:%f", "now")
     if name == "mysql":

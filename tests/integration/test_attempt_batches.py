@@ -446,22 +446,29 @@ def test_a_batch_naming_an_attempt_twice_is_answered_item_by_item(api: Api) -> N
     assert api.task(grant["task"]["id"])["result"] == 1
 
 
-def test_the_set_based_path_locks_the_tasks_and_not_the_attempts(api: Api) -> None:
-    """Lock order (task first) holds for the batch's one locking read of its tasks."""
+def test_the_set_based_path_locks_the_tasks_and_their_current_attempts(api: Api) -> None:
+    """The batch's one locking read takes each task's lock and its current attempt's (lock order: task first,
+    as every path takes them; checked in the plan by ``test_lock_plans``), so the attempts it reads are current
+    (a locking read reads the newest row)."""
     if api.server.engine.dialect.name != "mysql":
         pytest.skip("SQLite has no row locks: one writer at a time")
     from orbit_server.tasks import attempt_sets
 
     queue = api.queue()
-    grants = leased(api, queue, 2)
+    grants = leased(api, queue, 3)
     engine = api.server.engine
     with engine.connect() as holder, engine.connect() as probe:
         held = holder.begin()
         ns_id = holder.scalar(sa.select(tasks.c.namespace_id).where(tasks.c.id == grants[0]["task"]["id"]))
-        locked, _ = attempt_sets._lock_tasks(holder, ns_id, [g["attempt"]["id"] for g in grants])
+        locked, attempts = attempt_sets._lock_tasks(holder, ns_id, [g["attempt"]["id"] for g in grants])
         assert sorted(row["id"] for row in locked) == sorted(g["task"]["id"] for g in grants)
+        assert sorted(attempts) == sorted(g["attempt"]["id"] for g in grants)
         for grant in grants:
-            assert_task_locked_alone(probe, grant)
+            for table, key in (("tasks", grant["task"]["id"]), ("task_attempts", grant["attempt"]["id"])):
+                with probe.begin(), pytest.raises(sa.exc.OperationalError):
+                    probe.execute(
+                        sa.text(f"SELECT id FROM {table} WHERE id = :k FOR UPDATE NOWAIT"), {"k": key}
+                    )
         held.rollback()
 
 
@@ -469,7 +476,7 @@ def test_a_set_based_start_computes_its_lease_from_the_attempt_as_it_is_once_loc
     api: Api, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The set-based path reads the batch's task ids before it locks the tasks, and the attempts
-    after: a renewal committed in between (here: a new lease duration, as a heartbeat with
+    in the locking read: a renewal committed in between (here: a new lease duration, as a heartbeat with
     ``lease_seconds`` writes it) is what the start's new lease is computed from."""
     if api.server.engine.dialect.name == "sqlite":
         pytest.skip("SQLite has one writer at a time: nothing commits between the read and the lock")
@@ -478,19 +485,19 @@ def test_a_set_based_start_computes_its_lease_from_the_attempt_as_it_is_once_loc
     queue = api.queue()
     grants = leased(api, queue, 3)  # the fewest items a batch writes set-based
     renewed = grants[1]["attempt"]["id"]
-    original = attempt_sets._lock_tasks_statement
+    original = attempt_sets._lock_statement
     locks: list[int] = []
 
-    def renewal_before_the_lock(conn: Connection, *args: Any) -> Any:
+    def renewal_before_the_lock(*args: Any) -> Any:
         if not locks:  # as if committed after the ids were read: nothing of the batch is locked yet
             with api.server.engine.begin() as other:
                 other.execute(
                     task_attempts.update().where(task_attempts.c.id == renewed).values(lease_seconds=777)
                 )
         locks.append(1)
-        return original(conn, *args)
+        return original(*args)
 
-    monkeypatch.setattr(attempt_sets, "_lock_tasks_statement", renewal_before_the_lock)
+    monkeypatch.setattr(attempt_sets, "_lock_statement", renewal_before_the_lock)
     results = ok_batch(api, "start", [item(grant) for grant in grants])
 
     assert len(locks) == 1  # set-based, in one try
@@ -513,7 +520,7 @@ def test_a_set_based_start_computes_its_lease_from_the_attempt_as_it_is_once_loc
     assert rows[grants[0]["attempt"]["id"]] - now < timedelta(seconds=60)
 
 
-@pytest.mark.parametrize("call", ["start", "start, one-item batch", "heartbeat"])
+@pytest.mark.parametrize("call", ["start", "start, one-item batch", "start, three-item batch", "heartbeat"])
 def test_a_renewal_that_waited_for_its_task_computes_the_lease_from_the_attempt_as_it_is_now(
     api: Api, call: str
 ) -> None:
@@ -527,13 +534,15 @@ def test_a_renewal_that_waited_for_its_task_computes_the_lease_from_the_attempt_
             "SQLite has one writer at a time: a call never waits inside a statement for a task's lock"
         )
     queue = api.queue()
-    (grant,) = leased(api, queue, 1)
+    grants = leased(api, queue, 3 if call == "start, three-item batch" else 1)
+    grant = grants[len(grants) // 2]  # the one renewed: in the middle of a set-based batch
     attempt = grant["attempt"]
     if call == "heartbeat":
         ok_batch(api, "start", [item(grant)])
     path, body = {
         "start": (f"attempts/{attempt['id']}/start", {"lease_token": attempt["lease_token"]}),
         "start, one-item batch": ("attempts/start", {"items": [item(grant)]}),
+        "start, three-item batch": ("attempts/start", {"items": [item(g) for g in grants]}),
         "heartbeat": (f"attempts/{attempt['id']}/heartbeat", {"lease_token": attempt["lease_token"]}),
     }[call]
     answers: list[httpx.Response] = []

@@ -126,6 +126,8 @@ def test_batch_statements_lock_tasks_and_attempts_through_the_primary_key(api: A
     with engine.connect() as conn:
         for statement, parameters in captured:
             plan = conn.exec_driver_sql(f"EXPLAIN {statement}", parameters).mappings().all()
+            if " JOIN task_attempts" in statement:  # a set-based batch's lock: each task, then its attempt
+                assert [row["table"] for row in plan][:2] == ["tasks", "task_attempts"], plan
             for row in plan:  # the rows it locks (a subquery's rows are read without locks)
                 if row["table"] in ("tasks", "task_attempts") and row["select_type"] in ("SIMPLE", "PRIMARY"):
                     assert row["key"] == "PRIMARY", (
