@@ -132,3 +132,46 @@ def test_each_worker_call_costs_its_statements_and_no_more(api: Api, batched: bo
         expected = EXPECTED["postgres" if api.server.engine.dialect.name == "postgresql" else "mariadb"][call]
         assert len(commands) == expected, f"{call}: {len(commands)} commands\n" + "\n".join(commands)
     assert not [c for c in counted["empty lease"] if c.startswith(("UPDATE", "INSERT", "DELETE"))]
+
+
+#: Commands per set-based batch (three items or more: ``orbit_server.api.attempt_batches._SET_BASED_FROM``), the
+#: same for any size, by database.
+EXPECTED_SET_BASED = {
+    "mariadb": {
+        # the tasks' ids; the tasks and their current attempts locked and read in one statement; the attempts;
+        # the tasks; the task events; COMMIT
+        "start": 6,
+        # those, and for the result events: the events; the namespace's and queues' shared locks with the
+        # locking read of the subscriptions (one statement); COMMIT
+        "complete": 8,
+    },
+    "postgres": {
+        "start": 6,
+        # the result events' shared locks and the subscriptions' read apart: a statement sees only the rows
+        # committed before it began
+        "complete": 9,
+    },
+}
+
+
+@pytest.mark.parametrize("size", [3, 8])
+def test_a_set_based_batch_costs_its_statements_whatever_its_size(api: Api, size: int) -> None:
+    queue = api.queue()
+    api.submit(queue)
+    api.lease(queue, 5)  # warms the key cache and the worker's liveness sighting
+    for n in range(size):
+        api.submit(queue, params={"n": n})
+    grants = api.lease(queue, size)
+    assert len(grants) == size
+
+    def batch(action: str, **body: Any) -> Callable[[], httpx.Response]:
+        json = {"items": [_attempt(grant, **body) for grant in grants]}
+        return lambda: api.http["work"].post(f"/v1/namespaces/{api.ns}/attempts/{action}", json=json)
+
+    counted = {
+        "start": _commands(api, batch("start"))[0],
+        "complete": _commands(api, batch("complete", result={"ok": True}))[0],
+    }
+    expected = EXPECTED_SET_BASED["postgres" if api.server.engine.dialect.name == "postgresql" else "mariadb"]
+    for call, commands in counted.items():
+        assert len(commands) == expected[call], f"{call}: {len(commands)} commands\n" + "\n".join(commands)
