@@ -200,6 +200,7 @@ def _row_params(keys: Sequence[Any], fences: Sequence[Any], values: Sequence[Any
     }
 
 
+_INSERT_EVENTS = task_events.insert()
 #: The database clock the batch read (every timestamp it writes).
 _NOW = sa.bindparam("now", type_=tasks.c.updated_at.type)
 
@@ -283,7 +284,7 @@ def _update_tasks(
     if done.rowcount != len(pairs):
         raise errors.ConcurrentUpdate("a task of the batch changed while it was being updated")
     conn.execute(
-        task_events.insert(),
+        _INSERT_EVENTS,
         [
             {
                 "task_id": task["id"], "state_version": int(task["state_version"]) + 1,

@@ -6,6 +6,7 @@ in :mod:`orbit_server.tasks.transitions`.
 
 from __future__ import annotations
 
+import functools
 import secrets
 import uuid
 from collections.abc import Mapping, Sequence
@@ -270,40 +271,45 @@ def _find_queue_and_claim(
     return found, due[:max_tasks]
 
 
-#: :func:`_claim_one_statement`'s statements, by ``(start, limited)``.
-_CLAIM_ONE: dict[tuple[bool, bool], sa.Executable] = {}
 _INSERT_EVENTS = task_events.insert()
 _INSERT_ATTEMPTS = task_attempts.insert()
+_INSERT_PERMITS = concurrency_permits.insert()
 
 
-def _claim_one_statement(start: bool, limited: bool) -> sa.Executable:
-    """The conditional UPDATE that grants one task (``:b_id`` at ``:b_version``, still ``WAITING``) its
-    attempt ``:b_attempt_id`` at ``:b_now``: the many-row UPDATE of :func:`lease_tasks` for one row, built
-    once (it changes nothing but the ``IN`` lists, so a one-grant lease skips building and keying it)."""
-    statement = _CLAIM_ONE.get((start, limited))
-    if statement is None:
-        status: Any = (
-            sa.case((tasks.c.retry_safe, TaskStatus.RUNNING.value), else_=TaskStatus.LEASED.value)
-            if start else TaskStatus.LEASED.value
-        )  # fmt: skip
-        steps: Any = sa.case((tasks.c.retry_safe, 2), else_=1) if start else 1
-        statement = _CLAIM_ONE[(start, limited)] = (
-            by_primary_key(tasks.update())
-            .where(
-                tasks.c.id == sa.bindparam("b_id"),
-                tasks.c.state_version == sa.bindparam("b_version"),
-                tasks.c.status == TaskStatus.WAITING.value,
-            )
-            .values(
-                status=status,
-                state_version=tasks.c.state_version + steps,
-                attempt_count=tasks.c.attempt_count + 1,
-                current_attempt_id=sa.bindparam("b_attempt_id", type_=tasks.c.current_attempt_id.type),
-                updated_at=sa.bindparam("b_now", type_=tasks.c.updated_at.type),
-                **({"holds_permit": True} if limited else {}),
-            )
+@functools.lru_cache(maxsize=128)
+def _claim_statement(start: bool, limited: bool, n: int) -> sa.Update:
+    """The conditional UPDATE that grants ``n`` tasks (``:id_i`` at ``:version_i``, each still ``WAITING``) their
+    attempts (``:attempt_i``) at ``:now``; built once per size, as the leases of a server's workers come in a
+    few sizes (a worker leases in bulk), so a lease skips building and keying it. The plain ``id IN`` beside
+    the row ``IN`` lets MariaDB read a range of the key for one row as for many: with one tuple alone it
+    reads the whole index (:func:`~orbit_server.db.engine.by_primary_key`)."""
+    status: Any = (
+        sa.case((tasks.c.retry_safe, TaskStatus.RUNNING.value), else_=TaskStatus.LEASED.value)
+        if start else TaskStatus.LEASED.value
+    )  # fmt: skip
+    steps: Any = sa.case((tasks.c.retry_safe, 2), else_=1) if start else 1
+    ids = [sa.bindparam(f"id_{i}", type_=tasks.c.id.type) for i in range(n)]
+    versions = [sa.bindparam(f"version_{i}", type_=tasks.c.state_version.type) for i in range(n)]
+    attempts = [sa.bindparam(f"attempt_{i}", type_=tasks.c.current_attempt_id.type) for i in range(n)]
+    if n == 1:
+        fence: list[Any] = [tasks.c.id == ids[0], tasks.c.state_version == versions[0]]
+        attempt: Any = attempts[0]
+    else:
+        pairs = [sa.tuple_(i, v) for i, v in zip(ids, versions, strict=True)]
+        fence = [tasks.c.id.in_(ids), sa.tuple_(tasks.c.id, tasks.c.state_version).in_(pairs)]
+        attempt = sa.case(*zip(ids, attempts, strict=True), value=tasks.c.id)
+    return by_primary_key(
+        tasks.update()
+        .where(*fence, tasks.c.status == TaskStatus.WAITING.value)
+        .values(
+            status=status,
+            state_version=tasks.c.state_version + steps,
+            attempt_count=tasks.c.attempt_count + 1,
+            current_attempt_id=attempt,
+            updated_at=sa.bindparam("now", type_=tasks.c.updated_at.type),
+            **({"holds_permit": True} if limited else {}),
         )
-    return statement
+    )
 
 
 def lease_tasks(
@@ -394,44 +400,14 @@ def _lease_found(
     # Lease-and-start starts only tasks declared retry-safe: a worker killed after its handler began
     # but before confirming would otherwise have its task run again as never started. Others are
     # granted LEASED, and their worker confirms each start before running it (README "Workers").
-    if len(due) == 1:  # the common grant (a worker at concurrency 1, a long-poll woken): built once
-        (row,) = due
-        claimed = conn.execute(
-            _claim_one_statement(start, limited),
-            {
-                "b_id": row["id"],
-                "b_version": row["state_version"],
-                "b_attempt_id": attempt_ids[row["id"]],
-                "b_now": now,
-            },
-        )
-    else:
-        running_status: Any = (
-            sa.case((tasks.c.retry_safe, TaskStatus.RUNNING.value), else_=TaskStatus.LEASED.value)
-            if start else TaskStatus.LEASED.value
-        )  # fmt: skip
-        # versions: leased (and started)
-        steps: Any = sa.case((tasks.c.retry_safe, 2), else_=1) if start else 1
-        claimed = conn.execute(
-            by_primary_key(tasks.update())
-            .where(
-                # The plain ``id IN`` lets MariaDB read a range of the key for one row as for many: with
-                # one tuple alone it reads the whole index (db/engine.by_primary_key).
-                tasks.c.id.in_([row["id"] for row in due]),
-                sa.tuple_(tasks.c.id, tasks.c.state_version).in_(
-                    [(row["id"], row["state_version"]) for row in due]
-                ),
-                tasks.c.status == TaskStatus.WAITING.value,
-            )
-            .values(
-                status=running_status,
-                state_version=tasks.c.state_version + steps,
-                attempt_count=tasks.c.attempt_count + 1,
-                current_attempt_id=sa.case(attempt_ids, value=tasks.c.id),
-                updated_at=now,
-                **({"holds_permit": True} if limited else {}),
-            )
-        )
+    claim: dict[str, Any] = {"now": now}
+    for i, row in enumerate(due):
+        claim |= {
+            f"id_{i}": row["id"],
+            f"version_{i}": row["state_version"],
+            f"attempt_{i}": attempt_ids[row["id"]],
+        }
+    claimed = conn.execute(_claim_statement(start, limited, len(due)), claim)
     if claimed.rowcount != len(due):
         raise errors.ConcurrentUpdate("a claimed task changed while it was being leased")
     actor = f"worker:{worker_id}"
@@ -486,8 +462,7 @@ def _lease_found(
     conn.execute(_INSERT_ATTEMPTS, attempts)
     if limited:  # the permits, taken in this transaction under the gate's lock (§5 "领取 … 取得额度")
         conn.execute(
-            concurrency_permits.insert(),
-            permits.permit_rows([(row, attempt_ids[row["id"]]) for row in due], now),
+            _INSERT_PERMITS, permits.permit_rows([(row, attempt_ids[row["id"]]) for row in due], now)
         )
     return grants
 

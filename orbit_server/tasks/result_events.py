@@ -223,7 +223,7 @@ def record_result_event(
         )
     if matching:
         conn.execute(
-            event_deliveries.insert(),
+            _INSERT_DELIVERIES,
             [
                 {
                     "subscription_id": subscription_id,
@@ -319,7 +319,7 @@ def record_result_events(
         }
         for task in changed
     ]  # fmt: skip
-    conn.execute(result_events.insert(), events)
+    conn.execute(_INSERT_EVENTS, events)
     queue_ids = sorted({task["queue_id"] for task in changed})
     params = {"namespace_id": namespace_id, "queue_ids": queue_ids, "now": now}
     if conn.dialect.name == "postgresql":  # a statement sees the rows committed before it began: two
@@ -339,10 +339,12 @@ def record_result_events(
         if subscribed_queues is None or names[event["queue_id"]] in subscribed_queues
     ]  # fmt: skip
     if deliveries:
-        conn.execute(event_deliveries.insert(), deliveries)
+        conn.execute(_INSERT_DELIVERIES, deliveries)
     return [event["id"] for event in events]
 
 
+_INSERT_EVENTS = result_events.insert()
+_INSERT_DELIVERIES = event_deliveries.insert()
 #: :func:`record_result_events`: the shared lock on the namespace and the tasks' queues.
 _LOCK_QUEUES = (
     sa.select(queues.c.id, queues.c.name)
