@@ -109,20 +109,20 @@ def _copy_error(exc: BaseException, first: bool) -> BaseException:
     return copy.copy(exc)
 
 
-def _complete_item(attempt: AttemptLease, result: JsonValue) -> CompleteItem:
+def _complete_item(attempt: AttemptLease, result: JsonValue, task_id: str | None = None) -> CompleteItem:
     """Raises :class:`OrbitUsageError` for a result that is not JSON (nothing is sent)."""
     # Validated once: the item holds its own copy of ``result`` (JsonValue copies containers) in JSON
     # types (a str or int subclass becomes str or int), as a model -> JSON -> model round trip would.
     return _validated(CompleteItem, "complete request", attempt_id=attempt.id, lease_token=attempt.lease_token,
-                      result=result)  # fmt: skip
+                      result=result, task_id=task_id)  # fmt: skip
 
 
 def _fail_item(attempt: AttemptLease, error: AttemptError) -> FailItem:
     return FailItem(attempt_id=attempt.id, lease_token=attempt.lease_token, error=error)
 
 
-def _start_item(attempt: AttemptLease) -> StartItem:
-    return StartItem(attempt_id=attempt.id, lease_token=attempt.lease_token)
+def _start_item(attempt: AttemptLease, task_id: str | None = None) -> StartItem:
+    return StartItem(attempt_id=attempt.id, lease_token=attempt.lease_token, task_id=task_id)
 
 
 def _heartbeat_item(attempt: AttemptLease) -> HeartbeatItem:
@@ -379,25 +379,27 @@ class Reports:
                 pass  # no batched calls, or the batch was too large as a whole: send it on its own
         return single()
 
-    def start(self, attempt: AttemptLease) -> AttemptState:
-        """Confirm the start; raises what :meth:`OrbitClient.start_attempt` raises."""
+    def start(self, attempt: AttemptLease, task_id: str | None = None) -> AttemptState:
+        """Confirm the start; raises what :meth:`OrbitClient.start_attempt` raises. ``task_id``: the attempt's
+        task, named in a batched report (``StartItem.task_id``; only to a server whose settings offer it)."""
         return self._submit(
             self._starts,
-            _start_item(attempt),
+            _start_item(attempt, task_id),
             lambda: self._client.start_attempt(self._ns, attempt.id, attempt.lease_token),
         )
 
-    def complete(self, attempt: AttemptLease, result: JsonValue) -> AttemptState:
-        """Report success; raises what :meth:`OrbitClient.complete_attempt` raises."""
+    def complete(self, attempt: AttemptLease, result: JsonValue, task_id: str | None = None) -> AttemptState:
+        """Report success; raises what :meth:`OrbitClient.complete_attempt` raises. ``task_id``: as for
+        :meth:`start`."""
         if _tracing.AVAILABLE and (span := _tracing.report_span("complete", attempt)) is not None:
             with _tracing.use_span(span):
-                return self._complete(attempt, result)
-        return self._complete(attempt, result)
+                return self._complete(attempt, result, task_id)
+        return self._complete(attempt, result, task_id)
 
-    def _complete(self, attempt: AttemptLease, result: JsonValue) -> AttemptState:
+    def _complete(self, attempt: AttemptLease, result: JsonValue, task_id: str | None) -> AttemptState:
         return self._submit(
             self._completes,
-            _complete_item(attempt, result),
+            _complete_item(attempt, result, task_id),
             lambda: self._client.complete_attempt(self._ns, attempt.id, attempt.lease_token, result),
         )
 
@@ -655,23 +657,25 @@ class AsyncReports:
                 pass  # no batched calls, or the batch was too large as a whole: send it on its own
         return await single()
 
-    async def start(self, attempt: AttemptLease) -> AttemptState:
+    async def start(self, attempt: AttemptLease, task_id: str | None = None) -> AttemptState:
         return await self._submit(
             self._starts,
-            _start_item(attempt),
+            _start_item(attempt, task_id),
             lambda: self._client.start_attempt(self._ns, attempt.id, attempt.lease_token),
         )
 
-    async def complete(self, attempt: AttemptLease, result: JsonValue) -> AttemptState:
+    async def complete(
+        self, attempt: AttemptLease, result: JsonValue, task_id: str | None = None
+    ) -> AttemptState:
         if _tracing.AVAILABLE and (span := _tracing.report_span("complete", attempt)) is not None:
             with _tracing.use_span(span):
-                return await self._complete(attempt, result)
-        return await self._complete(attempt, result)
+                return await self._complete(attempt, result, task_id)
+        return await self._complete(attempt, result, task_id)
 
-    async def _complete(self, attempt: AttemptLease, result: JsonValue) -> AttemptState:
+    async def _complete(self, attempt: AttemptLease, result: JsonValue, task_id: str | None) -> AttemptState:
         return await self._submit(
             self._completes,
-            _complete_item(attempt, result),
+            _complete_item(attempt, result, task_id),
             lambda: self._client.complete_attempt(self._ns, attempt.id, attempt.lease_token, result),
         )
 

@@ -23,6 +23,9 @@ class ServerInfo(BaseModel):
             (``LeaseRequest.start``, README "Workers"); ``False`` from a server that predates it.
         report_and_lease: whether a ``complete``/``fail`` batch may carry a lease request
             (``CompleteBatch.lease``); ``False`` from a server that predates it.
+        item_task_ids: whether the items of a ``start``/``complete`` batch may name their
+            attempt's task (``StartItem.task_id``, ``CompleteItem.task_id``); ``False`` from a server
+            that predates it (it refuses the field).
     """
 
     model_config = ConfigDict(extra="ignore", frozen=True)
@@ -32,3 +35,4 @@ class ServerInfo(BaseModel):
     max_body_bytes: int = Field(ge=1)
     lease_and_start: bool = False
     report_and_lease: bool = False
+    item_task_ids: bool = False

@@ -209,6 +209,7 @@ class Worker(_WorkerCore):
             config = self._config
             self._start_on_lease = bool(features and features.lease_and_start and config.lease_and_start)
             self._riding = bool(features and features.report_and_lease and config.report_linger is not None)
+            self._item_task_ids = bool(features and features.item_task_ids)
             self._reports = self._new_reports(features.max_body_bytes if features else None)
             return True
         return False
@@ -393,7 +394,7 @@ class Worker(_WorkerCore):
             return
         if not held.started:  # counted in _in_start by _slot (_needs_start)
             try:
-                reports.start(attempt)
+                reports.start(attempt, self._named_task(grant))
             except OrbitError as exc:
                 logger.warning("could not start task %s attempt %d: %s", task.id, attempt.generation, exc)
                 return
@@ -444,7 +445,7 @@ class Worker(_WorkerCore):
     def _complete(self, grant: LeaseGrant, result: Any) -> None:
         reports, attempt = self._reports, grant.attempt
         try:
-            self._report(grant, lambda: reports.complete(attempt, result))
+            self._report(grant, lambda: reports.complete(attempt, result, self._named_task(grant)))
         except OrbitUsageError as exc:  # the result is not JSON
             error = self._invalid_result(grant, exc)
             self._report(grant, lambda: reports.fail(attempt, error))

@@ -351,6 +351,13 @@ class _WorkerCore:
         self._drained = False
         #: Slots inside their start call (``start`` sent or about to be), for the start batch's linger.
         self._in_start = 0
+        #: Whether batched reports name their attempt's task (the server's ``item_task_ids``).
+        self._item_task_ids = False
+
+    def _named_task(self, grant: LeaseGrant) -> str | None:
+        """The task id a batched ``start``/``complete`` report names (``StartItem.task_id``), when the server
+        takes it: it then locks the batch's tasks without reading which they are first."""
+        return grant.task.id if self._item_task_ids else None
 
     def _may_start(self) -> int:
         """How many ``start`` reports may still join a forming start batch (its ``enough``): the

@@ -79,6 +79,7 @@ def create_app(settings: ServerSettings | None = None, *, engine: Engine | None 
         max_body_bytes=settings.max_body_bytes,
         lease_and_start=True,
         report_and_lease=True,
+        item_task_ids=True,
     )
     install_problem_handlers(app)
 

@@ -5,7 +5,8 @@ right, it holds a live lease, it is ``LEASED`` for a start or ``RUNNING`` for a 
 is at the matching status with this attempt current, and no attempt appears twice) is written
 with one statement per table instead of one per item:
 
-1. read the batch's task ids from its attempts, without a lock (lock order stays task first);
+1. read the batch's task ids from its attempts, without a lock (lock order stays task first), unless
+   every item names its task (``task_id``, as the lease granted it: :func:`_lock_tasks`);
 2. lock those tasks by primary key and their current attempts with them, and read both, in one
    statement: ``SELECT ... FROM tasks FORCE INDEX (PRIMARY) JOIN task_attempts ON task_attempts.id =
    tasks.current_attempt_id WHERE tasks.id IN (...) AND namespace_id = :ns FOR UPDATE``, with the
@@ -107,14 +108,21 @@ def _lock_statement(dialect: str, pack: bool, n: int) -> sa.Select[Any]:
 
 
 def _lock_tasks(
-    conn: Connection, namespace_id: int, attempt_ids: list[str]
+    conn: Connection, namespace_id: int, attempt_ids: list[str], named: Sequence[str | None] = ()
 ) -> tuple[list[dict[str, Any]], dict[str, dict[str, Any]]]:
     """Lock the tasks of the attempts ``attempt_ids`` in ``namespace_id`` and their current attempts, and
     read them (steps 1 and 2 of the module docstring), with the database clock (``db_now``) and their
     queue's pause (``gate_paused``): ``(tasks, current attempts by id)``, nothing when no attempt exists.
     On MariaDB the rows come packed (:mod:`orbit_server.db.packed_rows`): PyMySQL parses each column's
-    description in Python, and this read returns 30 columns."""
-    task_ids = list(conn.execute(_task_ids(len(attempt_ids)), _key_params("a", attempt_ids)).scalars())
+    description in Python, and this read returns 30 columns.
+
+    ``named``: the task id each item names (``StartItem.task_id``), when every item names one: the tasks
+    are then locked without reading their ids first (step 1). A wrong one locks another task of the namespace
+    (or none) for the transaction, and leaves its attempt unread, so the batch is declined."""
+    if named and all(task_id is not None and _ids.can_exist(task_id) for task_id in named):
+        task_ids: list[str] = sorted({task_id for task_id in named if task_id is not None})
+    else:
+        task_ids = list(conn.execute(_task_ids(len(attempt_ids)), _key_params("a", attempt_ids)).scalars())
     if not task_ids:
         return [], {}
     pack = packs(conn.dialect)
@@ -137,13 +145,15 @@ def _lock_tasks(
 
 
 def _read(
-    conn: Connection, namespace_id: int, attempt_ids: list[str], attempt_status: AttemptStatus,
-    task_status: TaskStatus, tokens: list[str],
+    conn: Connection, namespace_id: int, items: Sequence[StartItem | CompleteItem], attempt_status: AttemptStatus,
+    task_status: TaskStatus,
 ) -> tuple[list[tuple[dict[str, Any], dict[str, Any]]], datetime] | None:  # fmt: skip
     """Lock and read the batch; ``(task, attempt)`` per item and the clock, or ``None`` to decline."""
+    attempt_ids = [item.attempt_id for item in items]
+    tokens = [item.lease_token for item in items]
     if len(set(attempt_ids)) != len(attempt_ids) or not all(map(_ids.can_exist, attempt_ids)):
         return None  # item by item: a repeated id sees the first item's effect; a bad id is a 404
-    locked, by_attempt = _lock_tasks(conn, namespace_id, attempt_ids)
+    locked, by_attempt = _lock_tasks(conn, namespace_id, attempt_ids, [item.task_id for item in items])
     if not locked:
         return None
     now = transitions._naive(locked[0]["db_now"])
@@ -305,10 +315,7 @@ def _update_tasks(
 
 def start_all(conn: Connection, namespace_id: int, items: Sequence[StartItem]) -> list[AttemptState] | None:
     """Start every attempt of the batch set-based, or ``None`` (nothing written) to run it item by item."""
-    read = _read(
-        conn, namespace_id, [item.attempt_id for item in items], AttemptStatus.LEASED, TaskStatus.LEASED,
-        [item.lease_token for item in items],
-    )  # fmt: skip
+    read = _read(conn, namespace_id, items, AttemptStatus.LEASED, TaskStatus.LEASED)
     if read is None:
         return None
     pairs, now = read
@@ -325,10 +332,7 @@ def complete_all(
     conn: Connection, namespace_id: int, items: Sequence[CompleteItem]
 ) -> list[AttemptState] | None:
     """Complete every attempt of the batch set-based, or ``None`` (nothing written) to run it item by item."""
-    read = _read(
-        conn, namespace_id, [item.attempt_id for item in items], AttemptStatus.RUNNING, TaskStatus.RUNNING,
-        [item.lease_token for item in items],
-    )  # fmt: skip
+    read = _read(conn, namespace_id, items, AttemptStatus.RUNNING, TaskStatus.RUNNING)
     if read is None:
         return None
     pairs, now = read

@@ -569,3 +569,37 @@ def test_a_renewal_that_waited_for_its_task_computes_the_lease_from_the_attempt_
         )
         left -= db_now(conn)
     assert timedelta(seconds=700) < left <= timedelta(seconds=777)
+
+
+@pytest.mark.parametrize(
+    "wrong", ["tasks swapped", "a task outside the batch", "no such task", "not ASCII", "one names none"]
+)
+def test_items_naming_a_wrong_task_are_answered_as_without_it(api: Api, wrong: str) -> None:
+    """An item's ``task_id`` only saves the server a read: a wrong one (or one missing) leaves each item
+    answered as it would be without it, and no other task touched."""
+    queue = api.queue()
+    grants = leased(api, queue, 4)
+    batch, bystander = grants[:3], grants[3]
+    named: list[str | None] = [g["task"]["id"] for g in batch]
+    if wrong == "tasks swapped":
+        named[0], named[1] = named[1], named[0]
+    elif wrong == "a task outside the batch":
+        named[0] = bystander["task"]["id"]
+    else:
+        named[0] = {"no such task": "no-such-task", "not ASCII": "tâche", "one names none": None}[wrong]
+
+    def items(**fields: Any) -> list[dict[str, Any]]:
+        return [
+            item(g, **fields, **({"task_id": task} if task is not None else {}))
+            for g, task in zip(batch, named, strict=True)
+        ]
+
+    started = ok_batch(api, "start", items())
+    assert [s["status"] for s in started] == [200, 200, 200]
+    assert [s["attempt"]["task_id"] for s in started] == [g["task"]["id"] for g in batch]
+    done = ok_batch(api, "complete", items(result={"ok": 1}))
+    assert [d["status"] for d in done] == [200, 200, 200]
+    for g in batch:
+        task = api.task(g["task"]["id"])
+        assert (task["status"], task["result"]) == ("SUCCEEDED", {"ok": 1})
+    assert api.task(bystander["task"]["id"])["status"] == "LEASED"

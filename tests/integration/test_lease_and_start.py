@@ -44,9 +44,9 @@ def worker_client(env: Env) -> Iterator[OrbitClient]:
         yield client
 
 
-def test_the_server_says_it_offers_both(worker_client: OrbitClient) -> None:
+def test_the_server_says_it_offers_the_newer_worker_calls(worker_client: OrbitClient) -> None:
     info = worker_client.get_settings()
-    assert info.lease_and_start and info.report_and_lease
+    assert info.lease_and_start and info.report_and_lease and info.item_task_ids
 
 
 def test_grants_come_back_running_and_need_no_start(env: Env, worker_client: OrbitClient) -> None:

@@ -51,6 +51,8 @@ class Sent:
     answered: float = 0.0
     #: A report batch that carried a lease request (report-and-lease).
     rides: bool = False
+    #: The task each item of a batch names (``task_id``; ``None`` where it names none).
+    tasks: list[str | None] = field(default_factory=list)
 
 
 def kind_of(request: httpx.Request) -> str:
@@ -76,7 +78,8 @@ class Recorder:
     def before(self, request: httpx.Request) -> httpx.Response | None:
         kind = kind_of(request)
         body = json.loads(request.content) if "(batch)" in kind else {}
-        sent = Sent(kind, len(body["items"]) if body else 1, rides="lease" in body)
+        sent = Sent(kind, len(body["items"]) if body else 1, rides="lease" in body,
+                    tasks=[item.get("task_id") for item in body.get("items", [])])  # fmt: skip
         request.extensions["orbit_sent"] = sent  # for after(): its answer time and grants
         with self.lock:
             self.sent.append(sent)
@@ -114,6 +117,9 @@ class Recorder:
 
     def items(self, kind: str) -> list[int]:
         return [s.items for s in self.sent if s.kind == kind]
+
+    def tasks(self, kind: str) -> list[str | None]:
+        return [task for s in self.sent if s.kind == kind for task in s.tasks]
 
 
 class CountingTransport(httpx.BaseTransport):
@@ -209,6 +215,10 @@ def test_n_tasks_cost_one_lease_one_start_and_one_complete_call(env: Env) -> Non
     assert recorder.items("start (batch)") == [8]
     assert recorder.items("complete (batch)") == [8]
     assert recorder.count("start") == recorder.count("complete") == 0
+    # each item names its task (the server's item_task_ids), so the server locks them without reading them first
+    assert (
+        sorted(recorder.tasks("start (batch)")) == sorted(recorder.tasks("complete (batch)")) == sorted(ids)
+    )
     assert [env.admin.get_task(env.ns, i).result for i in ids] == [
         {"n": n, "generation": 1} for n in range(8)
     ]
@@ -360,6 +370,9 @@ def test_async_worker_coalesces_its_reports(env: Env) -> None:
     assert [s.grants for s in recorder.sent if s.kind == "lease" and s.grants] == [6]
     assert recorder.items("start (batch)") == [6]
     assert recorder.items("complete (batch)") == [6]
+    assert (
+        sorted(recorder.tasks("start (batch)")) == sorted(recorder.tasks("complete (batch)")) == sorted(ids)
+    )
     assert result_event_counts(env, ids) == dict.fromkeys(ids, 1)
 
 

@@ -276,3 +276,27 @@ def test_a_batch_sends_the_bytes_its_size_split_measured() -> None:
     sent = [item for call in route.calls[::2] for item in json.loads(call.request.content)["items"]]
     assert sent == [item.model_dump(mode="json") for item in items]
     assert {call.request.headers["content-type"] for call in route.calls} == {"application/json"}
+
+
+@respx.mock
+def test_an_item_names_its_task_only_when_given_one() -> None:
+    """``task_id`` is left out of the body when ``None``: a server that predates it (and refuses unknown
+    fields) accepts the item."""
+    route = respx.post(f"{BASE}{BATCH}/start").mock(
+        return_value=httpx.Response(200, json={"items": [{"status": 200, "attempt": state_json()}] * 2})
+    )
+    with client() as c:
+        c.start_attempts(
+            "acme",
+            [
+                StartItem(attempt_id="a-1", lease_token="t-1"),
+                {"attempt_id": "a-2", "lease_token": "t-2", "task_id": "k"},
+            ],
+        )
+    sent = json.loads(route.calls.last.request.content)["items"]
+    assert sent == [
+        {"attempt_id": "a-1", "lease_token": "t-1"},
+        {"attempt_id": "a-2", "lease_token": "t-2", "task_id": "k"},
+    ]
+    done = CompleteItem(attempt_id="a-1", lease_token="t-1", result=None)
+    assert json.loads(done.model_dump_json()) == {"attempt_id": "a-1", "lease_token": "t-1", "result": None}
