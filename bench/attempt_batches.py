@@ -54,7 +54,7 @@ def _measure(orbit: Orbit, pid: int, counters: Counters, user: str, size: int, c
         commands, db_cpu = counters.read(user)
         cpu = cpu_seconds(pid)
         for batch in batches:
-            orbit.post(f"/attempts/{action}", {"items": [_attempt(grant, **body) for grant in batch]})
+            orbit.post(f"/attempts/{action}", {"items": [_attempt(grant, orbit, **body) for grant in batch]})
         cpu = cpu_seconds(pid) - cpu
         commands_after, db_cpu_after = counters.read(user)
         out[action] = {

@@ -148,6 +148,8 @@ class Orbit:
         self.url = url
         self.prefix = prefix
         self.queues = 0
+        #: Whether batch items name their task, as a Worker's do against a server that takes it (``item_task_ids``).
+        self.names_tasks = bool(self.work.get("/v1/settings").json().get("item_task_ids"))
 
     def queue(self) -> str:
         self.queues += 1
@@ -185,8 +187,15 @@ class Orbit:
             raise SystemExit(f"{path}: {response.status_code} {response.text}")
 
 
-def _attempt(grant: dict[str, Any], **body: Any) -> dict[str, Any]:
-    return {"attempt_id": grant["attempt"]["id"], "lease_token": grant["attempt"]["lease_token"], **body}
+def _attempt(grant: dict[str, Any], orbit: Orbit | None = None, **body: Any) -> dict[str, Any]:
+    """A batch item for ``grant``; naming its task when ``orbit``'s server takes it (as a ``Worker`` does)."""
+    named = {"task_id": grant["task"]["id"]} if orbit is not None and orbit.names_tasks else {}
+    return {
+        "attempt_id": grant["attempt"]["id"],
+        "lease_token": grant["attempt"]["lease_token"],
+        **named,
+        **body,
+    }
 
 
 def _orbit_round(
@@ -199,7 +208,9 @@ def _orbit_round(
         return lambda: orbit.post(path, {"lease_token": grant["attempt"]["lease_token"], **body})
 
     def batch(action: str, *grants: dict[str, Any], **body: Any) -> Callable[[], None]:
-        return lambda: orbit.post(f"/attempts/{action}", {"items": [_attempt(g, **body) for g in grants]})
+        return lambda: orbit.post(
+            f"/attempts/{action}", {"items": [_attempt(g, orbit, **body) for g in grants]}
+        )
 
     grants = orbit.leased(n)
     out["start"] = _measure(counters, user, pid, [single("start", g) for g in grants])
