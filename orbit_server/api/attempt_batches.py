@@ -70,12 +70,12 @@ log = logging.getLogger("orbit_server.attempt_batches")
 #: How many times one item is run when it meets a concurrent update (as ``transact`` does).
 _ITEM_TRIES = 5
 #: The fewest items a start or complete batch writes set-based (:mod:`orbit_server.tasks.attempt_sets`).
-#: Fewer take the single calls' path, whose statements read the task, the attempt and the clock in one.
-#: Measured while choosing it (``bench.attempt_batches``, MariaDB): at two items the item path cost the
-#: server 0.75× (complete) and 0.9× (start) the set-based path's CPU, the same CPU with MariaDB's counted;
-#: from three items the set-based path costs less with it
-#: (``bench/results/attempt-batches-2026-12-05T1559-904b574.json``).
-_SET_BASED_FROM = 3
+#: One item takes the single call's path, whose statements read the task, the attempt and the clock in one.
+#: Two items went item by item too while the set-based path cost more (``bench.attempt_batches``:
+#: ``bench/results/attempt-batches-2026-12-05T1559-904b574.json``); since its attempts are locked with
+#: their tasks, its statements are built per size and a worker's items name their tasks, two items cost the
+#: server less set-based (``bench/results/attempt-batches-2026-12-05T1848-*.json``, second server item by item).
+_SET_BASED_FROM = 2
 
 NamespaceName = Annotated[str, Path(pattern=NAME_PATTERN, description="Namespace name.")]
 Item = Callable[[Connection], AttemptState]
