@@ -74,7 +74,7 @@ _ITEM_TRIES = 5
 #: Two items went item by item too while the set-based path cost more (``bench.attempt_batches``:
 #: ``bench/results/attempt-batches-2026-12-05T1559-904b574.json``); since its attempts are locked with
 #: their tasks, its statements are built per size and a worker's items name their tasks, two items cost the
-#: server less set-based (``bench/results/attempt-batches-2026-12-05T1848-*.json``, second server item by item).
+#: server less set-based (``bench/results/attempt-batches-2026-12-05T1846-b6e9072.json``, second server item by item).
 _SET_BASED_FROM = 2
 
 NamespaceName = Annotated[str, Path(pattern=NAME_PATTERN, description="Namespace name.")]

@@ -1,4 +1,4 @@
-"""Edge cases of batched start/complete calls (set-based from three items, item by item below):
+"""Edge cases of batched start/complete calls (set-based from two items, one item on the single call's path):
 JSON results of every kind, batch sizes that recur, racing batches, paused queues, permits."""
 
 from __future__ import annotations
@@ -170,8 +170,8 @@ def _problem(body: dict[str, Any]) -> dict[str, Any]:
 @pytest.mark.parametrize("action", ["start", "complete"])
 @pytest.mark.parametrize("size", [2, 3])
 def test_a_mixed_batch_is_answered_alike_by_both_paths(api: Api, size: int, action: str) -> None:
-    """Sizes 2 (item by item) and 3 (set-based, declined to item by item): each item answered as the
-    single call answers it (a stale token, an unknown attempt, a lapsed lease, a repeated report)."""
+    """Sizes 2 and 3 (set-based, declined to item by item): each item answered as the single call answers
+    it (a stale token, an unknown attempt, a lapsed lease, a repeated report)."""
     from tests.integration.test_attempt_batches import lapse
 
     queue = api.queue()

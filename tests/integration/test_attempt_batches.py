@@ -483,7 +483,7 @@ def test_a_set_based_start_computes_its_lease_from_the_attempt_as_it_is_once_loc
     from orbit_server.tasks import attempt_sets
 
     queue = api.queue()
-    grants = leased(api, queue, 3)  # the fewest items a batch writes set-based
+    grants = leased(api, queue, 3)  # written set-based
     renewed = grants[1]["attempt"]["id"]
     original = attempt_sets._lock_statement
     locks: list[int] = []

@@ -134,7 +134,7 @@ def test_each_worker_call_costs_its_statements_and_no_more(api: Api, batched: bo
     assert not [c for c in counted["empty lease"] if c.startswith(("UPDATE", "INSERT", "DELETE"))]
 
 
-#: Commands per set-based batch (three items or more: ``orbit_server.api.attempt_batches._SET_BASED_FROM``), the
+#: Commands per set-based batch (two items or more: ``orbit_server.api.attempt_batches._SET_BASED_FROM``), the
 #: same for any size, by database, when its items do not name their tasks (``task_id``: one read fewer when they
 #: do, as a worker's do).
 EXPECTED_SET_BASED = {
@@ -156,7 +156,7 @@ EXPECTED_SET_BASED = {
 
 
 @pytest.mark.parametrize("named", [False, True], ids=["ids read", "tasks named"])
-@pytest.mark.parametrize("size", [3, 8])
+@pytest.mark.parametrize("size", [2, 8])
 def test_a_set_based_batch_costs_its_statements_whatever_its_size(api: Api, size: int, named: bool) -> None:
     queue = api.queue()
     api.submit(queue)
