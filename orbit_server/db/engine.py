@@ -177,6 +177,12 @@ def is_sqlite(url: str | URL) -> bool:
     return make_url(url).get_backend_name() == "sqlite"
 
 
+#: Compiled statements an engine keeps (SQLAlchemy's default: 500). The worker calls' statements are built once per
+#: batch size or number of grants (``tasks/attempt_sets.py``, ``tasks/leases.py``: up to 128 sizes each, six kinds),
+#: and each size is compiled once: a cache smaller than what a busy server's sizes need would compile them again.
+_QUERY_CACHE_SIZE = 2000
+
+
 def create_engine(
     url: str | URL, *, pool_size: int = 20, echo: bool = False, ping_idle_seconds: float = 10.0
 ) -> Engine:
@@ -215,6 +221,7 @@ def create_engine(
             connect_args={"check_same_thread": False, "timeout": 30},
             pool_size=pool_size,
             max_overflow=pool_size,
+            query_cache_size=_QUERY_CACHE_SIZE,
         )
         _make_sqlite_single_writer(engine)
         return engine
@@ -224,6 +231,7 @@ def create_engine(
         "pool_size": pool_size,
         "max_overflow": pool_size,
         "execution_options": {"preserve_rowcount": True},
+        "query_cache_size": _QUERY_CACHE_SIZE,
     }
     if backend == "mysql":
         kwargs["isolation_level"] = "READ COMMITTED"
