@@ -270,6 +270,8 @@ MAX_ATTEMPT_BATCH_ITEMS = 500
 
 #: An attempt id as the batched calls accept it.
 AttemptId = Annotated[str, Field(min_length=1, max_length=64)]
+#: A task id as a batch item names it (``StartItem.task_id``).
+_TaskId = Annotated[str, Field(min_length=1, max_length=64)]
 
 
 class _NamesItsTask(BaseModel):
@@ -280,7 +282,7 @@ class _NamesItsTask(BaseModel):
     costs nothing but that: the item is then answered as without it. Left out of the request body when
     ``None``, so that a server that predates the field accepts the item."""
 
-    task_id: AttemptId | None = None
+    task_id: _TaskId | None = None
 
     @model_serializer(mode="wrap")
     def _without_absent_task(self, handler: SerializerFunctionWrapHandler) -> Any:
