@@ -601,3 +601,157 @@ def test_a_batch_of_the_largest_size_is_written_set_based_with_and_without_names
         stored = dict(conn.execute(sa.select(tasks.c.id, tasks.c.result).where(
             tasks.c.id.in_([g["task"]["id"] for g in grants]))).all())  # fmt: skip
     assert [stored[g["task"]["id"]] for g in grants] == list(range(len(grants)))
+
+
+# --- 1. Lease lapse races with the expiry sweep and the lease path ----------------------------------------------
+
+
+def _racing(*calls: Callable[[], Any]) -> list[Any]:
+    """Run ``calls`` at once, each in its own thread (released together); their returns, in order."""
+    barrier = threading.Barrier(len(calls))
+
+    def run(call: Callable[[], Any]) -> Any:
+        barrier.wait()
+        return call()
+
+    with ThreadPoolExecutor(max_workers=len(calls)) as pool:
+        futures = [pool.submit(run, call) for call in calls]
+        return [future.result(timeout=90) for future in futures]
+
+
+@pytest.mark.parametrize("action", ["start", "complete"])
+def test_a_batch_racing_the_expiry_sweep_over_lapsed_leases(api: Api, action: str) -> None:
+    """Half the batch's leases have lapsed and the sweep runs at the same moment: each lapsed item is a 409
+    ``lease_lost`` whoever expires it first, each live one a 200, and every lapsed attempt is expired once."""
+    from orbit_server.tasks.leases import expire_leases
+
+    for _ in range(4):
+        grants = leased(
+            api, api.queue(), 6, retry_safe=True
+        )  # a queue each round: the lapsed tasks wait in it
+        if action == "complete":
+            ok_batch(api, "start", [item(g) for g in grants])
+        lapsed = grants[1::2]
+        for g in lapsed:
+            lapse(api, g)
+        body = {"result": "r"} if action == "complete" else {}
+        answers, _ = _racing(
+            lambda grants=grants, body=body: ok_batch(api, action, [_named(g, **body) for g in grants]),
+            lambda: transact(api.server.engine, expire_leases),
+        )
+        expect = [(409, "lease_lost") if g in lapsed else (200, None) for g in grants]
+        assert _answers(answers) == expect
+        for g in lapsed:
+            (attempt,) = api.attempts(g["task"]["id"])
+            assert attempt["status"] == "EXPIRED", attempt
+            assert api.task(g["task"]["id"])["status"] == "WAITING"
+            assert [e["event"] for e in api.events(g["task"]["id"])].count("lease_expired") <= 1
+        check_attempt_history(api.server.engine, [g["task"]["id"] for g in grants])
+
+
+def test_a_start_batch_racing_a_lease_that_takes_its_lapsed_tasks_again(api: Api) -> None:
+    """A start batch over lapsed leases and a lease of the same queue at once: a task leased again belongs to its
+    new attempt (the batch's item for the old one is a 409 and starts nothing), and the new grant starts."""
+    queue = api.queue()
+    for _ in range(4):
+        grants = leased(api, queue, 4)
+        for g in grants[:2]:
+            lapse(api, g)
+        answers, fresh = _racing(
+            lambda grants=grants: ok_batch(api, "start", [_named(g) for g in grants]),
+            lambda: api.lease(queue, 4),
+        )
+        assert _answers(answers) == [(409, "lease_lost")] * 2 + [(200, None)] * 2
+        assert {g["task"]["id"] for g in fresh} <= {g["task"]["id"] for g in grants[:2]}
+        if fresh:
+            again = ok_batch(api, "start", [_named(g) for g in fresh])
+            assert [a["status"] for a in again] == [200] * len(fresh)
+        for g in grants[:2]:
+            task = api.task(g["task"]["id"])
+            assert task["status"] in ("WAITING", "RUNNING"), task
+        check_attempt_history(api.server.engine, [g["task"]["id"] for g in grants])
+        for g in api.lease(queue, 4):  # leave nothing for the next round
+            api.ok(g, "start")
+
+
+# --- 5. A lease of several grants maps each task to its own attempt ---------------------------------------------
+
+
+def test_a_lease_and_start_of_several_grants_mixing_retry_safe_tasks(api: Api) -> None:
+    queue = api.queue()
+    for n in range(6):
+        api.submit(queue, retry_safe=bool(n % 2))
+    r = api.http["work"].post(f"/v1/namespaces/{api.ns}/queues/{queue}/leases",
+                              json={"worker_id": "w", "max_tasks": 6, "lease_seconds": 30, "start": True})  # fmt: skip
+    assert r.status_code == 200, r.text
+    grants = list(r.json())
+    assert len(grants) == 6
+    with api.server.engine.connect() as conn:
+        rows = {
+            row.id: row
+            for row in conn.execute(
+                sa.select(tasks.c.id, tasks.c.current_attempt_id, tasks.c.status, tasks.c.retry_safe,
+                          tasks.c.state_version)
+                .where(tasks.c.id.in_([g["task"]["id"] for g in grants]))
+            )
+        }  # fmt: skip
+        owners = dict(
+            conn.execute(
+                sa.select(task_attempts.c.id, task_attempts.c.task_id).where(
+                    task_attempts.c.id.in_([g["attempt"]["id"] for g in grants])
+                )
+            ).all()
+        )
+    for g in grants:
+        row = rows[g["task"]["id"]]
+        assert row.current_attempt_id == g["attempt"]["id"] and owners[g["attempt"]["id"]] == row.id
+        assert (row.status, row.state_version) == (("RUNNING", 3) if row.retry_safe else ("LEASED", 2))
+        assert g["task"]["status"] == row.status
+    items = [_named(g) for g in grants if not rows[g["task"]["id"]].retry_safe]
+    assert [a["status"] for a in ok_batch(api, "start", items)] == [200] * 3
+    done = ok_batch(api, "complete", [_named(g, result=g["task"]["id"]) for g in grants])
+    assert [d["status"] for d in done] == [200] * 6
+    assert [api.task(g["task"]["id"])["result"] for g in grants] == [g["task"]["id"] for g in grants]
+
+
+# --- 3. The client leaves task_id out when None; the server says it takes it ------------------------------------
+
+
+def test_items_without_a_task_leave_it_out_of_the_body_and_the_server_offers_named_tasks(api: Api) -> None:
+    import json
+
+    from orbit_client import CompleteBatch, CompleteItem, StartBatch, StartItem
+
+    start = StartBatch(items=[StartItem(attempt_id="a", lease_token="t"),
+                              StartItem(attempt_id="b", lease_token="t", task_id="x")])  # fmt: skip
+    complete = CompleteBatch(items=[CompleteItem(attempt_id="a", lease_token="t", result=None)])
+    for body in (json.loads(start.model_dump_json()), start.model_dump(mode="json"), start.model_dump()):
+        assert "task_id" not in body["items"][0] and body["items"][1]["task_id"] == "x"
+    for body in (json.loads(complete.model_dump_json()), complete.model_dump(mode="json")):
+        assert "task_id" not in body["items"][0] and body["items"][0]["result"] is None
+    r = api.http["read"].get("/v1/settings")
+    assert r.status_code == 200, r.text
+    assert r.json().get("item_task_ids") is True or r.json().get("features", {}).get("item_task_ids") is True
+
+
+# --- 6. Two items: set-based, with a foreign attempt ----------------------------------------------------------
+
+
+def test_a_two_item_batch_with_another_namespace_s_attempt(api: Api, quiet_server: RunningServer) -> None:  # noqa: F811
+    """One item of this namespace, one of another (its own token, its task named): 200 and 404, the other
+    namespace's attempt untouched, whether the items name their tasks or not."""
+    other_ns = f"ns-{uuid.uuid4().hex[:8]}"
+    other = Api(quiet_server, other_ns, quiet_server.add_namespace(other_ns))
+    try:
+        queue, foreign_queue = api.queue(), other.queue()
+        for make in (item, _named):
+            (mine,) = leased(api, queue, 1)
+            (theirs,) = leased(other, foreign_queue, 1)
+            answers = ok_batch(api, "start", [make(mine), make(theirs)])
+            assert _answers(answers) == [(200, None), (404, "attempt_not_found")]
+            answers = ok_batch(api, "complete", [make(theirs, result=1), make(mine, result=2)])
+            assert _answers(answers) == [(404, "attempt_not_found"), (200, None)]
+            assert other.task(theirs["task"]["id"])["status"] == "LEASED"
+            assert other.ok(theirs, "start")["status"] == "RUNNING"
+    finally:
+        other.close()
