@@ -755,3 +755,43 @@ def test_a_two_item_batch_with_another_namespace_s_attempt(api: Api, quiet_serve
             assert other.ok(theirs, "start")["status"] == "RUNNING"
     finally:
         other.close()
+
+
+# --- 1/2. What the one locking read reads (packed on MariaDB) is what the single call reads ----------------------
+
+
+@pytest.mark.parametrize("seconds", [12.345678, 0.1, 3599.999999, 30.0])
+def test_a_set_based_start_grants_the_lease_the_single_start_grants(api: Api, seconds: float) -> None:
+    """The lease a start grants is its attempt's ``lease_seconds`` from the start's clock: the set-based start
+    (the attempt read in the task's locking read, packed on MariaDB) and the single start grant the same length,
+    for a lease of any length a worker may ask."""
+    queue = api.queue()
+    worker = 'w"\\ö\n😀' + "x" * 200
+    for _ in range(3):
+        api.submit(queue)
+    r = api.http["work"].post(f"/v1/namespaces/{api.ns}/queues/{queue}/leases",
+                              json={"worker_id": worker, "max_tasks": 3, "lease_seconds": seconds})  # fmt: skip
+    assert r.status_code == 200, r.text
+    single, *pair = r.json()
+    one = api.ok(single, "start")
+    two = ok_batch(api, "start", [_named(g) for g in pair])
+    assert [t["status"] for t in two] == [200, 200]
+    with api.server.engine.connect() as conn:
+        rows = {
+            row.id: row
+            for row in conn.execute(
+                sa.select(task_attempts.c.id, task_attempts.c.started_at, task_attempts.c.lease_expires_at,
+                          task_attempts.c.lease_seconds)
+                .where(task_attempts.c.id.in_([g["attempt"]["id"] for g in (single, *pair)]))
+            )
+        }  # fmt: skip
+    lengths = {g["attempt"]["id"]: rows[g["attempt"]["id"]].lease_expires_at - rows[g["attempt"]["id"]].started_at
+               for g in (single, *pair)}  # fmt: skip
+    assert len(set(lengths.values())) == 1, lengths
+    answered = [one["lease_expires_at"], *(t["attempt"]["lease_expires_at"] for t in two)]
+    stored = [rows[g["attempt"]["id"]].lease_expires_at for g in (single, *pair)]
+    assert [datetime.fromisoformat(a).replace(tzinfo=None) for a in answered] == stored
+    actors = {
+        e["actor"] for g in (single, *pair) for e in api.events(g["task"]["id"]) if e["event"] == "started"
+    }
+    assert actors == {f"worker:{worker}"}
