@@ -15,6 +15,7 @@ import httpx
 import pytest
 import sqlalchemy as sa
 
+from orbit_client import TaskStatus
 from orbit_server.db.engine import db_now
 from orbit_server.db.schema import event_deliveries, result_events, subscriptions, task_attempts, tasks
 from orbit_server.db.transact import transact
@@ -795,3 +796,120 @@ def test_a_set_based_start_grants_the_lease_the_single_start_grants(api: Api, se
         e["actor"] for g in (single, *pair) for e in api.events(g["task"]["id"]) if e["event"] == "started"
     }
     assert actors == {f"worker:{worker}"}
+
+
+# --- All of it at once: workers with short leases, the sweep, heartbeats, a subscription ------------------------
+
+
+def test_workers_with_lapsing_leases_and_the_sweep_complete_each_task_at_most_once(api: Api) -> None:
+    """Four workers lease, start and complete in named batches with leases short enough to lapse while they work,
+    one heartbeats, and the sweep runs all along: every request is answered, a complete answered 200 is the
+    task's one success with its result, every success has one result event and one delivery to a subscription
+    made before, and no task ever had two live attempts."""
+    import random
+
+    from orbit_server.tasks.leases import expire_leases
+    from orbit_server.tasks.result_events import RESULT_STATUSES
+
+    queue = api.queue()
+    sub = f"all-{uuid.uuid4().hex[:6]}"
+    r = api.http["admin"].post(
+        f"/v1/namespaces/{api.ns}/subscriptions", json={"name": sub, "queues": [queue]}
+    )
+    assert r.status_code == 201, r.text
+    ids = [api.submit(queue, retry_safe=bool(n % 2), max_attempts=20)["id"] for n in range(24)]
+    stop = threading.Event()
+    wins: list[tuple[str, str, Any]] = []  # (task, attempt, result) of each complete answered 200
+    failures: list[str] = []
+    headers = {"Authorization": f"Bearer {api.keys['work']}"}
+    base = f"/v1/namespaces/{api.ns}"
+
+    def worker(n: int) -> None:
+        rng = random.Random(n)
+        with httpx.Client(base_url=api.server.base_url, timeout=60, headers=headers) as http:
+            while not stop.is_set():
+                r = http.post(f"{base}/queues/{queue}/leases",
+                              json={"worker_id": f"w{n}", "max_tasks": rng.choice([2, 3, 4]), "lease_seconds": 0.3})  # fmt: skip
+                if r.status_code != 200:
+                    failures.append(r.text)
+                    return
+                grants = r.json()
+                if not grants:
+                    if _all_done():
+                        return
+                    continue
+                if rng.random() < 0.3:
+                    stop.wait(0.35)  # a slow worker: its leases lapse before it starts
+                r = http.post(f"{base}/attempts/start", json={"items": [_named(g) for g in grants]})
+                if r.status_code != 200:
+                    failures.append(r.text)
+                    return
+                started = [g for g, a in zip(grants, r.json()["items"], strict=True) if a["status"] == 200]
+                if n == 0 and started:
+                    http.post(
+                        f"{base}/attempts/heartbeat",
+                        json={"items": [item(g, lease_seconds=5) for g in started]},
+                    )
+                stop.wait(rng.choice([0, 0.05, 0.4]))
+                body = [_named(g, result={"by": g["attempt"]["id"]}) for g in started]
+                if not body:
+                    continue
+                r = http.post(f"{base}/attempts/complete", json={"items": body})
+                if r.status_code != 200:
+                    failures.append(r.text)
+                    return
+                for g, a in zip(started, r.json()["items"], strict=True):
+                    if a["status"] == 200:
+                        wins.append((g["task"]["id"], g["attempt"]["id"], {"by": g["attempt"]["id"]}))
+
+    def _all_done() -> bool:
+        with api.server.engine.connect() as conn:
+            live = conn.scalar(sa.select(sa.func.count()).select_from(tasks).where(
+                tasks.c.id.in_(ids), tasks.c.status.in_(["WAITING", "LEASED", "RUNNING"])))  # fmt: skip
+        return live == 0
+
+    def sweeper() -> None:
+        while not stop.is_set():
+            transact(api.server.engine, expire_leases)
+            stop.wait(0.05)
+
+    threads = [threading.Thread(target=worker, args=(n,)) for n in range(4)] + [
+        threading.Thread(target=sweeper)
+    ]
+    for thread in threads:
+        thread.start()
+    _until(
+        lambda: _all_done() or failures or not any(t.is_alive() for t in threads[:4]),
+        "tasks left",
+        timeout=40,
+    )
+    stop.set()
+    for thread in threads:
+        thread.join(timeout=60)
+    assert not failures, failures
+    assert _all_done()
+    check_attempt_history(api.server.engine, ids)
+    by_task: dict[str, list[tuple[str, Any]]] = {}
+    for task_id, attempt_id, result in wins:
+        by_task.setdefault(task_id, []).append((attempt_id, result))
+    with api.server.engine.connect() as conn:
+        rows = {row.id: row for row in conn.execute(
+            sa.select(tasks.c.id, tasks.c.status, tasks.c.result, tasks.c.current_attempt_id).where(tasks.c.id.in_(ids)))}  # fmt: skip
+        events = dict(conn.execute(sa.select(result_events.c.task_id, sa.func.count())
+                                   .where(result_events.c.task_id.in_(ids)).group_by(result_events.c.task_id)).all())  # fmt: skip
+        delivered = dict(conn.execute(
+            sa.select(result_events.c.task_id, sa.func.count())
+            .join(event_deliveries, event_deliveries.c.event_id == result_events.c.id)
+            .where(result_events.c.task_id.in_(ids)).group_by(result_events.c.task_id)).all())  # fmt: skip
+    assert any(row.status == "SUCCEEDED" for row in rows.values())
+    for task_id, row in rows.items():
+        if row.status == "SUCCEEDED":
+            assert by_task.get(task_id) == [(row.current_attempt_id, row.result)], (
+                task_id,
+                by_task.get(task_id),
+            )
+        else:
+            assert task_id not in by_task, (row, by_task[task_id])
+        finished = TaskStatus(row.status) in RESULT_STATUSES
+        assert events.get(task_id, 0) == (1 if finished else 0), (row, events.get(task_id))
+        assert delivered.get(task_id, 0) == events.get(task_id, 0), (row, delivered.get(task_id))
