@@ -913,3 +913,55 @@ def test_workers_with_lapsing_leases_and_the_sweep_complete_each_task_at_most_on
         finished = TaskStatus(row.status) in RESULT_STATUSES
         assert events.get(task_id, 0) == (1 if finished else 0), (row, events.get(task_id))
         assert delivered.get(task_id, 0) == events.get(task_id, 0), (row, delivered.get(task_id))
+
+
+# --- 6. Two items: a paused queue beside a running one; lease-and-start; one item with a wrong name -------------
+
+
+def test_a_two_item_start_with_one_paused_queue_is_answered_as_the_single_starts(api: Api) -> None:
+    paused, free = api.queue(), api.queue()
+    singles = [leased(api, paused, 1)[0], leased(api, free, 1)[0]]
+    pair = [leased(api, paused, 1)[0], leased(api, free, 1)[0]]
+    r = api.http["admin"].post(f"/v1/namespaces/{api.ns}/queues/{paused}/pause", json={})
+    assert r.status_code in (200, 204), r.text
+    try:
+        one = [api.call(g, "start") for g in singles]
+        got = ok_batch(api, "start", [_named(g) for g in pair])
+    finally:
+        r = api.http["admin"].post(f"/v1/namespaces/{api.ns}/queues/{paused}/resume", json={})
+        assert r.status_code in (200, 204), r.text
+    assert [(a["status"], a["error"] and a["error"].get("queue_paused")) for a in got] == [
+        (o.status_code, o.json().get("queue_paused") if o.status_code != 200 else None) for o in one
+    ]
+    assert got[0]["status"] == 409 and got[1]["status"] == 200
+    assert [api.task(g["task"]["id"])["status"] for g in pair] == [
+        api.task(g["task"]["id"])["status"] for g in singles
+    ]
+
+
+def test_two_lease_and_start_attempts_completed_set_based_are_confirmed(api: Api) -> None:
+    queue = api.queue()
+    for _ in range(2):
+        api.submit(queue, retry_safe=True)
+    r = api.http["work"].post(f"/v1/namespaces/{api.ns}/queues/{queue}/leases",
+                              json={"worker_id": "w", "max_tasks": 2, "lease_seconds": 30, "start": True})  # fmt: skip
+    grants = list(r.json())
+    assert [g["task"]["status"] for g in grants] == ["RUNNING"] * 2
+    done = ok_batch(api, "complete", [_named(g, result=n) for n, g in enumerate(grants)])
+    assert [d["status"] for d in done] == [200, 200]
+    with api.server.engine.connect() as conn:
+        rows = conn.execute(
+            sa.select(task_attempts.c.started_at, task_attempts.c.leased_at, task_attempts.c.status)
+            .where(task_attempts.c.id.in_([g["attempt"]["id"] for g in grants]))
+        ).all()  # fmt: skip
+    assert len(rows) == 2 and all(r.started_at == r.leased_at and r.status == "SUCCEEDED" for r in rows), rows
+
+
+def test_a_one_item_batch_naming_a_wrong_task_is_answered_as_without_it(api: Api) -> None:
+    queue = api.queue()
+    grant, bystander = leased(api, queue, 2)
+    got = ok_batch(api, "start", [_named(grant, task_id=bystander["task"]["id"])])
+    assert got[0]["status"] == 200 and got[0]["attempt"]["task_id"] == grant["task"]["id"]
+    got = ok_batch(api, "complete", [_named(grant, task_id="no-such-task", result=1)])
+    assert got[0]["status"] == 200 and api.task(grant["task"]["id"])["result"] == 1
+    assert api.task(bystander["task"]["id"])["status"] == "LEASED"
