@@ -164,22 +164,48 @@ def test_a_complete_batch_that_waited_for_a_task_answers_from_the_rows_as_commit
 
 
 @pytest.mark.parametrize("named", [False, True], ids=["ids read", "ids named"])
-def test_a_start_batch_that_waited_for_a_lapsing_lease_starts_the_others_only(api: Api, named: bool) -> None:
+@pytest.mark.parametrize("size", [2, 3])
+@pytest.mark.parametrize("change", ["lapsed", "renewed"])
+def test_a_start_batch_that_waited_for_a_task_acts_on_its_attempt_as_committed(
+    api: Api, named: bool, size: int, change: str
+) -> None:
+    """Two or three items (both set-based): the last item's task is held by a transaction that lets its lease
+    lapse, or renews it for 777 s (a heartbeat with ``lease_seconds``); the start waits, then starts the others
+    only, or grants the renewed attempt a lease of 777 s from the start, not the 30 s it had when read."""
     _no_row_locks(api)
     queue = api.queue()
-    grants = leased(api, queue, 3)
-    middle = grants[1]
+    grants = leased(api, queue, size)
+    last = grants[-1]
 
     def hold(conn: sa.Connection) -> None:
-        conn.execute(sa.select(tasks.c.id).where(tasks.c.id == middle["task"]["id"]).with_for_update())
-        conn.execute(task_attempts.update().where(task_attempts.c.id == middle["attempt"]["id"])
-                     .values(lease_expires_at=db_now(conn) - timedelta(seconds=1)))  # fmt: skip
+        conn.execute(sa.select(tasks.c.id).where(tasks.c.id == last["task"]["id"]).with_for_update())
+        now = db_now(conn)
+        values: dict[str, Any] = (
+            {"lease_expires_at": now - timedelta(seconds=1)} if change == "lapsed"
+            else {"lease_seconds": 777, "lease_expires_at": now + timedelta(seconds=777), "heartbeat_at": now}
+        )  # fmt: skip
+        conn.execute(
+            task_attempts.update().where(task_attempts.c.id == last["attempt"]["id"]).values(**values)
+        )
 
     make = _named if named else item
     answer = _post_while_holding(api, hold, "attempts/start", {"items": [make(g) for g in grants]})
     assert answer.status_code == 200, answer.text
-    assert _answers(answer.json()["items"]) == [(200, None), (409, "lease_lost"), (200, None)]
-    assert [api.task(g["task"]["id"])["status"] for g in grants] == ["RUNNING", "WAITING", "RUNNING"]
+    got = answer.json()["items"]
+    if change == "lapsed":
+        assert _answers(got) == [(200, None)] * (size - 1) + [(409, "lease_lost")]
+        assert [api.task(g["task"]["id"])["status"] for g in grants] == ["RUNNING"] * (size - 1) + ["WAITING"]
+    else:
+        assert _answers(got) == [(200, None)] * size
+        with api.server.engine.connect() as conn:
+            row = conn.execute(
+                sa.select(task_attempts.c.started_at, task_attempts.c.lease_expires_at)
+                .where(task_attempts.c.id == last["attempt"]["id"])
+            ).one()  # fmt: skip
+        assert row.lease_expires_at - row.started_at == timedelta(seconds=777)
+        assert datetime.fromisoformat(got[-1]["attempt"]["lease_expires_at"]).replace(tzinfo=None) == (
+            row.lease_expires_at
+        )
     check_attempt_history(api.server.engine, [g["task"]["id"] for g in grants])
 
 
