@@ -733,8 +733,15 @@ def test_a_start_batch_racing_a_lease_that_takes_its_lapsed_tasks_again(api: Api
 # --- 5. A lease of several grants maps each task to its own attempt ---------------------------------------------
 
 
-def test_a_lease_and_start_of_several_grants_mixing_retry_safe_tasks(api: Api) -> None:
-    queue = api.queue()
+@pytest.mark.parametrize("limited", [False, True], ids=["unlimited", "limited"])
+def test_a_lease_and_start_of_several_grants_mixing_retry_safe_tasks(api: Api, limited: bool) -> None:
+    """Each task of a multi-grant lease-and-start gets its own attempt (the claim's ``CASE``), retry-safe ones
+    started; on a limited queue each holds a permit, released by the set-based complete."""
+    from orbit_server.db.schema import concurrency_permits
+
+    queue = f"q-{uuid.uuid4().hex[:10]}"
+    with api.server.engine.begin() as conn:
+        store.create_queue(conn, api.ns, queue, **({"max_concurrency": 7} if limited else {}))
     for n in range(6):
         api.submit(queue, retry_safe=bool(n % 2))
     r = api.http["work"].post(f"/v1/namespaces/{api.ns}/queues/{queue}/leases",
@@ -763,11 +770,20 @@ def test_a_lease_and_start_of_several_grants_mixing_retry_safe_tasks(api: Api) -
         assert row.current_attempt_id == g["attempt"]["id"] and owners[g["attempt"]["id"]] == row.id
         assert (row.status, row.state_version) == (("RUNNING", 3) if row.retry_safe else ("LEASED", 2))
         assert g["task"]["status"] == row.status
+    attempt_ids = [g["attempt"]["id"] for g in grants]
+
+    def permits() -> int:
+        with api.server.engine.connect() as conn:
+            return int(conn.scalar(sa.select(sa.func.count()).select_from(concurrency_permits)
+                                   .where(concurrency_permits.c.attempt_id.in_(attempt_ids))))  # fmt: skip
+
+    assert permits() == (6 if limited else 0)
     items = [_named(g) for g in grants if not rows[g["task"]["id"]].retry_safe]
     assert [a["status"] for a in ok_batch(api, "start", items)] == [200] * 3
     done = ok_batch(api, "complete", [_named(g, result=g["task"]["id"]) for g in grants])
     assert [d["status"] for d in done] == [200] * 6
     assert [api.task(g["task"]["id"])["result"] for g in grants] == [g["task"]["id"] for g in grants]
+    assert permits() == 0
 
 
 # --- 3. The client leaves task_id out when None; the server says it takes it ------------------------------------
