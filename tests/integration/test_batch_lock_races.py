@@ -638,7 +638,9 @@ def test_racing_leases_of_several_grants_never_grant_a_task_twice(api: Api, limi
 # --- 2. The largest batch, set-based, with names ---------------------------------------------------------------
 
 
-def test_a_batch_of_the_largest_size_is_written_set_based_with_and_without_names(api: Api) -> None:
+def test_a_batch_of_the_largest_size_is_written_set_based_with_and_without_names(
+    api: Api, set_based: list[str]
+) -> None:
     from orbit_client import MAX_ATTEMPT_BATCH_ITEMS
 
     queue = api.queue()
@@ -649,6 +651,7 @@ def test_a_batch_of_the_largest_size_is_written_set_based_with_and_without_names
         more = api.lease(queue, 100)
         assert more
         grants.extend(more)
+    set_based.clear()
     started = ok_batch(api, "start", [_named(g) for g in grants])
     assert [s["status"] for s in started] == [200] * len(grants)
     done = ok_batch(api, "complete", [item(g, result=i) for i, g in enumerate(grants)])
@@ -657,6 +660,7 @@ def test_a_batch_of_the_largest_size_is_written_set_based_with_and_without_names
         stored = dict(conn.execute(sa.select(tasks.c.id, tasks.c.result).where(
             tasks.c.id.in_([g["task"]["id"] for g in grants]))).all())  # fmt: skip
     assert [stored[g["task"]["id"]] for g in grants] == list(range(len(grants)))
+    assert set_based == ["written", "written"]
 
 
 # --- 1. Lease lapse races with the expiry sweep and the lease path ----------------------------------------------
