@@ -25,6 +25,7 @@ from orbit_server.tasks import store
 from tests.execution_support import check_attempt_history
 from tests.integration.test_attempt_batches import item, lapse, leased, ok_batch, quiet_server  # noqa: F401
 from tests.integration.test_execution_api import Api
+from tests.integration.test_flows_break import _lock_waits
 from tests.integration.test_result_events import _until, _waiting_for
 from tests.servers import RunningServer
 
@@ -82,6 +83,12 @@ def _answers(results: list[dict[str, Any]]) -> list[tuple[int, str | None]]:
     return [(r["status"], r["error"]["code"] if r["error"] else None) for r in results]
 
 
+def _waited(api: Api, probe: sa.Engine, session: int) -> bool:
+    """Whether a statement waits for the holder's lock. On MariaDB a wait met in the optimizer's range analysis
+    shows in the process list only, not in ``INNODB_LOCK_WAITS`` (``test_flows_break._lock_waits``)."""
+    return _waiting_for(probe, session) > 0 or _lock_waits(api.server) > 0
+
+
 def _post_while_holding(
     api: Api, hold: Callable[[sa.Connection], None], path: str, body: dict[str, Any]
 ) -> httpx.Response:
@@ -97,7 +104,7 @@ def _post_while_holding(
             sent = pool.submit(
                 lambda: answers.append(api.http["work"].post(f"/v1/namespaces/{api.ns}/{path}", json=body))
             )
-            _until(lambda: sent.done() or _waiting_for(probe, session) > 0, "the request never waited")
+            _until(lambda: sent.done() or _waited(api, probe, session), "the request never waited")
             assert not sent.done(), (
                 f"the request did not wait for the held lock: {answers and answers[0].text}"
             )
@@ -429,7 +436,7 @@ def test_a_batch_naming_another_namespace_s_task_takes_no_lock_on_it(
                 )
                 sent = pool.submit(lambda: answers.append(
                     api.http["work"].post(f"/v1/namespaces/{api.ns}/attempts/start", json={"items": items})))  # fmt: skip
-                _until(lambda: sent.done() or _waiting_for(probe, session) > 0, "the batch never waited")
+                _until(lambda: sent.done() or _waited(api, probe, session), "the batch never waited")
                 nowait = "FOR UPDATE NOWAIT"
                 with probe.connect() as conn, conn.begin():
                     try:
