@@ -228,16 +228,16 @@ def test_heartbeats_keep_a_long_handler_alive(env: Env) -> None:
     queue = env.queue()
 
     def slow(ctx: TaskContext) -> Any:
-        ctx.wait_for_stop(6.5)  # longer than two leases
+        ctx.wait_for_stop(10.5)  # longer than two leases
         return {"lease_lost": ctx.lease_lost}
 
     task_id = env.submit(queue, "slow")
-    # A 3 s lease (a heartbeat every second, so a late one has 2 s): with 1 s, heartbeats 0.33 s apart once
-    # missed the lease on PostgreSQL at a load of 5-6 on two cores (CI), and the task went to review; a
-    # loaded machine can stall the heartbeat thread for 1-2 s.
+    # A 5 s lease (a heartbeat every 1.7 s, so a late one has 3.3 s): with 1 s, heartbeats 0.33 s apart once
+    # missed the lease on PostgreSQL at a load of 5-6 on two cores (CI), and with 3 s once on SQLite (the test
+    # then took 20 s instead of 8): a loaded machine can stall the heartbeat thread, or a SQLite write, for 2 s.
     with (
         env.client() as client,
-        running(Worker(client, env.ns, queue, {"slow": slow}, lease_seconds=3, **FAST)),
+        running(Worker(client, env.ns, queue, {"slow": slow}, lease_seconds=5, **FAST)),
     ):
         task = env.wait(task_id, "SUCCEEDED")
     assert task.result == {"lease_lost": False} and task.attempt_count == 1
