@@ -24,6 +24,7 @@ from sqlalchemy.engine import Connection
 
 from orbit_client import AttemptState, AttemptStatus, TaskStatus
 from orbit_server import _ids, errors
+from orbit_server.db.driver_sql import DriverSQL
 from orbit_server.db.packed_rows import packed, packs, unpacked
 from orbit_server.db.schema import queue_gates, task_attempts, tasks
 from orbit_server.tasks import result_events
@@ -65,6 +66,9 @@ _RARE_TASK_COLUMNS = frozenset(
 _RARE_ATTEMPT_COLUMNS = frozenset({"result", "error"})
 #: :func:`_locked_attempt`'s statements, built once per dialect and kind.
 _LOCKED_ATTEMPT: dict[tuple[str, bool, bool, bool], sa.Executable] = {}
+#: The packed forms (MariaDB) run through the driver: every column comes as the driver gives it (strings, the
+#: clock as a ``datetime``), as :func:`_locked_attempt` reads them (:mod:`~orbit_server.db.driver_sql`).
+_LOCKED_ATTEMPT_SQL: dict[tuple[str, bool, bool], DriverSQL] = {}
 
 
 _LEAN_COLUMNS = (
@@ -172,14 +176,18 @@ def _locked_attempt(
     """
     if not _ids.can_exist(attempt_id):  # never a row; MariaDB would not even compare it
         raise errors.AttemptNotFound(f"no attempt {attempt_id!r} in this namespace")
-    row = (
-        conn.execute(
-            _locked_attempt_statement(conn, ending=ending, lean=lean),
-            {"attempt_id": attempt_id, "namespace_id": namespace_id},
-        )
-        .mappings()
-        .first()
-    )
+    params = {"attempt_id": attempt_id, "namespace_id": namespace_id}
+    if lean and packs(conn.dialect):
+        key = (conn.dialect.name, ending, lean)
+        driver = _LOCKED_ATTEMPT_SQL.get(key)
+        if driver is None:
+            driver = _LOCKED_ATTEMPT_SQL[key] = DriverSQL(
+                _locked_attempt_statement(conn, ending=ending, lean=lean)
+            )
+        result = driver.execute(conn, params)
+    else:
+        result = conn.execute(_locked_attempt_statement(conn, ending=ending, lean=lean), params)
+    row = result.mappings().first()
     if row is None:
         raise errors.AttemptNotFound(f"no attempt {attempt_id!r} in this namespace")
     task_columns, attempt_columns = _columns(lean)
@@ -224,10 +232,10 @@ _RECORDED_ATTEMPT_COLUMNS = ("generation", "worker_id", "lease_expires_at", "lea
 _RECORDED_TASK_ROW = tuple(tasks.c[name] for name in _RECORDED_TASK_COLUMNS)
 _RECORDED_ATTEMPT_ROW = tuple(task_attempts.c[name] for name in _RECORDED_ATTEMPT_COLUMNS)
 #: :func:`_lock_and_record`'s statement, built once.
-_LOCK_AND_RECORD: list[sa.TextClause] = []
+_LOCK_AND_RECORD: list[DriverSQL] = []
 
 
-def _lock_and_record_statement() -> sa.TextClause:
+def _lock_and_record_statement() -> DriverSQL:
     """:func:`_lock_and_record`'s ``INSERT INTO result_events ... SELECT ... FROM tasks ... FOR UPDATE RETURNING
     ...``, with ``:r_id`` (the event's id), ``:attempt_id``, ``:hash`` (the token's digest), ``:namespace_id``,
     ``:status`` (the task's and the attempt's), ``:to_status``, ``:result`` and ``:error``."""
@@ -245,23 +253,25 @@ def _lock_and_record_statement() -> sa.TextClause:
             f"{result_events.mariadb_subscribers('result_events.task_id')} AS subscribers",
         ]  # fmt: skip
         _LOCK_AND_RECORD.append(
-            sa.text(
-                "INSERT INTO result_events (id, task_id, namespace_id, queue_id, handler, status, result, error,"
-                " state_version, occurred_at, retry_of)"
-                " SELECT :r_id, tasks.id, tasks.namespace_id, tasks.queue_id, tasks.handler, :to_status, :result,"
-                " :error, tasks.state_version + 1, UTC_TIMESTAMP(6), tasks.retry_of"
-                " FROM tasks FORCE INDEX (PRIMARY)"
-                " WHERE tasks.id = (SELECT task_attempts.task_id FROM task_attempts WHERE task_attempts.id = :attempt_id"
-                " AND task_attempts.lease_token_hash = :hash AND task_attempts.status = :status"
-                " AND task_attempts.lease_expires_at > UTC_TIMESTAMP(6))"
-                " AND tasks.namespace_id = :namespace_id AND tasks.status = :status"
-                " AND tasks.current_attempt_id = :attempt_id"
-                " FOR UPDATE RETURNING " + ", ".join(returned)
-            ).bindparams(
-                sa.bindparam("r_id", type_=tasks.c.id.type),
-                sa.bindparam("attempt_id", type_=task_attempts.c.id.type),
-                sa.bindparam("result", type_=tasks.c.result.type),
-                sa.bindparam("error", type_=tasks.c.error.type),
+            DriverSQL(
+                sa.text(
+                    "INSERT INTO result_events (id, task_id, namespace_id, queue_id, handler, status, result, error,"
+                    " state_version, occurred_at, retry_of)"
+                    " SELECT :r_id, tasks.id, tasks.namespace_id, tasks.queue_id, tasks.handler, :to_status, :result,"
+                    " :error, tasks.state_version + 1, UTC_TIMESTAMP(6), tasks.retry_of"
+                    " FROM tasks FORCE INDEX (PRIMARY)"
+                    " WHERE tasks.id = (SELECT task_attempts.task_id FROM task_attempts WHERE task_attempts.id = :attempt_id"
+                    " AND task_attempts.lease_token_hash = :hash AND task_attempts.status = :status"
+                    " AND task_attempts.lease_expires_at > UTC_TIMESTAMP(6))"
+                    " AND tasks.namespace_id = :namespace_id AND tasks.status = :status"
+                    " AND tasks.current_attempt_id = :attempt_id"
+                    " FOR UPDATE RETURNING " + ", ".join(returned)
+                ).bindparams(
+                    sa.bindparam("r_id", type_=tasks.c.id.type),
+                    sa.bindparam("attempt_id", type_=task_attempts.c.id.type),
+                    sa.bindparam("result", type_=tasks.c.result.type),
+                    sa.bindparam("error", type_=tasks.c.error.type),
+                )
             )
         )
     return _LOCK_AND_RECORD[0]
@@ -307,7 +317,7 @@ def _lock_and_record(
         "r_id": event_id, "attempt_id": attempt_id, "hash": digest, "namespace_id": namespace_id,
         "status": running, "to_status": to.value, "result": values.get("result"), "error": values.get("error"),
     }  # fmt: skip
-    row = conn.execute(_lock_and_record_statement(), params).mappings().first()
+    row = _lock_and_record_statement().execute(conn, params).mappings().first()
     if row is None:
         return None
     task: dict[str, Any] = {

@@ -52,9 +52,10 @@ from sqlalchemy.engine import Connection
 from orbit_client import AttemptState, AttemptStatus, CompleteItem, StartItem, TaskStatus
 from orbit_server import _ids, errors
 from orbit_server.db import flow_hooks
+from orbit_server.db.driver_sql import DriverSQL
 from orbit_server.db.engine import by_primary_key
 from orbit_server.db.packed_rows import packed, packs, unpacked
-from orbit_server.db.schema import task_attempts, task_events, tasks
+from orbit_server.db.schema import task_attempts, tasks
 from orbit_server.tasks import attempt_locks, permits, result_events, transitions
 
 __all__ = ["complete_all", "start_all"]
@@ -122,13 +123,19 @@ def _lock_tasks(
     if named and all(task_id is not None and _ids.can_exist(task_id) for task_id in named):
         task_ids: list[str] = sorted({task_id for task_id in named if task_id is not None})
     else:
-        task_ids = list(conn.execute(_task_ids(len(attempt_ids)), _key_params("a", attempt_ids)).scalars())
+        task_ids = list(
+            DriverSQL.of(_task_ids(len(attempt_ids))).execute(conn, _key_params("a", attempt_ids)).scalars()
+        )
     if not task_ids:
         return [], {}
     pack = packs(conn.dialect)
     statement = _lock_statement(conn.dialect.name, pack, len(task_ids))
+    params = {"namespace_id": namespace_id, **_key_params("t", task_ids)}
+    # packed: every column as the driver gives it is as this reads it (the queue's pause for its truth)
     rows = (
-        conn.execute(statement, {"namespace_id": namespace_id, **_key_params("t", task_ids)}).mappings().all()
+        (DriverSQL.of(statement).execute(conn, params) if pack else conn.execute(statement, params))
+        .mappings()
+        .all()
     )
     locked: list[dict[str, Any]] = []
     attempts: list[dict[str, Any]] = []
@@ -139,7 +146,7 @@ def _lock_tasks(
         else:
             task = {column.name: row[column.name] for column in _TASK_COLUMNS}
             attempts.append({column.name: row[f"attempt_{column.name}"] for column in _ATTEMPT_COLUMNS})
-        task["db_now"], task["gate_paused"] = row["db_now"], row["gate_paused"]
+        task["db_now"], task["gate_paused"] = row["db_now"], bool(row["gate_paused"])
         locked.append(task)
     return locked, {attempt["id"]: attempt for attempt in attempts}
 
@@ -210,7 +217,6 @@ def _row_params(keys: Sequence[Any], fences: Sequence[Any], values: Sequence[Any
     }
 
 
-_INSERT_EVENTS = task_events.insert()
 #: The database clock the batch read (every timestamp it writes).
 _NOW = sa.bindparam("now", type_=tasks.c.updated_at.type)
 
@@ -265,8 +271,8 @@ def _update_attempts(
     """Write ``to`` on the batch's attempts, with each its value (its lease's end for ``RUNNING``, its
     result for ``SUCCEEDED``); every row fenced, or :class:`errors.ConcurrentUpdate`."""
     attempts = [attempt for _, attempt in pairs]
-    done = conn.execute(
-        _attempts_update(to, len(pairs)),
+    done = DriverSQL.of(_attempts_update(to, len(pairs))).execute(
+        conn,
         {
             "now": now, "from_status": attempts[0]["status"],
             **_row_params([a["id"] for a in attempts], [a["lease_token_hash"] for a in attempts], values),
@@ -283,8 +289,8 @@ def _update_tasks(
     current = TaskStatus(pairs[0][0]["status"])
     if (current, to) not in transitions.TRANSITIONS:
         raise errors.InvalidTransition(f"a {current.value} task cannot become {to.value}")
-    done = conn.execute(
-        _tasks_update(to, len(pairs)),
+    done = DriverSQL.of(_tasks_update(to, len(pairs))).execute(
+        conn,
         {
             "now": now, "from_status": current.value,
             **_row_params([task["id"] for task, _ in pairs], [task["state_version"] for task, _ in pairs],
@@ -293,8 +299,8 @@ def _update_tasks(
     )  # fmt: skip
     if done.rowcount != len(pairs):
         raise errors.ConcurrentUpdate("a task of the batch changed while it was being updated")
-    conn.execute(
-        _INSERT_EVENTS,
+    transitions.APPEND_EVENTS.execute(
+        conn,
         [
             {
                 "task_id": task["id"], "state_version": int(task["state_version"]) + 1,

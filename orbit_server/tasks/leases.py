@@ -24,6 +24,7 @@ from orbit_client import (
 )
 from orbit_server import errors
 from orbit_server.db import faults as _faults
+from orbit_server.db.driver_sql import DriverSQL, insert_of
 from orbit_server.db.engine import by_primary_key, db_now
 from orbit_server.db.packed_rows import packed, packs, unpacked
 from orbit_server.db.schema import (
@@ -32,7 +33,6 @@ from orbit_server.db.schema import (
     queue_gates,
     queues,
     task_attempts,
-    task_events,
     tasks,
 )
 from orbit_server.db.transact import transact
@@ -41,6 +41,7 @@ from orbit_server.tasks.lease_rows import _QUEUE_INFO, _lease_order, _QueueRow
 from orbit_server.tasks.postgres_leases import _PG_FIND_QUEUE, _lease_postgres
 from orbit_server.tasks.transitions import (
     _LIVE,
+    APPEND_EVENTS,
     _at,
     _clock,
     _deadline_error,
@@ -241,7 +242,14 @@ def _find_queue_and_claim(
     params = {"namespace_id": namespace_id, "queue": queue}
     if conn.dialect.name != "mysql":
         return conn.execute(_find_queue_statement(conn), params).first(), None
-    rows = conn.execute(_find_queue_and_claim_statement(conn), {**params, "max_tasks": max_tasks}).mappings()
+    statement = _find_queue_and_claim_statement(conn)
+    params |= {"max_tasks": max_tasks}
+    # packed (MariaDB): every column as the driver gives it is as this reads it (the flags for their truth)
+    rows = (
+        DriverSQL.of(statement).execute(conn, params)
+        if packs(conn.dialect)
+        else conn.execute(statement, params)
+    ).mappings()
     due: list[Mapping[Any, Any]] = []
     found = None
     too_long = False
@@ -255,8 +263,8 @@ def _find_queue_and_claim(
                 due.append(unpacked(row["task_row"], _TASK_ROW))
         else:
             found = _QueueRow(
-                row["q_id"], row["q_namespace"], row["q_now"], row["q_paused"], row["q_per_key"], row["q_max"],
-                row["q_sweep_due"],
+                row["q_id"], row["q_namespace"], row["q_now"], bool(row["q_paused"]), row["q_per_key"],
+                row["q_max"], bool(row["q_sweep_due"]),
             )  # fmt: skip
     if (
         found is None
@@ -271,9 +279,14 @@ def _find_queue_and_claim(
     return found, due[:max_tasks]
 
 
-_INSERT_EVENTS = task_events.insert()
-_INSERT_ATTEMPTS = task_attempts.insert()
-_INSERT_PERMITS = concurrency_permits.insert()
+_INSERT_ATTEMPTS = insert_of(
+    task_attempts,
+    ("id", "task_id", "generation", "lease_token_hash", "worker_id", "status", "lease_seconds", "leased_at",
+     "lease_expires_at"),
+)  # fmt: skip
+_INSERT_PERMITS = insert_of(
+    concurrency_permits, ("attempt_id", "queue_id", "concurrency_key", "task_id", "granted_at")
+)
 
 
 @functools.lru_cache(maxsize=128)
@@ -407,7 +420,7 @@ def _lease_found(
             f"version_{i}": row["state_version"],
             f"attempt_{i}": attempt_ids[row["id"]],
         }
-    claimed = conn.execute(_claim_statement(start, limited, len(due)), claim)
+    claimed = DriverSQL.of(_claim_statement(start, limited, len(due))).execute(conn, claim)
     if claimed.rowcount != len(due):
         raise errors.ConcurrentUpdate("a claimed task changed while it was being leased")
     actor = f"worker:{worker_id}"
@@ -458,11 +471,11 @@ def _lease_found(
             id=attempt_id, generation=generation, lease_token=token, lease_expires_at=_at(expires)
         )
         grants.append(LeaseGrant(task=task, attempt=lease))
-    conn.execute(_INSERT_EVENTS, events)
-    conn.execute(_INSERT_ATTEMPTS, attempts)
+    APPEND_EVENTS.execute(conn, events)
+    _INSERT_ATTEMPTS.execute(conn, attempts)
     if limited:  # the permits, taken in this transaction under the gate's lock (§5 "领取 … 取得额度")
-        conn.execute(
-            _INSERT_PERMITS, permits.permit_rows([(row, attempt_ids[row["id"]]) for row in due], now)
+        _INSERT_PERMITS.execute(
+            conn, permits.permit_rows([(row, attempt_ids[row["id"]]) for row in due], now)
         )
     return grants
 

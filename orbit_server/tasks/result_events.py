@@ -15,6 +15,7 @@ from sqlalchemy.engine import Connection
 
 from orbit_client import TaskStatus
 from orbit_server import errors
+from orbit_server.db.driver_sql import insert_of
 from orbit_server.db.engine import to_utc
 from orbit_server.db.schema import (
     Key,
@@ -222,8 +223,8 @@ def record_result_event(
             .values(idempotency_key=chain_key(conn, namespace_id, retry_of))
         )
     if matching:
-        conn.execute(
-            _INSERT_DELIVERIES,
+        _INSERT_DELIVERIES.execute(
+            conn,
             [
                 {
                     "subscription_id": subscription_id,
@@ -319,7 +320,7 @@ def record_result_events(
         }
         for task in changed
     ]  # fmt: skip
-    conn.execute(_INSERT_EVENTS, events)
+    _INSERT_EVENTS.execute(conn, events)
     queue_ids = sorted({task["queue_id"] for task in changed})
     params = {"namespace_id": namespace_id, "queue_ids": queue_ids, "now": now}
     if conn.dialect.name == "postgresql":  # a statement sees the rows committed before it began: two
@@ -339,12 +340,18 @@ def record_result_events(
         if subscribed_queues is None or names[event["queue_id"]] in subscribed_queues
     ]  # fmt: skip
     if deliveries:
-        conn.execute(_INSERT_DELIVERIES, deliveries)
+        _INSERT_DELIVERIES.execute(conn, deliveries)
     return [event["id"] for event in events]
 
 
-_INSERT_EVENTS = result_events.insert()
-_INSERT_DELIVERIES = event_deliveries.insert()
+_INSERT_EVENTS = insert_of(
+    result_events,
+    ("id", "task_id", "namespace_id", "queue_id", "handler", "status", "result", "error", "state_version",
+     "occurred_at", "retry_of", "idempotency_key"),
+)  # fmt: skip
+_INSERT_DELIVERIES = insert_of(
+    event_deliveries, ("subscription_id", "event_id", "state", "delivery_count", "created_at")
+)
 #: :func:`record_result_events`: the shared lock on the namespace and the tasks' queues.
 _LOCK_QUEUES = (
     sa.select(queues.c.id, queues.c.name)

@@ -36,6 +36,7 @@ The rules, from §2, §3 and §5 of the reliability model (seed 001) and DESIGN 
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import logging
 import random
@@ -55,6 +56,7 @@ from orbit_client import (
 from orbit_server import _ids, errors
 from orbit_server.db import faults as _faults
 from orbit_server.db import flow_hooks
+from orbit_server.db.driver_sql import DriverSQL
 from orbit_server.db.engine import by_primary_key, to_utc
 from orbit_server.db.sampling import lease_expired
 from orbit_server.db.schema import (
@@ -156,13 +158,27 @@ _EVENT_COLUMNS = tuple(c.name for c in task_events.c if c.name != "id")
 _APPEND_EVENT = sa.text(
     f"INSERT INTO task_events ({', '.join(_EVENT_COLUMNS)}) VALUES ({', '.join(f':{c}' for c in _EVENT_COLUMNS)})"
 ).bindparams(*(sa.bindparam(c, type_=task_events.c[c].type) for c in _EVENT_COLUMNS))
+#: The same through the driver (:mod:`~orbit_server.db.driver_sql`); a list of rows is one multi-row ``INSERT``.
+APPEND_EVENTS = DriverSQL(_APPEND_EVENT)
+
+
+@functools.lru_cache(maxsize=256)
+def _setting(update: sa.Update, columns: tuple[str, ...]) -> DriverSQL:
+    """``update`` setting ``columns`` of its table from parameters of the same names, through the driver
+    (:mod:`~orbit_server.db.driver_sql`): what ``Connection.execute(update, {<column>: ...})`` runs, built once
+    per set of columns."""
+    table = update.table
+    assert isinstance(table, sa.Table)
+    return DriverSQL(update.values({name: sa.bindparam(name, type_=table.c[name].type) for name in columns}))
+
+
 #: :func:`_update_both_statement`'s statements, by the task and attempt columns they set and ``renews``.
-_UPDATE_BOTH: dict[tuple[tuple[str, ...], tuple[str, ...], bool], sa.TextClause] = {}
+_UPDATE_BOTH: dict[tuple[tuple[str, ...], tuple[str, ...], bool], DriverSQL] = {}
 
 
 def _update_both_statement(
     task_columns: tuple[str, ...], attempt_columns: tuple[str, ...], renews: bool = False
-) -> sa.TextClause:
+) -> DriverSQL:
     """MySQL/MariaDB: one ``UPDATE`` of a task (fenced on its id, status and ``state_version``: ``:b_id``,
     ``:b_status``, ``:b_version``) and its live attempt (fenced as :func:`_update_attempt` fences it:
     ``:a_id``, ``:a_hash``, ``:a_status``, ``:a_now``, and with ``renews`` ``:a_expires``), setting
@@ -175,32 +191,38 @@ def _update_both_statement(
     if statement is None:
         sets = [f"tasks.{c} = :{c}" for c in task_columns]
         sets += [f"task_attempts.{c} = :a_set_{c}" for c in attempt_columns]
-        statement = _UPDATE_BOTH[key] = sa.text(
-            "UPDATE tasks FORCE INDEX (PRIMARY), task_attempts FORCE INDEX (PRIMARY) SET "
-            + ", ".join(sets)
-            + " WHERE tasks.id = :b_id AND tasks.status = :b_status AND tasks.state_version = :b_version"
-            " AND task_attempts.id = :a_id AND task_attempts.task_id = tasks.id"
-            " AND task_attempts.lease_token_hash = :a_hash AND task_attempts.status = :a_status"
-            " AND task_attempts.lease_expires_at > :a_now"
-            + (" AND task_attempts.lease_expires_at = :a_expires" if renews else "")
-        ).bindparams(
-            *(sa.bindparam(c, type_=tasks.c[c].type) for c in task_columns),
-            *(sa.bindparam(f"a_set_{c}", type_=task_attempts.c[c].type) for c in attempt_columns),
-            sa.bindparam("a_now", type_=task_attempts.c.lease_expires_at.type),
-            *((sa.bindparam("a_expires", type_=task_attempts.c.lease_expires_at.type),) if renews else ()),
+        statement = _UPDATE_BOTH[key] = DriverSQL(
+            sa.text(
+                "UPDATE tasks FORCE INDEX (PRIMARY), task_attempts FORCE INDEX (PRIMARY) SET "
+                + ", ".join(sets)
+                + " WHERE tasks.id = :b_id AND tasks.status = :b_status AND tasks.state_version = :b_version"
+                " AND task_attempts.id = :a_id AND task_attempts.task_id = tasks.id"
+                " AND task_attempts.lease_token_hash = :a_hash AND task_attempts.status = :a_status"
+                " AND task_attempts.lease_expires_at > :a_now"
+                + (" AND task_attempts.lease_expires_at = :a_expires" if renews else "")
+            ).bindparams(
+                *(sa.bindparam(c, type_=tasks.c[c].type) for c in task_columns),
+                *(sa.bindparam(f"a_set_{c}", type_=task_attempts.c[c].type) for c in attempt_columns),
+                sa.bindparam("a_now", type_=task_attempts.c.lease_expires_at.type),
+                *(
+                    (sa.bindparam("a_expires", type_=task_attempts.c.lease_expires_at.type),)
+                    if renews
+                    else ()
+                ),
+            )
         )
     return statement
 
 
 #: :func:`_update_both_postgres`'s statements, by the task and attempt columns they set, ``result_event`` and
 #: ``renews``.
-_UPDATE_BOTH_POSTGRES: dict[tuple[tuple[str, ...], tuple[str, ...], bool, bool], sa.TextClause] = {}
+_UPDATE_BOTH_POSTGRES: dict[tuple[tuple[str, ...], tuple[str, ...], bool, bool], DriverSQL] = {}
 
 
 def _update_both_postgres(
     task_columns: tuple[str, ...], attempt_columns: tuple[str, ...], result_event: bool = False,
     renews: bool = False,
-) -> sa.TextClause:  # fmt: skip
+) -> DriverSQL:  # fmt: skip
     """PostgreSQL: :func:`_update_both_statement`'s update in one statement (same parameters), with the
     transition's ``task_events`` row: the live attempt's conditional ``UPDATE`` in a data-modifying ``WITH``,
     the task's conditional ``UPDATE`` only when it changed a row, and the event (``:e_<column>``) inserted
@@ -221,28 +243,34 @@ def _update_both_postgres(
         attempt_sets = ", ".join(f"{c} = :a_set_{c}" for c in attempt_columns)
         task_sets = ", ".join(f"{c} = :{c}" for c in task_columns)
         event_columns = [c.name for c in task_events.c if c.name not in ("id", "task_id")]
-        statement = _UPDATE_BOTH_POSTGRES[key] = sa.text(
-            f"WITH live AS (UPDATE task_attempts SET {attempt_sets}"
-            " WHERE task_attempts.id = :a_id AND task_attempts.task_id = :b_id"
-            " AND task_attempts.lease_token_hash = :a_hash AND task_attempts.status = :a_status"
-            " AND task_attempts.lease_expires_at > :a_now"
-            # not "=": see _UPDATE_RENEWED_ATTEMPT
-            + (" AND task_attempts.lease_expires_at IS NOT DISTINCT FROM :a_expires" if renews else "")
-            + " RETURNING task_attempts.id),"
-            f" changed AS (UPDATE tasks SET {task_sets}"
-            " WHERE tasks.id = :b_id AND tasks.status = :b_status AND tasks.state_version = :b_version"
-            f" AND EXISTS (SELECT FROM live) RETURNING {', '.join(returning)}),"
-            f" logged AS (INSERT INTO task_events (task_id, {', '.join(event_columns)})"
-            f" SELECT changed.id, {', '.join(f':e_{c}' for c in event_columns)} FROM changed)"
-            + (f", {event_sql}" if result_event else "")
-            + " SELECT count(*) FROM changed"
-        ).bindparams(
-            *(sa.bindparam(c, type_=tasks.c[c].type) for c in task_columns),
-            *(sa.bindparam(f"a_set_{c}", type_=task_attempts.c[c].type) for c in attempt_columns),
-            sa.bindparam("a_now", type_=task_attempts.c.lease_expires_at.type),
-            *((sa.bindparam("a_expires", type_=task_attempts.c.lease_expires_at.type),) if renews else ()),
-            *(sa.bindparam(f"e_{c}", type_=task_events.c[c].type) for c in event_columns),
-            *event_params,
+        statement = _UPDATE_BOTH_POSTGRES[key] = DriverSQL(
+            sa.text(
+                f"WITH live AS (UPDATE task_attempts SET {attempt_sets}"
+                " WHERE task_attempts.id = :a_id AND task_attempts.task_id = :b_id"
+                " AND task_attempts.lease_token_hash = :a_hash AND task_attempts.status = :a_status"
+                " AND task_attempts.lease_expires_at > :a_now"
+                # not "=": see _UPDATE_RENEWED_ATTEMPT
+                + (" AND task_attempts.lease_expires_at IS NOT DISTINCT FROM :a_expires" if renews else "")
+                + " RETURNING task_attempts.id),"
+                f" changed AS (UPDATE tasks SET {task_sets}"
+                " WHERE tasks.id = :b_id AND tasks.status = :b_status AND tasks.state_version = :b_version"
+                f" AND EXISTS (SELECT FROM live) RETURNING {', '.join(returning)}),"
+                f" logged AS (INSERT INTO task_events (task_id, {', '.join(event_columns)})"
+                f" SELECT changed.id, {', '.join(f':e_{c}' for c in event_columns)} FROM changed)"
+                + (f", {event_sql}" if result_event else "")
+                + " SELECT count(*) FROM changed"
+            ).bindparams(
+                *(sa.bindparam(c, type_=tasks.c[c].type) for c in task_columns),
+                *(sa.bindparam(f"a_set_{c}", type_=task_attempts.c[c].type) for c in attempt_columns),
+                sa.bindparam("a_now", type_=task_attempts.c.lease_expires_at.type),
+                *(
+                    (sa.bindparam("a_expires", type_=task_attempts.c.lease_expires_at.type),)
+                    if renews
+                    else ()
+                ),
+                *(sa.bindparam(f"e_{c}", type_=task_events.c[c].type) for c in event_columns),
+                *event_params,
+            )
         )
     return statement
 
@@ -346,8 +374,8 @@ def apply_transition(
             )
         else:
             statement, written = _update_both_statement(tuple(changes), tuple(attempt_values), renews), {}
-        result = conn.execute(
-            statement,
+        result = statement.execute(
+            conn,
             {
                 **fence, **changes, **{f"a_set_{k}": v for k, v in attempt_values.items()},
                 "a_id": row["id"], "a_hash": row["lease_token_hash"], "a_status": row["status"], "a_now": now,
@@ -364,7 +392,7 @@ def apply_transition(
     else:
         if attempt is not None:
             _update_attempt(conn, attempt[0], now, renews=renews, **attempt[1])
-        result = conn.execute(_UPDATE_TASK, {**fence, **changes})
+        result = _setting(_UPDATE_TASK, tuple(changes)).execute(conn, {**fence, **changes})
         if result.rowcount != 1:
             raise errors.ConcurrentUpdate(f"task {task['id']} changed while it was being updated")
     if not (attempt is not None and conn.dialect.name == "postgresql"):  # there: written with the update
@@ -405,8 +433,8 @@ def _append_event(
     reason: str | None = None,
     data: Any = None,
 ) -> None:
-    conn.execute(
-        _APPEND_EVENT,
+    APPEND_EVENTS.execute(
+        conn,
         {
             "task_id": task_id,
             "state_version": state_version,
@@ -660,6 +688,8 @@ def _update_attempt(
     }
     if renews:
         params["b_expires"] = attempt["lease_expires_at"]
-    done = conn.execute(_UPDATE_RENEWED_ATTEMPT if renews else _UPDATE_LIVE_ATTEMPT, {**params, **values})
+    done = _setting(_UPDATE_RENEWED_ATTEMPT if renews else _UPDATE_LIVE_ATTEMPT, tuple(values)).execute(
+        conn, {**params, **values}
+    )
     if done.rowcount != 1:
         raise errors.ConcurrentUpdate(f"attempt {attempt['id']} changed while it was being updated")
