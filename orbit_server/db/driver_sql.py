@@ -72,7 +72,7 @@ class _Compiled:
                     raise KeyError(f"no value for bind parameter {name!r} of {self.sql[:60]!r}...") from None
                 value = self.defaults[name]
             processor = processors.get(name)
-            values.append(value if processor is None or value is None else processor(value))
+            values.append(value if processor is None else processor(value))
         return tuple(values) if self.positional else dict(zip(self.names, values, strict=True))
 
 
