@@ -27,8 +27,9 @@ things = sa.Table(
     sa.Column("at", sa.DateTime().with_variant(mysql.DATETIME(fsp=6), "mysql"), nullable=True),
     sa.Column("flag", sa.Boolean, nullable=False, server_default=sa.false()),
     sa.Column("n", sa.Integer, nullable=False, server_default="0"),
+    sa.Column("loose", sa.JSON, nullable=True),  # none_as_null=False: None is stored as JSON null
 )
-_COLUMNS = ("id", "kind", "doc", "at", "flag", "n")
+_COLUMNS = ("id", "kind", "doc", "at", "flag", "n", "loose")
 _AT = datetime(2026, 12, 5, 21, 4, 5, 123456)
 
 
@@ -41,17 +42,36 @@ def engine(request: pytest.FixtureRequest, make_database: DatabaseFactory) -> It
 
 
 def _rows(conn: sa.Connection, prefix: str) -> list[dict[str, Any]]:
+    """The rows of ``prefix`` (ids without it), and whether each JSON column holds SQL NULL (``<column>_is_null``):
+    reading a JSON ``null`` and a SQL ``NULL`` both give ``None``."""
+    nulls = [things.c[name].is_(None).label(f"{name}_is_null") for name in ("doc", "loose")]
     rows = conn.execute(
-        sa.select(things).where(things.c.id.like(f"{prefix}%")).order_by(things.c.id)
+        sa.select(things, *nulls).where(things.c.id.like(f"{prefix}%")).order_by(things.c.id)
     ).mappings()
     return [{**row, "id": row["id"][len(prefix) :]} for row in rows]
 
 
 def _samples() -> list[dict[str, Any]]:
     return [
-        {"id": "1", "kind": "A", "doc": {"k": [1, 2.5, "ü", None]}, "at": _AT, "flag": True, "n": 7},
-        {"id": "2", "kind": "B", "doc": None, "at": None, "flag": False, "n": -1},
-        {"id": "3", "kind": "C", "doc": [{"deep": {"er": True}}], "at": _AT, "flag": True, "n": 0},
+        {
+            "id": "1",
+            "kind": "A",
+            "doc": {"k": [1, 2.5, "ü", None]},
+            "at": _AT,
+            "flag": True,
+            "n": 7,
+            "loose": None,
+        },
+        {"id": "2", "kind": "B", "doc": None, "at": None, "flag": False, "n": -1, "loose": {"a": 1}},
+        {
+            "id": "3",
+            "kind": "C",
+            "doc": [{"deep": {"er": True}}],
+            "at": _AT,
+            "flag": True,
+            "n": 0,
+            "loose": None,
+        },
     ]
 
 
