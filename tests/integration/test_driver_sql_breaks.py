@@ -104,7 +104,9 @@ def test_many_rows_go_as_execute_sends_them(engine: sa.Engine) -> None:
     per row pipelined by psycopg's ``executemany``; and without a ``RETURNING`` of the keys nobody reads."""
     rows = [{"kind": "many-rows", "doc": {"i": i}, "at": _AT} for i in range(5)]
     core = _inserts(engine, docs.name, lambda conn: conn.execute(docs.insert(), rows))
-    driver = _inserts(engine, docs.name, lambda conn: insert_of(docs, ("kind", "doc", "at")).execute(conn, rows))
+    driver = _inserts(
+        engine, docs.name, lambda conn: insert_of(docs, ("kind", "doc", "at")).execute(conn, rows)
+    )
     assert [_rows_per_statement(sql) for sql, _ in driver] == [_rows_per_statement(sql) for sql, _ in core]
     assert not any("RETURNING" in sql for sql, _ in driver)
     with engine.connect() as conn:
