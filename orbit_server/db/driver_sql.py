@@ -72,6 +72,7 @@ class _Compiled:
                     raise KeyError(f"no value for bind parameter {name!r} of {self.sql[:60]!r}...") from None
                 value = self.defaults[name]
             processor = processors.get(name)
+            # None too, as Connection.execute does: a JSON type (none_as_null=False) writes it as JSON 'null'
             values.append(value if processor is None else processor(value))
         return tuple(values) if self.positional else dict(zip(self.names, values, strict=True))
 
@@ -81,21 +82,27 @@ class DriverSQL:
     docstring). ``execute(conn, params)`` answers the ``CursorResult`` with the driver's own values."""
 
     __slots__ = ("_by_dialect", "statement")
-    #: :meth:`of`'s forms, by statement (forgotten with it).
-    _OF: ClassVar[weakref.WeakKeyDictionary[sa.Executable, DriverSQL]] = weakref.WeakKeyDictionary()
+    #: :meth:`of`'s forms (by dialect), by statement (forgotten with it: nothing in them refers to it).
+    _OF: ClassVar[
+        weakref.WeakKeyDictionary[sa.Executable, weakref.WeakKeyDictionary[sa.Dialect, _Compiled]]
+    ] = weakref.WeakKeyDictionary()
 
     @classmethod
     def of(cls, statement: sa.Executable) -> DriverSQL:
         """The :class:`DriverSQL` of ``statement``, made on its first use: for statements built (and cached)
         elsewhere, by size or by dialect."""
-        driver = cls._OF.get(statement)
-        if driver is None:
-            driver = cls._OF[statement] = cls(statement)
-        return driver
+        forms = cls._OF.get(statement)
+        if forms is None:  # not the DriverSQL itself: a value of _OF that held its key would keep it for ever
+            forms = cls._OF[statement] = weakref.WeakKeyDictionary()
+        return cls(statement, forms)
 
-    def __init__(self, statement: sa.Executable) -> None:
+    def __init__(
+        self, statement: sa.Executable, forms: weakref.WeakKeyDictionary[sa.Dialect, _Compiled] | None = None
+    ) -> None:
         self.statement = statement
-        self._by_dialect: weakref.WeakKeyDictionary[sa.Dialect, _Compiled] = weakref.WeakKeyDictionary()
+        self._by_dialect: weakref.WeakKeyDictionary[sa.Dialect, _Compiled] = (
+            weakref.WeakKeyDictionary() if forms is None else forms
+        )
 
     def compiled(self, dialect: sa.Dialect) -> _Compiled:
         """The statement's form for ``dialect``, compiled on its first use (one dialect object per engine;
@@ -116,16 +123,32 @@ class DriverSQL:
             KeyError: a bind parameter without a value.
             sqlalchemy.exc.DBAPIError: as ``Connection.execute`` raises it.
         """
+        if not isinstance(params, Mapping) and len(params) > 1 and _many_values(conn.dialect, self.statement):
+            # SQLAlchemy's multi-row INSERTs ("insertmanyvalues", PostgreSQL: db/engine.py), not the driver's
+            # executemany (psycopg: one INSERT per row)
+            return conn.execute(self.statement, list(params))
         form = self.compiled(conn.dialect)
         if isinstance(params, Mapping):
             return conn.exec_driver_sql(form.sql, form.parameters(params))
         return conn.exec_driver_sql(form.sql, [form.parameters(row) for row in params])
 
 
+def _many_values(dialect: sa.Dialect, statement: sa.Executable) -> bool:
+    """Whether ``Connection.execute`` sends many rows of ``statement`` as multi-row ``INSERT`` statements."""
+    return (
+        isinstance(statement, sa.Insert)
+        and bool(getattr(dialect, "use_insertmanyvalues", False))
+        and bool(getattr(dialect, "use_insertmanyvalues_wo_returning", False))
+    )
+
+
 def insert_of(table: sa.Table, columns: Sequence[str]) -> DriverSQL:
     """``INSERT INTO <table> (<columns>) VALUES (:<column>, ...)``, each parameter typed as its column: the
     rows of one caller, which always gives these columns (``table.insert()`` takes its columns from each
-    call's parameters instead)."""
+    call's parameters instead). ``inline``: no ``RETURNING`` of an autoincremented key, which nothing reads
+    (PostgreSQL's form of a Core ``INSERT`` has one otherwise)."""
     return DriverSQL(
-        table.insert().values({name: sa.bindparam(name, type_=table.c[name].type) for name in columns})
+        table.insert()
+        .inline()
+        .values({name: sa.bindparam(name, type_=table.c[name].type) for name in columns})
     )

@@ -56,7 +56,7 @@ from orbit_client import (
 from orbit_server import _ids, errors
 from orbit_server.db import faults as _faults
 from orbit_server.db import flow_hooks
-from orbit_server.db.driver_sql import DriverSQL
+from orbit_server.db.driver_sql import DriverSQL, insert_of
 from orbit_server.db.engine import by_primary_key, to_utc
 from orbit_server.db.sampling import lease_expired
 from orbit_server.db.schema import (
@@ -152,14 +152,12 @@ _UPDATE_RENEWED_ATTEMPT = _UPDATE_LIVE_ATTEMPT.where(
     )
 )
 _INSERT_EVENT = task_events.insert()  # also flows.advance's (its rows may leave columns out)
-#: :func:`_append_event`'s ``INSERT`` as text: the row ``_INSERT_EVENT`` writes, every column given, without
-#: the work SQLAlchemy does for a compiled single-row ``INSERT`` (the inserted primary key, which nothing reads).
+#: :func:`_append_event`'s ``INSERT`` (and a lease's or a batch's, a list of rows): the row ``_INSERT_EVENT`` writes,
+#: every column given, through the driver (:mod:`~orbit_server.db.driver_sql`), without the work SQLAlchemy does
+#: for a compiled single-row ``INSERT``; a list of rows is one multi-row ``INSERT`` (on PostgreSQL SQLAlchemy's
+#: multi-row form, as ``task_events.insert()`` sent it).
 _EVENT_COLUMNS = tuple(c.name for c in task_events.c if c.name != "id")
-_APPEND_EVENT = sa.text(
-    f"INSERT INTO task_events ({', '.join(_EVENT_COLUMNS)}) VALUES ({', '.join(f':{c}' for c in _EVENT_COLUMNS)})"
-).bindparams(*(sa.bindparam(c, type_=task_events.c[c].type) for c in _EVENT_COLUMNS))
-#: The same through the driver (:mod:`~orbit_server.db.driver_sql`); a list of rows is one multi-row ``INSERT``.
-APPEND_EVENTS = DriverSQL(_APPEND_EVENT)
+APPEND_EVENTS = insert_of(task_events, _EVENT_COLUMNS)
 
 
 @functools.lru_cache(maxsize=256)

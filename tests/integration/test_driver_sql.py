@@ -143,7 +143,8 @@ def test_one_statement_has_a_form_per_dialect(engine: sa.Engine) -> None:
         assert "no such table: driver_sql_things" in str(exc)
     finally:
         other.dispose()
-    assert DriverSQL.of(statement.statement) is DriverSQL.of(statement.statement)
+    form = DriverSQL.of(statement.statement).compiled(engine.dialect)  # one form per statement and dialect
+    assert DriverSQL.of(statement.statement).compiled(engine.dialect) is form
 
 
 def test_what_it_cannot_run_is_refused_before_anything_runs(engine: sa.Engine) -> None:
