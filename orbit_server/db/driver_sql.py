@@ -36,7 +36,7 @@ __all__ = ["DriverSQL", "insert_of"]
 class _Compiled:
     """One dialect's form of a :class:`DriverSQL`: its SQL, and how a call's parameters become the driver's."""
 
-    __slots__ = ("defaults", "names", "positional", "processors", "sql")
+    __slots__ = ("defaults", "names", "positional", "processors", "sql", "steps")
 
     def __init__(self, statement: sa.Executable, dialect: sa.Dialect) -> None:
         compiled: Any = statement.compile(dialect=dialect)  # type: ignore[attr-defined]
@@ -59,21 +59,26 @@ class _Compiled:
         self.defaults: dict[str, Any] = {
             name: value for name, value in expanded.parameters.items() if name not in required
         }
+        #: each bind name in order with its bind processor (``None``: the value as it is)
+        self.steps: tuple[tuple[str, Callable[[Any], Any] | None], ...] = tuple(
+            (name, self.processors.get(name)) for name in self.names
+        )
 
     def parameters(self, params: Mapping[str, Any]) -> tuple[Any, ...] | dict[str, Any]:
-        """``params`` (by bind name) as the driver takes them, each converted by its bind processor."""
-        processors = self.processors
-        values: list[Any] = []
-        for name in self.names:
-            try:
-                value = params[name]
-            except KeyError:
-                if name not in self.defaults:
-                    raise KeyError(f"no value for bind parameter {name!r} of {self.sql[:60]!r}...") from None
-                value = self.defaults[name]
-            processor = processors.get(name)
-            # None too, as Connection.execute does: a JSON type (none_as_null=False) writes it as JSON 'null'
-            values.append(value if processor is None else processor(value))
+        """``params`` (by bind name) as the driver takes them, each converted by its bind processor (``None``
+        too, as ``Connection.execute`` converts it: a JSON type without ``none_as_null`` writes JSON ``null``).
+
+        Raises:
+            KeyError: a bind parameter without a value.
+        """
+        if self.defaults:
+            params = {**self.defaults, **params}
+        try:
+            values = [
+                params[name] if convert is None else convert(params[name]) for name, convert in self.steps
+            ]
+        except KeyError as exc:
+            raise KeyError(f"no value for bind parameter {exc.args[0]!r} of {self.sql[:60]!r}...") from None
         return tuple(values) if self.positional else dict(zip(self.names, values, strict=True))
 
 

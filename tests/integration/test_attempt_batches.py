@@ -435,6 +435,34 @@ def test_a_plain_batch_writes_exactly_what_the_single_calls_write(api: Api) -> N
     check_attempt_history(api.server.engine, [g["task"]["id"] for g in batched])
 
 
+def test_a_complete_batch_over_two_queues_delivers_each_event_to_its_queues_subscriptions(api: Api) -> None:
+    """A set-based complete reads each task's subscriptions (on MariaDB with the tasks' locks): an event goes
+    to the subscriptions of every queue and of its own queue, never to another queue's, as the single call's."""
+    first, second, third = api.queue(), api.queue(), api.queue()
+    subscribed = {
+        "all": None,
+        "first": [first],
+        "second": [second],
+        "both": [first, second],
+        "third": [third],
+    }
+    for name, queues in subscribed.items():
+        r = api.http["admin"].post(
+            f"/v1/namespaces/{api.ns}/subscriptions", json={"name": f"{name}-{first}", "queues": queues}
+        )
+        assert r.status_code == 201, r.text
+    grants = [*leased(api, first, 2), *leased(api, second, 2)]
+    ok_batch(api, "start", [item(g, task_id=g["task"]["id"]) for g in grants])
+    done = ok_batch(
+        api, "complete", [item(g, task_id=g["task"]["id"], result=i) for i, g in enumerate(grants)]
+    )
+    assert [d["status"] for d in done] == [200] * 4
+    delivered = [[name for name, _, _ in written["delivered"]]
+                 for written in _written(api.server.engine, [g["task"]["id"] for g in grants])]  # fmt: skip
+    mine = [f"all-{first}", f"both-{first}"]
+    assert delivered == [[*mine, f"first-{first}"]] * 2 + [[*mine, f"second-{first}"]] * 2
+
+
 def test_a_batch_naming_an_attempt_twice_is_answered_item_by_item(api: Api) -> None:
     queue = api.queue()
     (grant,) = leased(api, queue, 1)
