@@ -11,7 +11,7 @@ with one statement per table instead of one per item:
    statement: ``SELECT ... FROM tasks FORCE INDEX (PRIMARY) JOIN task_attempts ON task_attempts.id =
    tasks.current_attempt_id WHERE tasks.id IN (...) AND namespace_id = :ns FOR UPDATE``, with the
    database clock (``STRAIGHT_JOIN`` on MariaDB: each task, then its attempt, the order every path
-   locks them in); for a complete on MySQL/MariaDB, each task's result-event subscribers too (the shared locks
+   locks them in); for a complete on MariaDB, each task's result-event subscribers too (the shared locks
    on its namespace and queue, then the locking read of the subscriptions, after the task's lock: as a
    single complete takes them). Not one statement with an ``IN (SELECT ...)``: MariaDB then scans and locks the
    whole table; and every by-key statement here is pinned to the primary key,
@@ -91,7 +91,7 @@ def _lock_statement(dialect: str, pack: bool, n: int, ending: bool = False) -> s
     """The locking read of ``n`` tasks ``:t_0 ...`` and their current attempts (steps 1 and 2 of the module
     docstring), with the clock and the queues' pause; ``pack``: each task's and attempt's columns as one,
     ``task_row`` and ``attempt_row`` (MariaDB, :mod:`orbit_server.db.packed_rows`). ``ending`` (a complete
-    batch), on MySQL/MariaDB: also each task's result-event subscribers, their shared locks taken and their
+    batch), on MariaDB: also each task's result-event subscribers, their shared locks taken and their
     subscriptions read once the task is locked, as a single ``complete`` takes them
     (:func:`~orbit_server.tasks.result_events.mariadb_subscribers`, column ``subscribers``)."""
     if pack:
@@ -100,7 +100,7 @@ def _lock_statement(dialect: str, pack: bool, n: int, ending: bool = False) -> s
         )  # fmt: skip
     else:
         read = (*_TASK_COLUMNS, *(column.label(f"attempt_{column.name}") for column in _ATTEMPT_COLUMNS))
-    if ending and dialect == "mysql":  # as the single complete's (MariaDB): by key, subscriptions by namespace
+    if ending and pack:  # MariaDB: as the single complete's, by key (the subscriptions by namespace)
         read += (sa.literal_column(result_events.mariadb_subscribers("tasks.id")).label("subscribers"),)
     statement = by_primary_key(
         sa.select(*read, transitions.clock_of(dialect).label("db_now"), attempt_locks.gate_paused())
@@ -123,7 +123,7 @@ def _lock_tasks(
     read them (steps 1 and 2 of the module docstring), with the database clock (``db_now``) and their
     queue's pause (``gate_paused``): ``(tasks, current attempts by id)``, nothing when no attempt exists.
     On MariaDB the rows come packed (:mod:`orbit_server.db.packed_rows`): PyMySQL parses each column's
-    description in Python, and this read returns 30 columns. ``ending``: on MySQL/MariaDB each task also
+    description in Python, and this read returns 30 columns. ``ending``: on MariaDB each task also
     gets its result event's ``subscribers`` (:func:`_lock_statement`).
 
     ``named``: the task id each item names (``StartItem.task_id``), when every item names one: the tasks

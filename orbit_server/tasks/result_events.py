@@ -301,7 +301,7 @@ def record_result_events(
     are locked). ``changed`` are the task rows as written: ``id``, ``queue_id``, ``handler``,
     ``status``, ``result``, ``error``, ``state_version`` and (optional) ``retry_of``, and ``subscribers`` when
     the statement that locked them took the result events' shared locks and read their subscriptions
-    (:func:`locked_subscribers`, MySQL/MariaDB: the order a single complete takes them in). The rows written are
+    (:func:`mariadb_subscribers`, MariaDB: the order a single complete takes them in). The rows written are
     exactly those of one :func:`record_result_event` per task. Without ``subscribers``, in the same lock order
     as :func:`record_result_event` without them: the events, then a shared lock on the namespace and the
     tasks' queues, then the locking read of the subscriptions.
@@ -325,7 +325,7 @@ def record_result_events(
     _INSERT_EVENTS.execute(conn, events)
     read: list[Subscribers | None] = [task.get("subscribers") for task in changed]
     if all(subscribers is not None and subscribers.ids is not None for subscribers in read):
-        # read with the tasks' locks (MySQL/MariaDB: locked_subscribers, as a single complete reads them)
+        # read with the tasks' locks (MariaDB: mariadb_subscribers, as a single complete reads them)
         matching: Sequence[Sequence[int]] = [
             subscribers.ids for subscribers in read if subscribers is not None and subscribers.ids is not None
         ]
