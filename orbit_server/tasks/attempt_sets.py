@@ -11,9 +11,7 @@ with one statement per table instead of one per item:
    statement: ``SELECT ... FROM tasks FORCE INDEX (PRIMARY) JOIN task_attempts ON task_attempts.id =
    tasks.current_attempt_id WHERE tasks.id IN (...) AND namespace_id = :ns FOR UPDATE``, with the
    database clock (``STRAIGHT_JOIN`` on MariaDB: each task, then its attempt, the order every path
-   locks them in); for a complete on MariaDB, each task's result-event subscribers too (the shared locks
-   on its namespace and queue, then the locking read of the subscriptions, after the task's lock: as a
-   single complete takes them). Not one statement with an ``IN (SELECT ...)``: MariaDB then scans and locks the
+   locks them in). Not one statement with an ``IN (SELECT ...)``: MariaDB then scans and locks the
    whole table; and every by-key statement here is pinned to the primary key,
    :func:`orbit_server.db.engine.by_primary_key`. A locking read reads the newest row, so the
    attempts are current: what a heartbeat changed before the lock is seen, such as the
@@ -87,21 +85,16 @@ def _task_ids(n: int) -> sa.Select[Any]:
 
 
 @functools.lru_cache(maxsize=_SIZES_KEPT)
-def _lock_statement(dialect: str, pack: bool, n: int, ending: bool = False) -> sa.Select[Any]:
+def _lock_statement(dialect: str, pack: bool, n: int) -> sa.Select[Any]:
     """The locking read of ``n`` tasks ``:t_0 ...`` and their current attempts (steps 1 and 2 of the module
     docstring), with the clock and the queues' pause; ``pack``: each task's and attempt's columns as one,
-    ``task_row`` and ``attempt_row`` (MariaDB, :mod:`orbit_server.db.packed_rows`). ``ending`` (a complete
-    batch), on MariaDB: also each task's result-event subscribers, their shared locks taken and their
-    subscriptions read once the task is locked, as a single ``complete`` takes them
-    (:func:`~orbit_server.tasks.result_events.mariadb_subscribers`, column ``subscribers``)."""
+    ``task_row`` and ``attempt_row`` (MariaDB, :mod:`orbit_server.db.packed_rows`)."""
     if pack:
         read: tuple[sa.ColumnElement[Any], ...] = (
             packed(_TASK_COLUMNS).label("task_row"), packed(_ATTEMPT_COLUMNS).label("attempt_row"),
         )  # fmt: skip
     else:
         read = (*_TASK_COLUMNS, *(column.label(f"attempt_{column.name}") for column in _ATTEMPT_COLUMNS))
-    if ending and pack:  # MariaDB: as the single complete's, by key (the subscriptions by namespace)
-        read += (sa.literal_column(result_events.mariadb_subscribers("tasks.id")).label("subscribers"),)
     statement = by_primary_key(
         sa.select(*read, transitions.clock_of(dialect).label("db_now"), attempt_locks.gate_paused())
         .select_from(tasks.join(task_attempts, task_attempts.c.id == tasks.c.current_attempt_id))
@@ -116,15 +109,13 @@ def _lock_statement(dialect: str, pack: bool, n: int, ending: bool = False) -> s
 
 
 def _lock_tasks(
-    conn: Connection, namespace_id: int, attempt_ids: list[str], named: Sequence[str | None] = (),
-    *, ending: bool = False,
-) -> tuple[list[dict[str, Any]], dict[str, dict[str, Any]]]:  # fmt: skip
+    conn: Connection, namespace_id: int, attempt_ids: list[str], named: Sequence[str | None] = ()
+) -> tuple[list[dict[str, Any]], dict[str, dict[str, Any]]]:
     """Lock the tasks of the attempts ``attempt_ids`` in ``namespace_id`` and their current attempts, and
     read them (steps 1 and 2 of the module docstring), with the database clock (``db_now``) and their
     queue's pause (``gate_paused``): ``(tasks, current attempts by id)``, nothing when no attempt exists.
     On MariaDB the rows come packed (:mod:`orbit_server.db.packed_rows`): PyMySQL parses each column's
-    description in Python, and this read returns 30 columns. ``ending``: on MariaDB each task also
-    gets its result event's ``subscribers`` (:func:`_lock_statement`).
+    description in Python, and this read returns 30 columns.
 
     ``named``: the task id each item names (``StartItem.task_id``), when every item names one: the tasks
     are then locked without reading their ids first (step 1). A wrong one locks another task of the namespace
@@ -138,7 +129,7 @@ def _lock_tasks(
     if not task_ids:
         return [], {}
     pack = packs(conn.dialect)
-    statement = _lock_statement(conn.dialect.name, pack, len(task_ids), ending)
+    statement = _lock_statement(conn.dialect.name, pack, len(task_ids))
     params = {"namespace_id": namespace_id, **_key_params("t", task_ids)}
     # packed: every column as the driver gives it is as this reads it (the queue's pause for its truth)
     rows = (
@@ -156,24 +147,20 @@ def _lock_tasks(
             task = {column.name: row[column.name] for column in _TASK_COLUMNS}
             attempts.append({column.name: row[f"attempt_{column.name}"] for column in _ATTEMPT_COLUMNS})
         task["db_now"], task["gate_paused"] = row["db_now"], bool(row["gate_paused"])
-        if "subscribers" in row:
-            task["subscribers"] = result_events.subscribers(task, row["subscribers"], conn.dialect.name)
         locked.append(task)
     return locked, {attempt["id"]: attempt for attempt in attempts}
 
 
 def _read(
     conn: Connection, namespace_id: int, items: Sequence[StartItem | CompleteItem], attempt_status: AttemptStatus,
-    task_status: TaskStatus, *, ending: bool = False,
+    task_status: TaskStatus,
 ) -> tuple[list[tuple[dict[str, Any], dict[str, Any]]], datetime] | None:  # fmt: skip
     """Lock and read the batch; ``(task, attempt)`` per item and the clock, or ``None`` to decline."""
     attempt_ids = [item.attempt_id for item in items]
     tokens = [item.lease_token for item in items]
     if len(set(attempt_ids)) != len(attempt_ids) or not all(map(_ids.can_exist, attempt_ids)):
         return None  # item by item: a repeated id sees the first item's effect; a bad id is a 404
-    locked, by_attempt = _lock_tasks(
-        conn, namespace_id, attempt_ids, [item.task_id for item in items], ending=ending
-    )
+    locked, by_attempt = _lock_tasks(conn, namespace_id, attempt_ids, [item.task_id for item in items])
     if not locked:
         return None
     now = transitions._naive(locked[0]["db_now"])
@@ -351,7 +338,7 @@ def complete_all(
     conn: Connection, namespace_id: int, items: Sequence[CompleteItem]
 ) -> list[AttemptState] | None:
     """Complete every attempt of the batch set-based, or ``None`` (nothing written) to run it item by item."""
-    read = _read(conn, namespace_id, items, AttemptStatus.RUNNING, TaskStatus.RUNNING, ending=True)
+    read = _read(conn, namespace_id, items, AttemptStatus.RUNNING, TaskStatus.RUNNING)
     if read is None:
         return None
     pairs, now = read

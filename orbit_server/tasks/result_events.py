@@ -295,16 +295,14 @@ def record_result_events(
     conn: Connection, namespace_id: int, changed: Sequence[Mapping[str, Any]], now: datetime
 ) -> list[str]:
     """:func:`record_result_event` for many tasks of one namespace, set-based (3 statements at most; 4 on
-    PostgreSQL; 2 when the subscriptions were read with the tasks' locks).
+    PostgreSQL).
 
     Call it in the transitions' transaction, after the task rows were updated (and while they
     are locked). ``changed`` are the task rows as written: ``id``, ``queue_id``, ``handler``,
-    ``status``, ``result``, ``error``, ``state_version`` and (optional) ``retry_of``, and ``subscribers`` when
-    the statement that locked them took the result events' shared locks and read their subscriptions
-    (:func:`mariadb_subscribers`, MariaDB: the order a single complete takes them in). The rows written are
-    exactly those of one :func:`record_result_event` per task. Without ``subscribers``, in the same lock order
-    as :func:`record_result_event` without them: the events, then a shared lock on the namespace and the
-    tasks' queues, then the locking read of the subscriptions.
+    ``status``, ``result``, ``error``, ``state_version`` and (optional) ``retry_of``. The rows written are exactly those
+    of one :func:`record_result_event` per task, in the same lock order: the events, then a
+    shared lock on the namespace and the tasks' queues, then the locking read of the
+    subscriptions.
 
     Returns:
         The new events' ids, in the order of ``changed``.
@@ -323,35 +321,6 @@ def record_result_events(
         for task in changed
     ]  # fmt: skip
     _INSERT_EVENTS.execute(conn, events)
-    read: list[Subscribers | None] = [task.get("subscribers") for task in changed]
-    if all(subscribers is not None and subscribers.ids is not None for subscribers in read):
-        # read with the tasks' locks (MariaDB: mariadb_subscribers, as a single complete reads them)
-        matching: Sequence[Sequence[int]] = [
-            subscribers.ids for subscribers in read if subscribers is not None and subscribers.ids is not None
-        ]
-    else:
-        matching = _subscribers_after(conn, namespace_id, changed, now)
-    deliveries = [
-        {"subscription_id": subscription_id, "event_id": event["id"], "state": PENDING, "delivery_count": 0,
-         "created_at": now}
-        for event, ids in zip(events, matching, strict=True)
-        for subscription_id in ids
-    ]  # fmt: skip
-    if deliveries:
-        _INSERT_DELIVERIES.execute(conn, deliveries)
-    return [event["id"] for event in events]
-
-
-def _subscribers_after(
-    conn: Connection, namespace_id: int, changed: Sequence[Mapping[str, Any]], now: datetime
-) -> Sequence[Sequence[int]]:
-    """:func:`record_result_events`' read of the subscriptions of ``changed`` (the tasks it writes events of),
-    after their events: a shared lock on the namespace and the tasks' queues, then the locking read of the
-    namespace's subscriptions created at or before ``now``; the ids of those that match each task's queue.
-
-    Raises:
-        errors.ConcurrentUpdate: a task's queue was not found in the namespace.
-    """
     queue_ids = sorted({task["queue_id"] for task in changed})
     params = {"namespace_id": namespace_id, "queue_ids": queue_ids, "now": now}
     if conn.dialect.name == "postgresql":  # a statement sees the rows committed before it began: two
@@ -363,11 +332,16 @@ def _subscribers_after(
         subscribed = list({row.id: (row.id, row.queues) for row in rows if row.id is not None}.values())
     if len(names) != len(queue_ids):
         raise errors.ConcurrentUpdate("a task's queue vanished while its result event was written")
-    return [
-        [subscription_id for subscription_id, queues_of in subscribed
-         if queues_of is None or names[task["queue_id"]] in queues_of]
-        for task in changed
+    deliveries = [
+        {"subscription_id": subscription_id, "event_id": event["id"], "state": PENDING, "delivery_count": 0,
+         "created_at": now}
+        for event in events
+        for subscription_id, subscribed_queues in subscribed
+        if subscribed_queues is None or names[event["queue_id"]] in subscribed_queues
     ]  # fmt: skip
+    if deliveries:
+        _INSERT_DELIVERIES.execute(conn, deliveries)
+    return [event["id"] for event in events]
 
 
 _INSERT_EVENTS = insert_of(

@@ -142,9 +142,9 @@ EXPECTED_SET_BASED = {
         # the tasks' ids; the tasks and their current attempts locked and read in one statement; the attempts;
         # the tasks; the task events; COMMIT
         "start": 6,
-        # those (the tasks' lock also takes the result events' shared locks, on the namespace and the queues,
-        # and reads the subscriptions, as a single complete's does), and the result events; COMMIT
-        "complete": 7,
+        # those, and for the result events: the events; the namespace's and queues' shared locks with the
+        # locking read of the subscriptions (one statement); COMMIT
+        "complete": 8,
     },
     "postgres": {
         "start": 6,
