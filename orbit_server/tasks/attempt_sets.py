@@ -104,6 +104,8 @@ def _lock_statement(dialect: str, pack: bool, n: int) -> sa.Select[Any]:
         .with_for_update(),
         tasks,
     )
+    # the attempts by key too: on small tables MariaDB would read (and lock) every attempt through a join buffer
+    statement = by_primary_key(statement, task_attempts)
     # MariaDB: each task, then its attempt (by primary key), the order every path locks them in
     return statement.prefix_with("STRAIGHT_JOIN", dialect="mysql") if dialect == "mysql" else statement
 
