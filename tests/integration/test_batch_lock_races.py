@@ -906,7 +906,13 @@ def test_workers_with_lapsing_leases_and_the_sweep_complete_each_task_at_most_on
         f"/v1/namespaces/{api.ns}/subscriptions", json={"name": sub, "queues": [queue]}
     )
     assert r.status_code == 201, r.text
-    ids = [api.submit(queue, retry_safe=bool(n % 2), max_attempts=20)["id"] for n in range(24)]
+    # retries at once: a retry-safe task whose running leases lapse is retried after an exponential backoff (1 s
+    # doubling by default), so one that lapsed six times in a row waited 16-32 s more and outlived the test
+    ids = [
+        api.submit(queue, retry_safe=bool(n % 2), max_attempts=20, backoff_base_seconds=0.01,
+                   backoff_cap_seconds=0.05)["id"]
+        for n in range(24)
+    ]  # fmt: skip
     stop = threading.Event()
     wins: list[tuple[str, str, Any]] = []  # (task, attempt, result) of each complete answered 200
     failures: list[str] = []
@@ -967,14 +973,24 @@ def test_workers_with_lapsing_leases_and_the_sweep_complete_each_task_at_most_on
     ]
     for thread in threads:
         thread.start()
-    _until(
-        lambda: _all_done() or failures or not any(t.is_alive() for t in threads[:4]),
-        "tasks left",
-        timeout=40,
-    )
-    stop.set()
-    for thread in threads:
-        thread.join(timeout=60)
+    try:
+        _until(
+            lambda: _all_done() or failures or not any(t.is_alive() for t in threads[:4]),
+            "tasks left",
+            timeout=40,
+        )
+    except AssertionError:
+        with api.server.engine.connect() as conn:
+            left = conn.execute(
+                sa.select(
+                    tasks.c.status, tasks.c.retry_safe, tasks.c.attempt_count, tasks.c.available_at
+                ).where(tasks.c.id.in_(ids), tasks.c.status.in_(["WAITING", "LEASED", "RUNNING"]))
+            ).all()
+        raise AssertionError(f"tasks left: {left}") from None
+    finally:  # the threads end with the test, also a failed one (its database is dropped after the module)
+        stop.set()
+        for thread in threads:
+            thread.join(timeout=60)
     assert not failures, failures
     assert _all_done()
     check_attempt_history(api.server.engine, ids)
