@@ -7,6 +7,7 @@ creation queued on the namespace and the holder of such a task asking for the sa
 
 from __future__ import annotations
 
+import contextlib
 import uuid
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -130,6 +131,31 @@ def _wait_until_blocked(api: Api, probe: sa.Engine, session: int, future: Future
     assert not future.done(), f"{what} did not wait: {future.result()}"
 
 
+@contextlib.contextmanager
+def _batch_waiting_then_creation(
+    api: Api, grants: list[dict[str, Any]], calls: dict[str, int], name: str, queues: list[str] | None
+) -> Iterator[tuple[sa.Connection, sa.RootTransaction, Future[Any], Future[Any]]]:
+    """A transaction holds the batch's last task (``holder``, its transaction ``held``); the batch is sent and
+    waits for it; then a subscription ``name`` is created: it waits (for a lock) or is done. Yields ``(holder,
+    held, the batch's answer, the creation's answer)``; the caller ends ``held``."""
+    probe = sa.create_engine(api.server.engine.url, poolclass=sa.NullPool)
+    calls["complete_all"] = 0
+    try:
+        with api.server.engine.connect() as holder, ThreadPoolExecutor(max_workers=2) as pool:
+            held = holder.begin()
+            session = _session_id(holder)
+            _lock_task(holder, grants[-1]["task"]["id"])
+            sent = pool.submit(_complete(api, grants))
+            _wait_until_blocked(api, probe, session, sent, "the batch")
+            creating = pool.submit(_create(api, calls, name, queues))
+            _until(
+                lambda: creating.done() or _lock_waiters(probe) >= 2, "the creation neither waited nor ended"
+            )
+            yield holder, held, sent, creating
+    finally:
+        probe.dispose()
+
+
 def test_a_batch_waiting_for_a_task_lock_then_a_creation_then_the_holder_s_fan_out_do_not_deadlock(
     api: Api, calls: dict[str, int]
 ) -> None:
@@ -149,32 +175,18 @@ def test_a_batch_waiting_for_a_task_lock_then_a_creation_then_the_holder_s_fan_o
     ids = [g["task"]["id"] for g in grants]
     ns_id = _ns_id(api)
     name = f"mid-{uuid.uuid4().hex[:6]}"
-    probe = sa.create_engine(api.server.engine.url, poolclass=sa.NullPool)
-    calls["complete_all"] = 0
     holder_error: BaseException | None = None
-    try:
-        with api.server.engine.connect() as holder, ThreadPoolExecutor(max_workers=2) as pool:
-            held = holder.begin()
-            session = _session_id(holder)
-            _lock_task(holder, ids[-1])
-            sent = pool.submit(_complete(api, grants))
-            _wait_until_blocked(api, probe, session, sent, "the batch")
-            creating = pool.submit(_create(api, calls, name, None))
-            # the creation either waits (for the batch's shared lock) or is done
-            _until(
-                lambda: creating.done() or _lock_waiters(probe) >= 2, "the creation neither waited nor ended"
-            )
-            try:
-                _share_namespace(holder, ns_id)
-            except sa.exc.OperationalError as exc:  # the holder chosen as the deadlock's victim
-                holder_error = exc
-                held.rollback()
-            else:
-                held.commit()
-            answers = sent.result(timeout=60)
-            ((subscription, created),) = [creating.result(timeout=60)]
-    finally:
-        probe.dispose()
+    # the creation either waits (for the batch's shared lock, when the batch holds one) or is done
+    with _batch_waiting_then_creation(api, grants, calls, name, None) as (holder, held, sent, creating):
+        try:
+            _share_namespace(holder, ns_id)
+        except sa.exc.OperationalError as exc:  # the holder chosen as the deadlock's victim
+            holder_error = exc
+            held.rollback()
+        else:
+            held.commit()
+        answers = sent.result(timeout=60)
+        subscription, created = creating.result(timeout=60)
     assert holder_error is None, f"the holder's shared lock met a deadlock: {holder_error}"
     assert calls == {"complete_all": 1, "create_subscription": 1}, f"a transaction was retried: {calls}"
     assert [a["status"] for a in answers] == [200] * 3, answers
@@ -193,6 +205,16 @@ def _occurred(api: Api, task_ids: list[str]) -> list[Any]:
         )
 
 
+def _over_two_queues(api: Api) -> tuple[list[dict[str, Any]], list[str], str, str]:
+    """Four running tasks over two new queues: their grants, their ids, the first task's queue (locked first) and
+    the other queue."""
+    _row_locks(api)
+    q1, q2 = api.queue(), api.queue()
+    grants = _running(api, [q1, q2], 2)
+    first_queue = grants[0]["task"]["queue"]
+    return grants, [g["task"]["id"] for g in grants], first_queue, q2 if first_queue == q1 else q1
+
+
 @pytest.mark.parametrize("queues", ["all", "first", "second"])
 def test_a_creation_while_a_complete_batch_waits_for_its_second_task(
     api: Api, calls: dict[str, int], queues: str
@@ -201,35 +223,16 @@ def test_a_creation_while_a_complete_batch_waits_for_its_second_task(
     lock (a heartbeat); a subscription is created meanwhile. It is newer than the batch's events (their time is
     the locking statement's, read before the creation): it gets none of them, and every older matching
     subscription gets each of its events once. No deadlock, nothing retried."""
-    _row_locks(api)
-    q1, q2 = api.queue(), api.queue()
-    grants = _running(api, [q1, q2], 2)
-    ids = [g["task"]["id"] for g in grants]
-    first_queue = grants[0]["task"]["queue"]  # the first task's queue (locked first), and the other
-    second_queue = q2 if first_queue == q1 else q1
+    grants, ids, first_queue, second_queue = _over_two_queues(api)
     old = f"old-{uuid.uuid4().hex[:6]}"
     assert api.http["admin"].post(f"/v1/namespaces/{api.ns}/subscriptions",
                                   json={"name": old, "queues": [first_queue, second_queue]}).status_code == 201  # fmt: skip
     wanted = {"all": None, "first": [first_queue], "second": [second_queue]}[queues]
     name = f"new-{uuid.uuid4().hex[:6]}"
-    probe = sa.create_engine(api.server.engine.url, poolclass=sa.NullPool)
-    calls["complete_all"] = 0
-    try:
-        with api.server.engine.connect() as holder, ThreadPoolExecutor(max_workers=2) as pool:
-            held = holder.begin()
-            session = _session_id(holder)
-            _lock_task(holder, ids[-1])
-            sent = pool.submit(_complete(api, grants))
-            _wait_until_blocked(api, probe, session, sent, "the batch")
-            creating = pool.submit(_create(api, calls, name, wanted))
-            _until(
-                lambda: creating.done() or _lock_waiters(probe) >= 2, "the creation neither waited nor ended"
-            )
-            held.commit()
-            answers = sent.result(timeout=60)
-            subscription, created = creating.result(timeout=60)
-    finally:
-        probe.dispose()
+    with _batch_waiting_then_creation(api, grants, calls, name, wanted) as (_, held, sent, creating):
+        held.commit()
+        answers = sent.result(timeout=60)
+        subscription, created = creating.result(timeout=60)
     assert calls == {"complete_all": 1, "create_subscription": 1}, f"a transaction was retried: {calls}"
     assert [a["status"] for a in answers] == [200] * 4, answers
     assert created
@@ -246,12 +249,7 @@ def test_a_creation_holding_the_namespace_while_a_complete_batch_waits_for_its_s
     a transaction holds the batch's second task when the batch comes. The batch waits (for the task, and on
     MySQL/MariaDB first for the namespace's shared lock, with its first task's lock); the creation commits, then
     the holder. The subscription is older than the events: each matching event is delivered to it, once."""
-    _row_locks(api)
-    q1, q2 = api.queue(), api.queue()
-    grants = _running(api, [q1, q2], 2)
-    ids = [g["task"]["id"] for g in grants]
-    first_queue = grants[0]["task"]["queue"]  # the first task's queue (locked first), and the other
-    second_queue = q2 if first_queue == q1 else q1
+    grants, ids, first_queue, second_queue = _over_two_queues(api)
     wanted = {"all": None, "first": [first_queue], "second": [second_queue]}[queues]
     name = f"new-{uuid.uuid4().hex[:6]}"
     ns_id = _ns_id(api)
