@@ -26,10 +26,8 @@ RESULTS: list[Any] = [
 
 @pytest.fixture(scope="module")
 def api(quiet_server: RunningServer) -> Iterator[Api]:  # noqa: F811
-    name = f"ns-{uuid.uuid4().hex[:8]}"
-    helper = Api(quiet_server, name, quiet_server.add_namespace(name))
-    yield helper
-    helper.close()
+    with Api.in_new_namespace(quiet_server) as helper:
+        yield helper
 
 
 def _stored(api: Api, grants: list[dict[str, Any]]) -> list[tuple[Any, Any, Any]]:

@@ -45,10 +45,8 @@ def quiet_server(request: pytest.FixtureRequest, make_database: DatabaseFactory)
 
 @pytest.fixture(scope="module")
 def api(quiet_server: RunningServer) -> Iterator[Api]:
-    name = f"ns-{uuid.uuid4().hex[:8]}"
-    helper = Api(quiet_server, name, quiet_server.add_namespace(name))
-    yield helper
-    helper.close()
+    with Api.in_new_namespace(quiet_server) as helper:
+        yield helper
 
 
 def batch(api: Api, action: str, items: list[dict[str, Any]], role: str = "work") -> httpx.Response:
@@ -587,7 +585,9 @@ def test_a_renewal_that_waited_for_its_task_computes_the_lease_from_the_attempt_
         sent = pool.submit(
             lambda: answers.append(api.http["work"].post(f"/v1/namespaces/{api.ns}/{path}", json=body))
         )
-        _until(lambda: sent.done() or _lock_waits(api.server) > 0, "the call never waited for the lock")
+        _until(
+            lambda: sent.done() or _lock_waits(api.server.engine) > 0, "the call never waited for the lock"
+        )
         assert not sent.done(), f"the call did not wait for the task's lock: {answers and answers[0].text}"
         held.commit()
         sent.result(timeout=60)

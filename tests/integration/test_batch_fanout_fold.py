@@ -21,24 +21,30 @@ from orbit_server.db.transact import transact
 from orbit_server.results import deliveries as results
 from orbit_server.tasks import attempt_sets
 from tests.integration.test_attempt_batches import leased, ok_batch, quiet_server  # noqa: F401
-from tests.integration.test_batch_lock_races import _lock_waiters, _named, _ns_id, _session_id, _waited
+from tests.integration.test_batch_lock_races import (
+    _lock_task,
+    _named,
+    _ns_id,
+    _occurred,
+    _session_id,
+    _waited,
+)
 from tests.integration.test_execution_api import Api
+from tests.integration.test_flows_break import _lock_waits
 from tests.integration.test_result_events import _until
 from tests.servers import RunningServer
 
 
 @pytest.fixture(scope="module")
 def api(quiet_server: RunningServer) -> Iterator[Api]:  # noqa: F811
-    name = f"ns-{uuid.uuid4().hex[:8]}"
-    helper = Api(quiet_server, name, quiet_server.add_namespace(name))
-    if quiet_server.engine.dialect.name == "mysql":
-        # attempts enough that MariaDB reads a batch's attempts by key, each after its task (as in production),
-        # not all tasks first then the attempts through a join buffer (its plan for tables of a few rows)
-        leased(helper, helper.queue(), 40)
-        with quiet_server.engine.connect() as conn:
-            conn.exec_driver_sql("ANALYZE TABLE tasks, task_attempts").all()
-    yield helper
-    helper.close()
+    with Api.in_new_namespace(quiet_server) as helper:
+        if quiet_server.engine.dialect.name == "mysql":
+            # attempts enough that MariaDB reads a batch's attempts by key, each after its task (as in
+            # production), not all tasks first then the attempts through a join buffer (its plan for a few rows)
+            leased(helper, helper.queue(), 40)
+            with quiet_server.engine.connect() as conn:
+                conn.exec_driver_sql("ANALYZE TABLE tasks, task_attempts").all()
+        yield helper
 
 
 @pytest.fixture
@@ -73,10 +79,6 @@ def _share_namespace(conn: sa.Connection, ns_id: int) -> None:
     (a single complete or fail, a cancel, a review, the expiry sweep, a flow's cancel)."""
     share = "FOR SHARE" if conn.dialect.name == "postgresql" else "LOCK IN SHARE MODE"
     conn.exec_driver_sql(f"SELECT id FROM namespaces WHERE id = {int(ns_id)} {share}").all()
-
-
-def _lock_task(conn: sa.Connection, task_id: str) -> None:
-    conn.execute(sa.text("SELECT id FROM tasks WHERE id = :t FOR UPDATE"), {"t": task_id}).all()
 
 
 def _create(api: Api, calls: dict[str, int], name: str, queues: list[str] | None) -> Callable[[], Any]:
@@ -149,7 +151,8 @@ def _batch_waiting_then_creation(
             _wait_until_blocked(api, probe, session, sent, "the batch")
             creating = pool.submit(_create(api, calls, name, queues))
             _until(
-                lambda: creating.done() or _lock_waiters(probe) >= 2, "the creation neither waited nor ended"
+                lambda: creating.done() or _lock_waits(probe, reads_only=False) >= 2,
+                "the creation neither waited nor ended",
             )
             yield holder, held, sent, creating
     finally:
@@ -194,15 +197,6 @@ def test_a_batch_waiting_for_a_task_lock_then_a_creation_then_the_holder_s_fan_o
     fanned = _fan_out(api, ids)
     assert all(dict(per)[name] == 0 for per in fanned.values()), fanned  # created after the events
     assert all(subscription.created_at.replace(tzinfo=None) > at for at in _occurred(api, ids))
-
-
-def _occurred(api: Api, task_ids: list[str]) -> list[Any]:
-    with api.server.engine.connect() as conn:
-        return list(
-            conn.execute(
-                sa.select(result_events.c.occurred_at).where(result_events.c.task_id.in_(task_ids))
-            ).scalars()
-        )
 
 
 def _over_two_queues(api: Api) -> tuple[list[dict[str, Any]], list[str], str, str]:

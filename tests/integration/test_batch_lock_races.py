@@ -32,10 +32,8 @@ from tests.servers import RunningServer
 
 @pytest.fixture(scope="module")
 def api(quiet_server: RunningServer) -> Iterator[Api]:  # noqa: F811
-    name = f"ns-{uuid.uuid4().hex[:8]}"
-    helper = Api(quiet_server, name, quiet_server.add_namespace(name))
-    yield helper
-    helper.close()
+    with Api.in_new_namespace(quiet_server) as helper:
+        yield helper
 
 
 @pytest.fixture
@@ -86,14 +84,30 @@ def _answers(results: list[dict[str, Any]]) -> list[tuple[int, str | None]]:
 def _waited(api: Api, probe: sa.Engine, session: int) -> bool:
     """Whether a statement waits for the holder's lock. On MariaDB a wait met in the optimizer's range analysis
     shows in the process list only, not in ``INNODB_LOCK_WAITS`` (``test_flows_break._lock_waits``)."""
-    return _waiting_for(probe, session) > 0 or _lock_waits(api.server) > 0
+    return _waiting_for(probe, session) > 0 or _lock_waits(api.server.engine) > 0
+
+
+def _occurred(api: Api, task_ids: list[str]) -> list[Any]:
+    """When the result events of ``task_ids`` occurred (their ``occurred_at``)."""
+    with api.server.engine.connect() as conn:
+        return list(
+            conn.execute(
+                sa.select(result_events.c.occurred_at).where(result_events.c.task_id.in_(task_ids))
+            ).scalars()
+        )
+
+
+def _lock_task(conn: sa.Connection, task_id: str) -> None:
+    conn.execute(sa.text("SELECT id FROM tasks WHERE id = :t FOR UPDATE"), {"t": task_id}).all()
 
 
 def _post_while_holding(
-    api: Api, hold: Callable[[sa.Connection], None], path: str, body: dict[str, Any]
-) -> httpx.Response:
+    api: Api, hold: Callable[[sa.Connection], None], path: str, body: dict[str, Any],
+    while_waiting: Callable[[sa.Engine], None] | None = None,
+) -> httpx.Response:  # fmt: skip
     """Run ``hold`` in a transaction, send ``body`` to ``path`` while it is open, wait until the request waits
-    for one of its locks, commit, and return the answer."""
+    for one of its locks, call ``while_waiting`` (with an engine apart from the server's), commit, and return the
+    answer."""
     probe = sa.create_engine(api.server.engine.url, poolclass=sa.NullPool)
     answers: list[httpx.Response] = []
     try:
@@ -108,6 +122,8 @@ def _post_while_holding(
             assert not sent.done(), (
                 f"the request did not wait for the held lock: {answers and answers[0].text}"
             )
+            if while_waiting is not None:
+                while_waiting(probe)
             held.commit()
             sent.result(timeout=60)
     finally:
@@ -411,9 +427,7 @@ def test_a_batch_naming_another_namespace_s_task_takes_no_lock_on_it(
     """While a batch of this namespace waits for one of its own tasks, a task of another namespace that one of
     its items names is not locked: that namespace's workers are never held up by this one's batch."""
     _no_row_locks(api)
-    other_ns = f"ns-{uuid.uuid4().hex[:8]}"
-    other = Api(quiet_server, other_ns, quiet_server.add_namespace(other_ns))
-    try:
+    with Api.in_new_namespace(quiet_server) as other:
         foreign_queue = other.queue()
         queue = api.queue()
         grants = leased(api, queue, 3)
@@ -422,38 +436,27 @@ def test_a_batch_naming_another_namespace_s_task_takes_no_lock_on_it(
         while not foreigners or min(g["task"]["id"] for g in foreigners) > held["task"]["id"]:
             assert len(foreigners) < 40, "no foreign task id sorted before the held one"
             foreigners += leased(other, foreign_queue, 2)
-        lowest = min(foreigners, key=lambda g: g["task"]["id"])
-        items = [_named(g) for g in grants]
-        items[0 if grants[0] is not held else 1]["task_id"] = lowest["task"]["id"]
-        probe = sa.create_engine(api.server.engine.url, poolclass=sa.NullPool)
-        answers: list[httpx.Response] = []
-        try:
-            with api.server.engine.connect() as holder, ThreadPoolExecutor(max_workers=1) as pool:
-                trans = holder.begin()
-                session = _session_id(holder)
-                holder.execute(
-                    sa.select(tasks.c.id).where(tasks.c.id == held["task"]["id"]).with_for_update()
-                )
-                sent = pool.submit(lambda: answers.append(
-                    api.http["work"].post(f"/v1/namespaces/{api.ns}/attempts/start", json={"items": items})))  # fmt: skip
-                _until(lambda: sent.done() or _waited(api, probe, session), "the batch never waited")
-                nowait = "FOR UPDATE NOWAIT"
-                with probe.connect() as conn, conn.begin():
-                    try:
-                        conn.execute(sa.text(f"SELECT id FROM tasks WHERE id = :t {nowait}"),
-                                     {"t": lowest["task"]["id"]}).all()  # fmt: skip
-                        locked = False
-                    except sa.exc.OperationalError:
-                        locked = True
-                trans.commit()
-                sent.result(timeout=60)
-        finally:
-            probe.dispose()
-        assert answers[0].status_code == 200
-        assert [a["status"] for a in answers[0].json()["items"]] == [200, 200, 200]
-        assert not locked, "a batch of one namespace locked another namespace's task it named"
-    finally:
-        other.close()
+    lowest = min(foreigners, key=lambda g: g["task"]["id"])
+    items = [_named(g) for g in grants]
+    items[0 if grants[0] is not held else 1]["task_id"] = lowest["task"]["id"]
+    locked: list[bool] = []
+
+    def try_the_foreign_task(probe: sa.Engine) -> None:
+        with probe.connect() as conn, conn.begin():
+            try:
+                conn.execute(sa.text("SELECT id FROM tasks WHERE id = :t FOR UPDATE NOWAIT"),
+                             {"t": lowest["task"]["id"]}).all()  # fmt: skip
+                locked.append(False)
+            except sa.exc.OperationalError:
+                locked.append(True)
+
+    answer = _post_while_holding(
+        api, lambda holder: _lock_task(holder, held["task"]["id"]), "attempts/start", {"items": items},
+        while_waiting=try_the_foreign_task,
+    )  # fmt: skip
+    assert answer.status_code == 200
+    assert [a["status"] for a in answer.json()["items"]] == [200, 200, 200]
+    assert locked == [False], "a batch of one namespace locked another namespace's task it named"
 
 
 # --- 4. Result-event fan-out: a subscription created concurrently --------------------------------------------
@@ -505,15 +508,10 @@ def test_subscriptions_created_while_a_complete_batch_waits_get_its_events(
     assert set_based == ["written"]
     ids = [g["task"]["id"] for g in grants]
     with api.server.engine.connect() as conn:
-        occurred = set(
-            conn.execute(
-                sa.select(result_events.c.occurred_at).where(result_events.c.task_id.in_(ids))
-            ).scalars()
-        )
         created = conn.scalar(
             sa.select(subscriptions.c.created_at).where(subscriptions.c.name == names["all"])
         )
-    assert all(created <= at for at in occurred)
+    assert all(created <= at for at in _occurred(api, ids))
     assert _deliveries(api, _subscription_id(api, names["all"]), ids) == set(ids)
     assert _deliveries(api, _subscription_id(api, names["q1"]), ids) == {g["task"]["id"] for g in grants[:2]}
     assert _deliveries(api, _subscription_id(api, names["q3"]), ids) == set()
@@ -547,7 +545,10 @@ def test_a_subscription_created_while_a_complete_batch_holds_its_fan_out_locks_g
                                                             ns_id, api.ns, name, None)))  # fmt: skip
         probe = sa.create_engine(api.server.engine.url, poolclass=sa.NullPool)
         try:
-            _until(lambda: creating.done() or _lock_waiters(probe) > 0, "the creation never waited")
+            _until(
+                lambda: creating.done() or _lock_waits(probe, reads_only=False) > 0,
+                "the creation never waited",
+            )
         finally:
             probe.dispose()
         assert not creating.done(), "the subscription was created while the batch held the fan-out's locks"
@@ -558,26 +559,8 @@ def test_a_subscription_created_while_a_complete_batch_holds_its_fan_out_locks_g
     ((subscription, created),) = made
     assert created
     ids = [g["task"]["id"] for g in grants]
-    with api.server.engine.connect() as conn:
-        latest = max(
-            conn.execute(
-                sa.select(result_events.c.occurred_at).where(result_events.c.task_id.in_(ids))
-            ).scalars()
-        )
-    assert subscription.created_at.replace(tzinfo=None) > latest
+    assert subscription.created_at.replace(tzinfo=None) > max(_occurred(api, ids))
     assert _deliveries(api, _subscription_id(api, name), ids) == set()
-
-
-def _lock_waiters(probe: sa.Engine) -> int:
-    """Sessions of this database waiting for a row lock (any holder)."""
-    with probe.connect() as conn:
-        if conn.dialect.name == "postgresql":
-            return int(conn.scalar(sa.text(
-                "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
-                " AND pid <> pg_backend_pid() AND wait_event_type = 'Lock'")))  # fmt: skip
-        return int(conn.scalar(sa.text(
-            "SELECT count(*) FROM information_schema.processlist WHERE db = DATABASE() AND id <> CONNECTION_ID()"
-            " AND command = 'Query'")))  # fmt: skip
 
 
 def test_a_complete_batch_in_a_namespace_without_subscriptions_writes_events_and_no_deliveries(

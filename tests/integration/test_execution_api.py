@@ -18,6 +18,7 @@ Every allowed transition of §2 is driven through the API here:
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import threading
@@ -53,6 +54,17 @@ class Api:
             )
             for role, key in keys.items()
         }
+
+    @classmethod
+    @contextlib.contextmanager
+    def in_new_namespace(cls, server: RunningServer) -> Iterator[Api]:
+        """A helper over a new namespace of ``server`` (``ns-<8 hex>``), closed on exit."""
+        name = f"ns-{uuid.uuid4().hex[:8]}"
+        helper = cls(server, name, server.add_namespace(name))
+        try:
+            yield helper
+        finally:
+            helper.close()
 
     def close(self) -> None:
         for client in self.http.values():
@@ -160,10 +172,8 @@ def xserver(request: pytest.FixtureRequest, make_database: DatabaseFactory) -> I
 
 @pytest.fixture(scope="module")
 def api(xserver: RunningServer) -> Iterator[Api]:
-    name = f"ns-{uuid.uuid4().hex[:8]}"
-    helper = Api(xserver, name, xserver.add_namespace(name))
-    yield helper
-    helper.close()
+    with Api.in_new_namespace(xserver) as helper:
+        yield helper
 
 
 def _problem(response: httpx.Response, status: int, code: str) -> dict[str, Any]:

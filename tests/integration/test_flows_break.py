@@ -228,17 +228,18 @@ def test_a_signal_received_while_paused_before_the_timeout_wins_on_resume(
     assert "signal_timed_out" not in _history(server, instance_id)
 
 
-def _lock_waits(server: RunningServer) -> int:
-    """Statements of this test's database blocked in a locking read (MariaDB; a wait in the optimizer's
-    range analysis shows in the process list, not in innodb_trx; PostgreSQL: waiting on a lock)."""
-    with server.engine.connect() as conn:
+def _lock_waits(engine: sa.Engine, *, reads_only: bool = True) -> int:
+    """Statements of ``engine``'s database blocked in a locking read (MariaDB; a wait in the optimizer's range
+    analysis shows in the process list, not in innodb_trx; PostgreSQL: waiting on a lock). ``reads_only=False``
+    (MariaDB): any statement still running, a write waiting for its lock among them."""
+    with engine.connect() as conn:
         if conn.dialect.name == "postgresql":
             return int(conn.scalar(sa.text(
                 "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
                 " AND pid <> pg_backend_pid() AND wait_event_type = 'Lock'")))  # fmt: skip
         return int(conn.scalar(sa.text(
             "SELECT count(*) FROM information_schema.processlist WHERE db = DATABASE() AND id <> CONNECTION_ID()"
-            " AND command = 'Query' AND info LIKE '%FOR UPDATE%'")))  # fmt: skip
+            " AND command = 'Query'" + (" AND info LIKE '%FOR UPDATE%'" if reads_only else ""))))  # fmt: skip
 
 
 def test_a_cancel_racing_a_step_task_s_completion_still_cancels(quiet: tuple[RunningServer, FlowApi]) -> None:
@@ -266,7 +267,7 @@ def test_a_cancel_racing_a_step_task_s_completion_still_cancels(quiet: tuple[Run
             target=lambda: out.append(api.post("admin", f"/flow-instances/{view['id']}/cancel", {}))
         )
         thread.start()
-        until(lambda: _lock_waits(server) > 0 or out, what="the cancel to wait for the task's row")
+        until(lambda: _lock_waits(server.engine) > 0 or out, what="the cancel to wait for the task's row")
         holder.commit()
         thread.join()
     (response,) = out

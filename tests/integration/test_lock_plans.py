@@ -23,7 +23,6 @@ as a database in use has them (``ANALYZE``).
 from __future__ import annotations
 
 import re
-import uuid
 from collections.abc import Iterator
 from typing import Any
 
@@ -48,11 +47,11 @@ _BY_ID = re.compile(r"WHERE \(?(tasks|task_attempts)\.id(,| IN| =)")
     ],
 )
 def api(request: pytest.FixtureRequest, make_database: DatabaseFactory) -> Iterator[Api]:
-    with run_server(make_database(request.param), sweep_interval_seconds=0) as server:
-        name = f"ns-{uuid.uuid4().hex[:8]}"
-        helper = Api(server, name, server.add_namespace(name))
+    with (
+        run_server(make_database(request.param), sweep_interval_seconds=0) as server,
+        Api.in_new_namespace(server) as helper,
+    ):
         yield helper
-        helper.close()
 
 
 #: The head of PostgreSQL's one-statement lease (``postgres_leases._pg_claim_statement``): its ``claimed``

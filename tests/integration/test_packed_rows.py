@@ -30,10 +30,8 @@ def quiet_server(make_database: DatabaseFactory) -> Iterator[RunningServer]:
 
 @pytest.fixture(scope="module")
 def api(quiet_server: RunningServer) -> Iterator[Api]:
-    name = f"ns-{uuid.uuid4().hex[:8]}"
-    helper = Api(quiet_server, name, quiet_server.add_namespace(name))
-    yield helper
-    helper.close()
+    with Api.in_new_namespace(quiet_server) as helper:
+        yield helper
 
 
 def typed(row: dict[str, Any]) -> dict[str, Any]:
@@ -232,13 +230,13 @@ def test_lock_and_record_equals_full(api: Api, edges: dict[str, Any]) -> None:
 @pytest.fixture(scope="module")
 def big_body_api(make_database: DatabaseFactory) -> Iterator[Api]:
     """A server whose ORBIT_MAX_BODY_BYTES is raised to 17 MiB (the docs allow raising it)."""
-    with run_server(
-        make_database("mariadb"), sweep_interval_seconds=0, max_body_bytes=17 * 1024 * 1024
-    ) as running:
-        name = f"ns-{uuid.uuid4().hex[:8]}"
-        helper = Api(running, name, running.add_namespace(name))
+    with (
+        run_server(
+            make_database("mariadb"), sweep_interval_seconds=0, max_body_bytes=17 * 1024 * 1024
+        ) as running,
+        Api.in_new_namespace(running) as helper,
+    ):
         yield helper
-        helper.close()
 
 
 @pytest.mark.mariadb

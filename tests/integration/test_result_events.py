@@ -44,10 +44,8 @@ def rserver(request: pytest.FixtureRequest, make_database: DatabaseFactory) -> I
 @pytest.fixture
 def api(rserver: RunningServer) -> Iterator[Api]:
     """A namespace of its own for each test, so namespace-wide subscriptions see only its tasks."""
-    name = f"ns-{uuid.uuid4().hex[:8]}"
-    helper = Api(rserver, name, rserver.add_namespace(name))
-    yield helper
-    helper.close()
+    with Api.in_new_namespace(rserver) as helper:
+        yield helper
 
 
 def subscribe(api: Api, name: str, queues: list[str] | None = None, role: str = "admin") -> httpx.Response:

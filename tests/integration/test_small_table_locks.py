@@ -7,7 +7,6 @@ for every other. The batch's locking read finds its attempts by primary key what
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import Iterator
 
 import pytest
@@ -25,11 +24,11 @@ pytestmark = pytest.mark.mariadb
 
 @pytest.fixture(scope="module")
 def api(make_database: DatabaseFactory) -> Iterator[Api]:
-    with run_server(make_database("mariadb"), sweep_interval_seconds=0) as server:
-        name = f"ns-{uuid.uuid4().hex[:8]}"
-        helper = Api(server, name, server.add_namespace(name))
+    with (
+        run_server(make_database("mariadb"), sweep_interval_seconds=0) as server,
+        Api.in_new_namespace(server) as helper,
+    ):
         yield helper
-        helper.close()
 
 
 def test_a_batch_on_small_tables_leaves_other_attempts_unlocked(api: Api) -> None:

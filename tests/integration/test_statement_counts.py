@@ -11,7 +11,6 @@ run the expiry sweep's statements when no lease of its queue has lapsed.
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -71,11 +70,11 @@ def api(request: pytest.FixtureRequest, make_database: DatabaseFactory) -> Itera
     # The key stays cached for the whole module: a slow run (CI under load) outlasted the default 5 s between
     # the warming lease and the last call counted, which then counted the key's verification too.
     quiet["api_key_cache_seconds"] = 3600
-    with run_server(make_database(request.param), **quiet) as server:  # no background loop shares the engine
-        name = f"ns-{uuid.uuid4().hex[:8]}"
-        helper = Api(server, name, server.add_namespace(name))
+    with (
+        run_server(make_database(request.param), **quiet) as server,
+        Api.in_new_namespace(server) as helper,
+    ):  # no background loop shares the engine
         yield helper
-        helper.close()
 
 
 def _commands(api: Api, call: Callable[[], httpx.Response]) -> tuple[list[str], httpx.Response]:

@@ -4,7 +4,6 @@ lease, carried by the result event; never part of the request digest; a malforme
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import Iterator
 
 import pytest
@@ -19,10 +18,8 @@ TP2 = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
 
 @pytest.fixture
 def api(server: RunningServer) -> Iterator[Api]:
-    name = f"ns-{uuid.uuid4().hex[:8]}"
-    helper = Api(server, name, server.add_namespace(name))
-    yield helper
-    helper.close()
+    with Api.in_new_namespace(server) as helper:
+        yield helper
 
 
 def _submit(api: Api, queue: str, key: str, **headers: str) -> tuple[int, dict[str, object]]:
