@@ -17,7 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from bench.chaos.run import Options, evidence, run
+from bench.chaos.run import Options, run
+from bench.chaos.summary import evidence
 from bench.cluster.galera import GaleraCluster
 
 
