@@ -97,7 +97,9 @@ from bench._compare import (
     _worker_registered,
     direct_batch,
     mysql_databases,
+    orbit_vacuum,
     peer_database,
+    peer_vacuum,
     peer_worker_drain,
     postgres_databases,
 )
@@ -129,12 +131,14 @@ def run_peer(report: Report, n: int, concurrency: int, conninfo: str) -> None:
     report.add("peer", "peer: defer", n / elapsed, "jobs/s", "each job its own transaction")
 
     # One worker drains the n jobs; rate from the events' timestamps (no start-up counted).
+    peer_vacuum(conninfo)
     rate, worker_rss, _cpu = peer_worker_drain(conninfo, n, concurrency, after=after)
     report.add("peer", "peer: worker processed", rate, "jobs/s",
                f"1 worker process, concurrency {concurrency}")  # fmt: skip
     report.add("peer", "peer: worker RSS", worker_rss, "MiB")
 
     # End to end: the worker waits for jobs; defer n, one after the other, until all are done.
+    peer_vacuum(conninfo)
     worker = subprocess.Popen(
         [sys.executable, "-m", "bench._peer_app", "--wait"], env=env, stdout=subprocess.DEVNULL
     )
@@ -396,6 +400,7 @@ def end_to_end(
         "ORBIT_OUTBOX_POLL_INTERVAL": "0.05",
     }
     orbit_outbox = str(Path(sys.executable).with_name("orbit-outbox"))
+    orbit_vacuum(server)  # on PostgreSQL, as the peer's end to end starts vacuumed
     worker = _worker(base, keys["work"], queue, concurrency)
     relay = subprocess.Popen([orbit_outbox, "--log-level", "warning", "relay"], env=relay_env,
                              stdout=subprocess.DEVNULL)  # fmt: skip
@@ -703,6 +708,9 @@ SETTINGS = {
     "orbit relay, relay rows": "in-process Relay.run_once at batch 1 and 100, defaults otherwise",
     "peer": "procrastinate defaults (PsycopgConnector, psycopg_pool's 4 connections, LISTEN/NOTIFY wake-ups); "
     "concurrency as Orbit's; the 'best' section: 1, 2, 4 processes with a pool of concurrency + 1",
+    "maintenance": "the peer's database is VACUUM (ANALYZE)d before each of its drains and its end to end (untimed; "
+    "autovacuum's 60 s naptime does not get to a drain's dead rows before the next drain, which then ran at half "
+    "the speed); Orbit's server database too when it is on PostgreSQL; on MariaDB InnoDB purges in the background",
     "cpu per task": "Orbit: server + worker processes (+ mariadbd, or with --server-db postgres its databases' "
     "postgres backends, where labelled); peer: worker + its database's postgres backends; each side's PostgreSQL "
     "share adds the instance's WAL writer, background writer and checkpointer; backends sampled while they live "
