@@ -10,6 +10,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import uuid
@@ -254,6 +255,8 @@ def peer_database(report: Report) -> Iterator[str]:
             "version": admin.execute("SHOW server_version").fetchone()[0],  # type: ignore[index]
             "synchronous_commit": admin.execute("SHOW synchronous_commit").fetchone()[0],  # type: ignore[index]
             "fsync": admin.execute("SHOW fsync").fetchone()[0],  # type: ignore[index]
+            # off on this project's machines (their CI configuration): peer_vacuum does its work before each drain
+            "autovacuum": admin.execute("SHOW autovacuum").fetchone()[0],  # type: ignore[index]
         }
     conninfo = f"{POSTGRES_CONNINFO} dbname={name}"
     os.environ["BENCH_PEER_CONNINFO"] = conninfo  # read by bench._peer_app at import
@@ -275,16 +278,27 @@ def _peer_last_job(conninfo: str) -> int:
         return int(conn.execute("SELECT coalesce(max(id), 0) FROM procrastinate_jobs").fetchone()[0])  # type: ignore[index]
 
 
-def peer_vacuum(conninfo: str) -> None:
-    """``VACUUM (ANALYZE)`` the peer's database (untimed; its tables are procrastinate's), so that each of its drains meets them as autovacuum
-    leaves them. Each job is written three times (deferred, started, finished), and a drain leaves its dead
-    rows behind: autovacuum's 60 s naptime does not get to them between this benchmark's drains, and the
-    next drain ran at half the speed (at concurrency 1, 540 jobs/s on a new database, 230 after 22,000 jobs,
-    500 again after a ``VACUUM``). The peer is measured as it runs once its maintenance has caught up."""
+@contextlib.contextmanager
+def peer_vacuumed(conninfo: str) -> Iterator[None]:
+    """``VACUUM (ANALYZE)`` the peer's database (its tables are procrastinate's), as autovacuum would between
+    two drains, on a connection kept open for the block: a :func:`database_cpu` around the block counts the
+    vacuum's CPU with the drain's (a backend is sampled while it lives). Each job is written three times
+    (deferred, started, finished), and a drain's dead rows slowed the next drain by half (at concurrency 1, 540
+    jobs/s on a new database, 230 after 22,000 jobs, 500 again after a ``VACUUM``) on this project's machines,
+    whose PostgreSQL runs with ``autovacuum = off`` (their CI configuration; recorded in the results'
+    ``postgres`` settings). PostgreSQL's default is on: the peer is measured as it runs with its maintenance
+    done."""
     import psycopg
 
     with psycopg.connect(conninfo, autocommit=True) as conn:
         conn.execute("VACUUM (ANALYZE)")
+        yield
+
+
+def peer_vacuum(conninfo: str) -> None:
+    """:func:`peer_vacuumed`, where no CPU is counted."""
+    with peer_vacuumed(conninfo):
+        pass
 
 
 def orbit_vacuum(server: sa.Engine) -> None:
@@ -297,16 +311,17 @@ def orbit_vacuum(server: sa.Engine) -> None:
         conn.exec_driver_sql("VACUUM (ANALYZE)")
 
 
-def peer_defer(conninfo: str, n: int) -> int:
-    """Defer ``n`` no-op jobs (untimed), each in its own transaction, then vacuum the peer's tables
-    (:func:`peer_vacuum`); the last job id before them."""
+def peer_defer(conninfo: str, n: int, *, vacuum: bool = True) -> int:
+    """Defer ``n`` no-op jobs (untimed), each in its own transaction, then (``vacuum``) vacuum the peer's
+    database (:func:`peer_vacuum`); the last job id before them."""
     from bench import _peer_app
 
     after = _peer_last_job(conninfo)
     with _peer_app.app.open():
         for i in range(n):
             _peer_app.noop.defer(n=i)
-    peer_vacuum(conninfo)
+    if vacuum:
+        peer_vacuum(conninfo)
     return after
 
 
@@ -315,7 +330,8 @@ def peer_worker_drain(
     pool: int | None = None,
 ) -> tuple[float, float, float]:  # fmt: skip
     """``processes`` worker processes drain ``n`` no-op jobs: (jobs/s from the events' timestamps, so no
-    start-up is counted; the largest worker's peak RSS in MiB; their CPU seconds). ``after``: the jobs
+    start-up is counted; the largest worker's peak RSS in MiB; their CPU seconds from their worker loops'
+    start, :func:`_startup_cpu`). ``after``: the jobs
     after that id are already deferred (:func:`peer_defer`); ``None``: defer ``n`` first. ``pool``: the
     connections of each worker's pool (``None``: the library's default). Repeatable on one database."""
     import psycopg
@@ -325,11 +341,18 @@ def peer_worker_drain(
         env["BENCH_PEER_POOL"] = str(pool)
     if after is None:
         after = peer_defer(conninfo, n)
-    workers = [
-        subprocess.Popen([sys.executable, "-m", "bench._peer_app"], env=env, stdout=subprocess.DEVNULL)
-        for _ in range(processes)
-    ]
-    usage = [_stop_when_exits(worker) for worker in workers]
+    with tempfile.TemporaryDirectory() as startup:
+        files = [os.path.join(startup, str(i)) for i in range(processes)]
+        workers = [
+            subprocess.Popen(
+                [sys.executable, "-m", "bench._peer_app"],
+                env={**env, STARTUP_CPU_ENV: path},
+                stdout=subprocess.DEVNULL,
+            )
+            for path in files
+        ]
+        usage = [_stop_when_exits(worker) for worker in workers]
+        before_loop = sum(_startup_cpu(path) for path in files)
     with psycopg.connect(conninfo) as conn:
         first, last, done = conn.execute(
             "SELECT min(at) FILTER (WHERE type = 'started'), max(at) FILTER (WHERE type = 'succeeded'), "
@@ -338,7 +361,11 @@ def peer_worker_drain(
         ).fetchone()  # type: ignore[misc]
     if done != n:
         raise SystemExit(f"peer workers finished {done} of {n} jobs")
-    return n / (last - first).total_seconds(), max(rss for rss, _ in usage), sum(cpu for _, cpu in usage)
+    return (
+        n / (last - first).total_seconds(),
+        max(rss for rss, _ in usage),
+        sum(cpu for _, cpu in usage) - before_loop,
+    )
 
 
 def _worker_registered(conn: Any) -> bool:
@@ -436,10 +463,30 @@ def _succeeded(server: sa.Engine, queue: str) -> int:
         )
 
 
-def _worker(base: str, key: str, queue: str, concurrency: int) -> subprocess.Popen[bytes]:
+#: Set for a worker process (Orbit's, ``bench.worker_process``, and the peer's, ``bench._peer_app``): the file
+#: where it writes the CPU seconds it used before its worker loop (imports and set-up), which the drains leave
+#: out of its CPU per task: Orbit's worker imports cost about 440 ms of CPU, the peer's about 240 (a 1,000-task
+#: drain would count 0.45 against 0.25 ms per task of start-up).
+STARTUP_CPU_ENV = "BENCH_STARTUP_CPU_FILE"
+
+
+def _startup_cpu(path: str) -> float:
+    """The CPU seconds a worker process wrote to ``path`` before its worker loop (0 if it wrote none)."""
+    try:
+        with open(path) as written:
+            return float(written.read() or 0)
+    except FileNotFoundError:
+        return 0.0
+
+
+def _worker(
+    base: str, key: str, queue: str, concurrency: int, startup: str | None = None
+) -> subprocess.Popen[bytes]:
+    """A ``bench.worker_process`` on ``queue``; ``startup``: the file for its start-up CPU (:data:`STARTUP_CPU_ENV`)."""
     return subprocess.Popen(
         [sys.executable, "-m", "bench.worker_process", base, key, NS, queue, str(concurrency)],
         stdout=subprocess.DEVNULL,
+        env={**os.environ, STARTUP_CPU_ENV: startup} if startup else None,
     )
 
 
@@ -455,7 +502,7 @@ class Drain:
     rate: float  # tasks/s, from the first lease to the last finish (the database's timestamps)
     rss: float  # the largest worker's peak RSS, MiB
     server_ms: float  # server CPU per task
-    worker_ms: float  # worker CPU per task (all worker processes)
+    worker_ms: float  # worker CPU per task (all worker processes, from their worker loops' start)
     cost: Cost
     #: The server database's CPU per task (``mariadbd``, or the ``postgres`` processes but the peer's
     #: backends: :func:`database_cpu`; other clients of it count too).
@@ -484,12 +531,17 @@ def _orbit_worker_drain(
     _submit_untimed(base, keys["submit"], n, queue, retry_safe=retry_safe)
     orbit_vacuum(server)
     server_cpu = cpu_seconds(server_pid)
-    with Cost(server, base) as cost, database_cpu("orbit", server.dialect.name) as database:
-        workers = [_worker(base, keys["work"], queue, concurrency) for _ in range(processes)]
+    with (
+        Cost(server, base) as cost,
+        database_cpu("orbit", server.dialect.name) as database,
+        tempfile.TemporaryDirectory() as startup,
+    ):
+        files = [os.path.join(startup, str(i)) for i in range(processes)]
+        workers = [_worker(base, keys["work"], queue, concurrency, path) for path in files]
         try:
             _wait_until(lambda: _succeeded(server, queue) >= n, "the workers to finish", every=0.2)
             rss = max(peak_rss_mb(w.pid) for w in workers)
-            worker_cpu = sum(cpu_seconds(w.pid) for w in workers)
+            worker_cpu = sum(cpu_seconds(w.pid) for w in workers) - sum(_startup_cpu(path) for path in files)
             server_cpu = cpu_seconds(server_pid) - server_cpu
         finally:
             for w in workers:

@@ -7,13 +7,15 @@ defaults otherwise) on queue ``bench``;
 without ``--wait`` it exits once the queue is empty. ``BENCH_PEER_POOL`` set: the connector's pool
 holds that many connections (``min_size`` = ``max_size``; procrastinate's "Limit the number of opened
 connections" how-to: a worker uses up to the pool's ``max_size`` connections, plus one for
-LISTEN/NOTIFY), instead of psycopg_pool's default of 4. Needs the ``bench`` extra.
+LISTEN/NOTIFY), instead of psycopg_pool's default of 4. ``BENCH_STARTUP_CPU_FILE`` set: it writes there
+the CPU seconds it used before its worker loop (as ``bench.worker_process`` does). Needs the ``bench`` extra.
 """
 
 from __future__ import annotations
 
 import os
 import sys
+import time
 
 import procrastinate
 
@@ -26,13 +28,17 @@ app = procrastinate.App(
 
 
 @app.task(name="bench.noop", queue="bench")
-def noop(n: int) -> None:
-    """Does nothing: the benchmark measures the queue, not the work."""
+async def noop(n: int) -> None:
+    """Does nothing: the benchmark measures the queue, not the work. A coroutine, the peer's own kind of task:
+    its worker runs a plain function through a thread hop, which cost it 5-10% of its jobs/s here."""
     del n
 
 
 def main() -> None:
     concurrency = int(os.environ.get("BENCH_PEER_CONCURRENCY", "1"))
+    if os.environ.get("BENCH_STARTUP_CPU_FILE"):  # as bench.worker_process: the CPU before the worker loop
+        with open(os.environ["BENCH_STARTUP_CPU_FILE"], "w") as out:
+            out.write(repr(time.process_time()))
     app.run_worker(queues=["bench"], concurrency=concurrency, wait="--wait" in sys.argv[1:])
 
 

@@ -29,7 +29,7 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from bench._compare import _orbit_worker_drain, database_cpu, peer_defer, peer_worker_drain
+from bench._compare import _orbit_worker_drain, database_cpu, peer_defer, peer_vacuumed, peer_worker_drain
 from bench._support import cli, orbit_server_processes
 
 __all__ = ["SERVERS_AT", "SWEEP", "run_workers"]
@@ -42,11 +42,11 @@ SERVERS_AT = 16
 def _peer_drain(
     conninfo: str, n: int, concurrency: int, *, processes: int = 1, pool: int | None = None
 ) -> tuple[float, float]:
-    """The peer's worker drains ``n`` fresh jobs: (jobs/s, CPU ms per job of worker + PostgreSQL: the
-    backends of its database, sampled while they live, and the instance's writers,
-    :func:`~bench._compare.database_cpu`)."""
-    after = peer_defer(conninfo, n)
-    with database_cpu("peer") as pg:
+    """The peer's worker drains ``n`` fresh jobs: (jobs/s, CPU ms per job of worker from its worker loop's
+    start + PostgreSQL: the backends of its database, sampled while they live, the vacuum before the drain
+    among them, and the instance's writers, :func:`~bench._compare.database_cpu`)."""
+    after = peer_defer(conninfo, n, vacuum=False)
+    with database_cpu("peer") as pg, peer_vacuumed(conninfo):  # the vacuum's CPU counts as the peer's
         rate, _rss, worker_cpu = peer_worker_drain(
             conninfo, n, concurrency, after=after, processes=processes, pool=pool
         )
