@@ -22,6 +22,7 @@ import httpx
 import sqlalchemy as sa
 
 from bench._support import MYSQL_SERVER, ProcessCpu, cpu_seconds, peak_rss_mb
+from bench.worker_process import STARTUP_CPU_ENV
 from orbit_client import OrbitClient, RetryPolicy
 
 POSTGRES_CONNINFO = os.environ.get("BENCH_POSTGRES_CONNINFO", "host=127.0.0.1 user=postgres")
@@ -463,15 +464,12 @@ def _succeeded(server: sa.Engine, queue: str) -> int:
         )
 
 
-#: Set for a worker process (Orbit's, ``bench.worker_process``, and the peer's, ``bench._peer_app``): the file
-#: where it writes the CPU seconds it used before its worker loop (imports and set-up), which the drains leave
-#: out of its CPU per task: Orbit's worker imports cost about 440 ms of CPU, the peer's about 240 (a 1,000-task
-#: drain would count 0.45 against 0.25 ms per task of start-up).
-STARTUP_CPU_ENV = "BENCH_STARTUP_CPU_FILE"
-
-
 def _startup_cpu(path: str) -> float:
-    """The CPU seconds a worker process wrote to ``path`` before its worker loop (0 if it wrote none)."""
+    """The CPU seconds a worker process wrote to ``path`` before its worker loop (0 if it wrote none): Orbit's
+    (``bench.worker_process``) and the peer's (``bench._peer_app``) each write it where
+    :data:`~bench.worker_process.STARTUP_CPU_ENV` says, and the drains leave it out of their CPU per task.
+    Orbit's worker imports cost about 440 ms of CPU, the peer's about 240: a 1,000-task drain counted 0.45
+    against 0.25 ms per task of start-up."""
     try:
         with open(path) as written:
             return float(written.read() or 0)

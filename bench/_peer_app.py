@@ -36,7 +36,8 @@ async def noop(n: int) -> None:
 
 def main() -> None:
     concurrency = int(os.environ.get("BENCH_PEER_CONCURRENCY", "1"))
-    if os.environ.get("BENCH_STARTUP_CPU_FILE"):  # as bench.worker_process: the CPU before the worker loop
+    # as bench.worker_process (STARTUP_CPU_ENV, not imported: it would import Orbit's client into the peer)
+    if os.environ.get("BENCH_STARTUP_CPU_FILE"):
         with open(os.environ["BENCH_STARTUP_CPU_FILE"], "w") as out:
             out.write(repr(time.process_time()))
     app.run_worker(queues=["bench"], concurrency=concurrency, wait="--wait" in sys.argv[1:])
