@@ -12,7 +12,9 @@ with one Orbit worker process and ``--n`` no-op jobs with one procrastinate work
   and checkpointer (:func:`bench._compare.database_cpu`). Other users of MariaDB, and of the shared
   writers, count too, so run it on a quiet machine;
 - for Orbit, HTTP requests and database round trips (MariaDB's global counters; not counted on
-  PostgreSQL) per task.
+  PostgreSQL) per task;
+- Orbit's drain rate with tasks declared retry-safe too (lease-and-start: no ``start`` call, the peer's own
+  semantics), and its ratio to the peer's drain at the same concurrency.
 
 Then two Orbit worker processes against one, at the base concurrency; and two server processes
 (``orbit-server serve --workers 2``, a second server on the same database) against the run's one, each
@@ -130,7 +132,8 @@ def run_workers(
     ``serve_url`` (the run's server's database URL, as served) two server processes are not measured."""
     url = server.url.render_as_string(hide_password=False)
     # A queue per drain: the sweep's, and the two of "two processes against one" (whatever the sweep holds).
-    for queue in [f"sweep-{level}" for level in sweep] + ["processes-1", "processes-2"]:
+    queues = [f"sweep-{level}" for level in sweep] + [f"sweep-safe-{level}" for level in sweep]
+    for queue in [*queues, "processes-1", "processes-2"]:
         cli("queue", "create", "bench", queue, url=url)
     best: dict[str, float] = {"orbit": 0.0, "peer": 0.0}
     for index, level in enumerate(sweep):
@@ -141,6 +144,10 @@ def run_workers(
             assert peer is not None
             peer_rate, peer_ms = _peer_drain(peer, n, level)
         orbit = _orbit_worker_drain(server, base, keys, n, level, f"sweep-{level}", server_pid)
+        # The same with tasks declared retry-safe (lease-and-start, no start call: the peer's own semantics)
+        safe = _orbit_worker_drain(
+            server, base, keys, n, level, f"sweep-safe-{level}", server_pid, retry_safe=True
+        )
         if peer is not None and not peer_first:
             peer_rate, peer_ms = _peer_drain(peer, n, level)
         load_after = os.getloadavg()[0]
@@ -151,6 +158,12 @@ def run_workers(
             best["peer"] = max(best["peer"], peer_rate)
             report.add("workers", f"peer worker, concurrency {level}", peer_rate, "jobs/s", note)
             report.add("workers", f"orbit / peer, concurrency {level}", orbit.rate / peer_rate, "×")
+        report.add("workers", f"orbit worker, concurrency {level}, retry-safe tasks", safe.rate, "tasks/s",
+                   f"{note}; CPU per task {safe.server_ms + safe.worker_ms:.2f} ms (server + worker)")  # fmt: skip
+        if peer_rate is not None:
+            report.add(
+                "workers", f"orbit / peer, concurrency {level}, retry-safe tasks", safe.rate / peer_rate, "×"
+            )
         report.add("workers", f"orbit CPU per task, concurrency {level} (server + worker)",
                    orbit.server_ms + orbit.worker_ms, "ms",
                    f"server {orbit.server_ms:.2f}, worker {orbit.worker_ms:.2f}")  # fmt: skip
